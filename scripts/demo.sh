@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# gpushim demo — SIMULATED: no GPU needed. Builds the shim and the project's simulated driver
+# (two simulated 16 GiB GPUs), then runs the same unmodified CUDA runtime program (linked with
+# the real libcudart 12.9 from PyPI) without and with the shim.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-$PWD/target}
+bash scripts/fetch-deps.sh >/dev/null
+cargo build --release -q -p gpushim -p gpusim-cuda
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+ln -s "$target/release/libcuda.so" "$work/libcuda.so.1"
+cuda=.deps/cuda12
+gcc -O2 -o "$work/demo" scripts/demo/demo.c -I$cuda/include -L$cuda/lib -l:libcudart.so.12 -Wl,-rpath,"$PWD/$cuda/lib"
+export LD_LIBRARY_PATH="$work" GPUSIM_DEVICES=2 GPUSIM_MEMORY=16GiB
+echo "== SIMULATED driver: 2 x 16 GiB. Without gpushim:"
+"$work/demo"
+echo
+echo "== With gpushim: LD_PRELOAD=libgpushim.so GPUSHIM_MEMORY_LIMIT=25% GPUSHIM_MEMORY_LIMIT_1=3GiB"
+LD_PRELOAD="$target/release/libgpushim.so" GPUSHIM_MEMORY_LIMIT=25% GPUSHIM_MEMORY_LIMIT_1=3GiB "$work/demo"
+echo
+echo "== With gpushim and a typo in the configuration: GPUSHIM_MEMORY_LIMIT='4 gigs'"
+LD_PRELOAD="$target/release/libgpushim.so" GPUSHIM_MEMORY_LIMIT='4 gigs' "$work/demo" || true

@@ -1,0 +1,12 @@
+// Link flags for the simulated driver.
+//
+// -Bsymbolic: a preloaded shim exports the same `cu*` names as we do; without this flag the
+// dynamic linker would bind the simulator's *internal* references (for example the function
+// addresses it hands out through cuGetProcAddress, or calls between its own entry points) to the
+// shim's definitions, and the shim would end up calling itself.
+// -soname: consumers load us as `libcuda.so.1` (symlinked to the built `libcuda.so`).
+fn main() {
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
+    println!("cargo:rerun-if-changed=build.rs");
+}

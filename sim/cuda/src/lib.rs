@@ -1,0 +1,1 @@
+// simulated driver: see sim/cuda/README.md

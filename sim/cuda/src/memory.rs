@@ -1,0 +1,561 @@
+//! Linear memory: device, pitched, managed and host allocations, copies, memsets, pointer
+//! attributes and `cuMemGetInfo`.
+//!
+//! A device pointer is a real host address from an anonymous `MAP_NORESERVE` mapping, so copies
+//! and memsets are plain `memmove`/`memset` and untouched memory costs nothing. Live
+//! allocations are kept in 16 mutex-sharded ordered maps keyed by base address; accounting
+//! (see `stats::reserve`) counts the requested size on the physical device of the context.
+
+use crate::context::{self, Ctx};
+use crate::stats;
+use crate::streams;
+use crate::types::*;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `cuMemAlloc*`, `cuMemAllocPitch*`
+    Device,
+    /// `cuMemAllocManaged`
+    Managed,
+    /// `cuMemAllocAsync`, `cuMemAllocFromPoolAsync` (`pool` says which)
+    Pool,
+    /// `cuMemAllocHost`, `cuMemHostAlloc`: not counted
+    Host,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Alloc {
+    /// Bytes the caller asked for (pitch × height for pitched allocations).
+    pub size: usize,
+    /// Length of the host mapping behind it.
+    len: usize,
+    /// Bytes counted on `physical` (0 for host memory).
+    pub counted: u64,
+    pub physical: usize,
+    pub ordinal: CUdevice,
+    pub ctx: usize,
+    pub kind: Kind,
+    pub pool: usize,
+    pub id: u64,
+}
+
+const SHARDS: usize = 16;
+static MAP: [Mutex<BTreeMap<usize, Alloc>>; SHARDS] = [const { Mutex::new(BTreeMap::new()) }; SHARDS];
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+#[inline]
+fn shard(base: usize) -> &'static Mutex<BTreeMap<usize, Alloc>> {
+    &MAP[(base >> 12) % SHARDS]
+}
+
+fn lock(m: &'static Mutex<BTreeMap<usize, Alloc>>) -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub const PAGE: usize = 4096;
+
+/// An anonymous read-write `MAP_NORESERVE` mapping of `len` bytes (below 2 GiB with `low32`).
+pub fn map_anon(len: usize, low32: bool) -> Option<usize> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | if low32 { libc::MAP_32BIT } else { 0 };
+    // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+pub fn unmap(base: usize, len: usize) {
+    // SAFETY: only ever called on mappings this crate created and no longer hands out.
+    unsafe { libc::munmap(base as *mut c_void, len) };
+}
+
+/// Allocates `size` bytes, counted on the device of `ctx` unless `kind` is `Host`.
+pub fn alloc(size: usize, ctx: Option<&'static Ctx>, kind: Kind, pool: usize, low32: bool) -> Res<usize> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let len = size.checked_add(PAGE - 1).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? & !(PAGE - 1);
+    let (physical, ordinal) = ctx.map_or((usize::MAX, -1), |c| (c.physical, c.ordinal));
+    let counted = if kind == Kind::Host { 0 } else { size as u64 };
+    if counted > 0 {
+        // Refuse before mapping anything: the check and the count are one atomic step.
+        stats::reserve(physical, counted)?;
+    }
+    let Some(base) = map_anon(len, low32) else {
+        if counted > 0 {
+            stats::unreserve(physical, counted);
+        }
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    let a = Alloc {
+        size,
+        len,
+        counted,
+        physical,
+        ordinal,
+        ctx: ctx.map_or(0, |c| c as *const Ctx as usize),
+        kind,
+        pool,
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+    };
+    lock(shard(base)).insert(base, a);
+    Ok(base)
+}
+
+/// Frees the allocation starting exactly at `base` if `ok(kind)`; anything else is
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
+    let a = {
+        let mut m = lock(shard(base));
+        match m.get(&base) {
+            Some(a) if ok(a.kind) => m.remove(&base).ok_or(CUDA_ERROR_INVALID_VALUE)?,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    unmap(base, a.len);
+    if a.counted > 0 {
+        stats::release(a.physical, a.counted);
+    }
+    if a.kind == Kind::Pool {
+        crate::pools::released(a.pool, a.size as u64);
+    }
+    Ok(a)
+}
+
+pub fn is_device_kind(k: Kind) -> bool {
+    k != Kind::Host
+}
+
+/// The allocation containing `addr`, with its base.
+pub fn find(addr: usize) -> Option<(usize, Alloc)> {
+    MAP.iter().find_map(|m| {
+        let m = m.lock().unwrap_or_else(|e| e.into_inner());
+        m.range(..=addr)
+            .next_back()
+            .filter(|(&b, a)| addr < b + a.size.max(1))
+            .map(|(&b, a)| (b, *a))
+    })
+}
+
+/// What `cuPointerGetAttribute` and `cuMemGetAddressRange` know about an address.
+#[derive(Clone, Copy, Debug)]
+pub struct PtrInfo {
+    pub base: usize,
+    pub size: usize,
+    /// `CUmemorytype`: 1 host, 2 device.
+    pub memtype: u32,
+    pub ctx: usize,
+    pub ordinal: CUdevice,
+    pub managed: bool,
+    pub legacy_ipc: bool,
+    pub id: u64,
+    pub pool: usize,
+}
+
+pub fn ptr_info(addr: usize) -> Option<PtrInfo> {
+    if let Some((base, a)) = find(addr) {
+        return Some(PtrInfo {
+            base,
+            size: a.size,
+            memtype: if a.kind == Kind::Host { 1 } else { 2 },
+            ctx: a.ctx,
+            ordinal: a.ordinal,
+            managed: a.kind == Kind::Managed,
+            legacy_ipc: a.kind == Kind::Device,
+            id: a.id,
+            pool: a.pool,
+        });
+    }
+    crate::vmm::ptr_info(addr)
+}
+
+/// `[addr, addr+len)` lies in one allocation (or VMM reservation) this driver handed out.
+fn check_range(addr: u64, len: usize) -> Res {
+    if len == 0 {
+        return Ok(());
+    }
+    let addr = addr as usize;
+    let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if let Some((b, a)) = find(addr) {
+        return if end <= b + a.size { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) };
+    }
+    if crate::vmm::contains(addr, len) {
+        return Ok(());
+    }
+    Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+fn check_host(p: *const c_void, len: usize) -> Res {
+    if len > 0 && p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+unsafe fn copy(dst: usize, src: usize, n: usize) {
+    if n > 0 {
+        std::ptr::copy(src as *const u8, dst as *mut u8, n);
+    }
+}
+
+fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Res {
+    check_range(dst, n)?;
+    check_host(src, n)?;
+    unsafe { copy(dst as usize, src as usize, n) };
+    Ok(())
+}
+
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
+    check_range(src, n)?;
+    check_host(dst, n)?;
+    unsafe { copy(dst as usize, src as usize, n) };
+    Ok(())
+}
+
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
+    check_range(dst, n)?;
+    check_range(src, n)?;
+    unsafe { copy(dst as usize, src as usize, n) };
+    Ok(())
+}
+
+/// Unified-addressing copy: either side may be host or device memory.
+fn generic(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
+    if n > 0 && (dst == 0 || src == 0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    unsafe { copy(dst as usize, src as usize, n) };
+    Ok(())
+}
+
+fn peer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> Res {
+    context::from_handle(dst_ctx)?;
+    context::from_handle(src_ctx)?;
+    dtod(dst, src, n)
+}
+
+fn memset8(dst: CUdeviceptr, v: u8, n: usize) -> Res {
+    check_range(dst, n)?;
+    if n > 0 {
+        unsafe { std::ptr::write_bytes(dst as *mut u8, v, n) };
+    }
+    Ok(())
+}
+
+fn memset32(dst: CUdeviceptr, v: u32, n: usize) -> Res {
+    if dst % 4 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    check_range(dst, n.checked_mul(4).ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+    let p = dst as *mut u32;
+    for i in 0..n {
+        unsafe { p.add(i).write(v) };
+    }
+    Ok(())
+}
+
+fn device_alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> Res {
+    if dptr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let c = context::current()?;
+    let p = alloc(size, Some(c), kind, 0, false)?;
+    put(dptr, p as CUdeviceptr)
+}
+
+fn pitch_of(width: usize, height: usize, elem: u32) -> Res<(usize, usize)> {
+    if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let pitch = width.checked_add(511).ok_or(CUDA_ERROR_INVALID_VALUE)? & !511;
+    let size = pitch.checked_mul(height).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    Ok((pitch, size))
+}
+
+fn mem_info() -> Res<(u64, u64)> {
+    let c = context::current()?;
+    let total = crate::devices::physical()[c.physical].total;
+    Ok((total.saturating_sub(stats::used(c.physical)), total))
+}
+
+fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
+    if pp.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = alloc(size, context::current_opt(), Kind::Host, 0, false)?;
+    put(pp, p as *mut c_void)
+}
+
+/// Writes one pointer attribute. `info` None: the pointer is unknown (`strict`: error; else
+/// the attribute's "NULL" default, as `cuPointerGetAttributes` documents).
+unsafe fn write_attr(data: *mut c_void, attr: i32, ptr: CUdeviceptr, info: Option<&PtrInfo>, strict: bool) -> Res {
+    if data.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let Some(i) = info else {
+        if strict {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        return match attr {
+            1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => put(data as *mut u64, 0),
+            2 | 16 => put(data as *mut u32, 0),
+            9 => put(data as *mut i32, -2),
+            22 => put(data as *mut i32, -1),
+            6 | 8 | 10 | 13 | 15 | 21 => put(data as *mut u8, 0),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        };
+    };
+    match attr {
+        1 => put(data as *mut usize, i.ctx),
+        2 => put(data as *mut u32, i.memtype),
+        3 => put(data as *mut u64, ptr),
+        4 => {
+            if i.memtype == 1 || i.managed {
+                put(data as *mut u64, ptr)
+            } else if strict {
+                Err(CUDA_ERROR_INVALID_VALUE)
+            } else {
+                put(data as *mut u64, 0)
+            }
+        }
+        5 => Err(CUDA_ERROR_NOT_SUPPORTED),
+        6 | 15 | 21 => put(data as *mut u8, 0),
+        7 | 20 => put(data as *mut u64, i.id),
+        8 => put(data as *mut u8, i.managed as u8),
+        9 => put(data as *mut i32, i.ordinal),
+        10 => put(data as *mut u8, i.legacy_ipc as u8),
+        11 | 19 => put(data as *mut u64, i.base as u64),
+        12 | 18 => put(data as *mut usize, i.size),
+        13 => put(data as *mut u8, 1),
+        14 => put(data as *mut u64, 0),
+        16 => put(data as *mut u32, 3),
+        17 => put(data as *mut usize, i.pool),
+        22 => put(data as *mut i32, -1),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+cu_api! {
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) {
+        device_alloc(dptr, bytesize, Kind::Device)
+    }
+
+    /// v1 ABI: 32-bit pointer and size; mapped below 2 GiB.
+    fn cuMemAlloc(dptr: *mut u32, bytesize: u32) {
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = context::current()?;
+        let p = alloc(bytesize as usize, Some(c), Kind::Device, 0, true)?;
+        if p > u32::MAX as usize {
+            free(p, |_| true)?;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        put(dptr, p as u32)
+    }
+
+    fn cuMemFree_v2(dptr: CUdeviceptr) {
+        context::current()?;
+        free(dptr as usize, is_device_kind).map(|_| ())
+    }
+
+    fn cuMemFree(dptr: u32) {
+        context::current()?;
+        free(dptr as usize, is_device_kind).map(|_| ())
+    }
+
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) {
+        if dptr.is_null() || pitch.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (p, size) = pitch_of(width, height, elem)?;
+        device_alloc(dptr, size, Kind::Device)?;
+        put(pitch, p)
+    }
+
+    fn cuMemAllocPitch(dptr: *mut u32, pitch: *mut u32, width: u32, height: u32, elem: u32) {
+        if dptr.is_null() || pitch.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (p, size) = pitch_of(width as usize, height as usize, elem)?;
+        if p > u32::MAX as usize {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = context::current()?;
+        let base = alloc(size, Some(c), Kind::Device, 0, true)?;
+        if base > u32::MAX as usize {
+            free(base, |_| true)?;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        put(dptr, base as u32)?;
+        put(pitch, p as u32)
+    }
+
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: u32) {
+        // CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2
+        if !matches!(flags, 1 | 2) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        device_alloc(dptr, bytesize, Kind::Managed)
+    }
+
+    /// NULL out-pointers are tolerated (programs such as OptiX pass one).
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        let (f, t) = mem_info()?;
+        put_opt(free, f as usize);
+        put_opt(total, t as usize);
+        Ok(())
+    }
+
+    /// v1 ABI: 32-bit values, clamped.
+    fn cuMemGetInfo(free: *mut u32, total: *mut u32) {
+        let (f, t) = mem_info()?;
+        put_opt(free, f.min(u32::MAX as u64) as u32);
+        put_opt(total, t.min(u32::MAX as u64) as u32);
+        Ok(())
+    }
+
+    /// Both out-pointers are optional, as documented; an unknown address is CUDA_ERROR_NOT_FOUND.
+    fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) {
+        context::current()?;
+        let i = ptr_info(dptr as usize).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        put_opt(pbase, i.base as CUdeviceptr);
+        put_opt(psize, i.size);
+        Ok(())
+    }
+
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) { host_alloc(pp, bytesize) }
+    fn cuMemAllocHost(pp: *mut *mut c_void, bytesize: u32) { host_alloc(pp, bytesize as usize) }
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) {
+        let _ = flags;
+        host_alloc(pp, bytesize)
+    }
+
+    fn cuMemFreeHost(p: *mut c_void) {
+        free(p as usize, |k| k == Kind::Host).map(|_| ())
+    }
+
+    fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: u32) {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        match find(p as usize) {
+            Some((_, a)) if a.kind == Kind::Host => put(dptr, p as CUdeviceptr),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { generic(dst, src, n) }
+    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { generic(dst, src, n) }
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { htod(dst, src, n) }
+    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { htod(dst, src, n) }
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { dtoh(dst, src, n) }
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { dtoh(dst, src, n) }
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { dtod(dst, src, n) }
+    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { dtod(dst, src, n) }
+
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        generic(dst, src, n)
+    }
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        generic(dst, src, n)
+    }
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        htod(dst, src, n)
+    }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        htod(dst, src, n)
+    }
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        dtoh(dst, src, n)
+    }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        dtoh(dst, src, n)
+    }
+    fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        dtod(dst, src, n)
+    }
+    fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        dtod(dst, src, n)
+    }
+
+    fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) {
+        peer(dst, dst_ctx, src, src_ctx, n)
+    }
+    fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) {
+        peer(dst, dst_ctx, src, src_ctx, n)
+    }
+    fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        peer(dst, dst_ctx, src, src_ctx, n)
+    }
+    fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        peer(dst, dst_ctx, src, src_ctx, n)
+    }
+
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { memset8(dst, v, n) }
+    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { memset8(dst, v, n) }
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { memset32(dst, v, n) }
+    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { memset32(dst, v, n) }
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        memset8(dst, v, n)
+    }
+    fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        memset8(dst, v, n)
+    }
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        memset32(dst, v, n)
+    }
+    fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) {
+        streams::lookup(s)?;
+        memset32(dst, v, n)
+    }
+
+    /// Unknown pointers are CUDA_ERROR_INVALID_VALUE.
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: i32, ptr: CUdeviceptr) {
+        crate::devices::visible()?;
+        let info = ptr_info(ptr as usize);
+        write_attr(data, attribute, ptr, info.as_ref(), true)
+    }
+
+    /// Unknown pointers get the attributes' NULL defaults and CUDA_SUCCESS, as documented.
+    fn cuPointerGetAttributes(num: u32, attributes: *const i32, data: *mut *mut c_void, ptr: CUdeviceptr) {
+        crate::devices::visible()?;
+        if num == 0 || attributes.is_null() || data.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let info = ptr_info(ptr as usize);
+        for k in 0..num as usize {
+            write_attr(*data.add(k), *attributes.add(k), ptr, info.as_ref(), false)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pitch() {
+        assert_eq!(pitch_of(1, 10, 4), Ok((512, 5120)));
+        assert_eq!(pitch_of(512, 2, 8), Ok((512, 1024)));
+        assert_eq!(pitch_of(513, 2, 16), Ok((1024, 2048)));
+        assert_eq!(pitch_of(0, 2, 4), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(pitch_of(4, 2, 3), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+}

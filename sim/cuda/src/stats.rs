@@ -1,0 +1,176 @@
+//! Per-physical-device accounting (used / peak / allocation and free counts), the exit report
+//! (`GPUSIM_REPORT`) and the test hooks `gpusim_stats`, `gpusim_call_count`, `gpusim_symbol`.
+//!
+//! `reserve` is the only way memory becomes "used": a compare-and-swap loop that checks and
+//! adds in one atomic step, so no interleaving of threads can push `used` above `total`.
+
+use crate::devices::physical;
+use crate::registry;
+use crate::types::*;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+#[derive(Default)]
+pub struct DevStats {
+    pub used: AtomicU64,
+    pub peak: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+}
+
+static STATS: OnceLock<Vec<DevStats>> = OnceLock::new();
+
+pub fn all() -> &'static [DevStats] {
+    STATS.get_or_init(|| physical().iter().map(|_| DevStats::default()).collect())
+}
+
+/// Counts `size` bytes on physical device `p`, or fails with `CUDA_ERROR_OUT_OF_MEMORY`
+/// (changing nothing) if that would make `used > total`.
+pub fn reserve(p: usize, size: u64) -> Res {
+    let total = physical().get(p).ok_or(CUDA_ERROR_INVALID_DEVICE)?.total;
+    let s = &all()[p];
+    let mut cur = s.used.load(Ordering::Relaxed);
+    loop {
+        let new = match cur.checked_add(size) {
+            Some(n) if n <= total => n,
+            _ => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+        };
+        match s.used.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                s.peak.fetch_max(new, Ordering::AcqRel);
+                s.allocs.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Gives back `size` bytes counted by `reserve` on physical device `p`.
+pub fn release(p: usize, size: u64) {
+    if let Some(s) = all().get(p) {
+        let _ = s.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
+        s.frees.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Undoes a `reserve` whose allocation could not be made after all (not counted as a free).
+pub fn unreserve(p: usize, size: u64) {
+    if let Some(s) = all().get(p) {
+        let _ = s.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
+        let _ = s.allocs.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |a| Some(a.saturating_sub(1)));
+    }
+}
+
+pub fn used(p: usize) -> u64 {
+    all().get(p).map_or(0, |s| s.used.load(Ordering::Acquire))
+}
+
+// ---- the report ------------------------------------------------------------------------------
+
+pub fn register_report_at_exit() {
+    extern "C" fn at_exit() {
+        crate::ffi::guard_value((), || {
+            if let Some(path) = crate::config::get().report.as_deref() {
+                if let Err(e) = std::fs::write(path, report_json()) {
+                    crate::ffi::trace_line(&format!("gpusim: cannot write GPUSIM_REPORT={path}: {e}\n"));
+                }
+            }
+        })
+    }
+    // SAFETY: registering a plain function with libc.
+    unsafe {
+        libc::atexit(at_exit);
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+pub fn report_json() -> String {
+    let devs: Vec<String> = physical()
+        .iter()
+        .zip(all())
+        .map(|(p, s)| {
+            format!(
+                "{{\"physical\":{},\"name\":{},\"total\":{},\"used\":{},\"peak\":{},\"allocs\":{},\"frees\":{}}}",
+                p.index,
+                json_str(&p.name),
+                p.total,
+                s.used.load(Ordering::Acquire),
+                s.peak.load(Ordering::Acquire),
+                s.allocs.load(Ordering::Acquire),
+                s.frees.load(Ordering::Acquire)
+            )
+        })
+        .collect();
+    let calls: Vec<String> = registry::NAMES
+        .iter()
+        .zip(registry::COUNTS.iter())
+        .map(|(n, c)| (n, c.load(Ordering::Relaxed)))
+        .filter(|&(_, c)| c > 0)
+        .map(|(n, c)| format!("{}:{}", json_str(n), c))
+        .collect();
+    format!(
+        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}}}}\n",
+        crate::config::get().driver_version,
+        devs.join(","),
+        calls.join(",")
+    )
+}
+
+// ---- test hooks --------------------------------------------------------------------------------
+
+/// `int gpusim_stats(int physical, uint64_t *used, uint64_t *peak, uint64_t *total)`: 0 on
+/// success, -1 for an unknown device. NULL out-pointers are skipped.
+#[no_mangle]
+pub unsafe extern "C" fn gpusim_stats(p: c_int, used: *mut u64, peak: *mut u64, total: *mut u64) -> c_int {
+    crate::ffi::guard_value(-1, || {
+        if p < 0 || p as usize >= physical().len() {
+            return -1;
+        }
+        let s = &all()[p as usize];
+        put_opt(used, s.used.load(Ordering::Acquire));
+        put_opt(peak, s.peak.load(Ordering::Acquire));
+        put_opt(total, physical()[p as usize].total);
+        0
+    })
+}
+
+/// `uint64_t gpusim_call_count(const char *exported_name)`: how often that driver entry point
+/// was called (0 for unknown names).
+#[no_mangle]
+pub unsafe extern "C" fn gpusim_call_count(name: *const c_char) -> u64 {
+    crate::ffi::guard_value(0, || {
+        if name.is_null() {
+            return 0;
+        }
+        let n = CStr::from_ptr(name).to_string_lossy();
+        registry::id_of(&n).map_or(0, |i| registry::COUNTS[i].load(Ordering::Relaxed))
+    })
+}
+
+/// `void *gpusim_symbol(const char *exported_name)`: the simulator's own address of that entry
+/// point (what `dlsym` and `cuGetProcAddress` give), NULL for unknown names.
+#[no_mangle]
+pub unsafe extern "C" fn gpusim_symbol(name: *const c_char) -> *mut c_void {
+    crate::ffi::guard_value(std::ptr::null_mut(), || {
+        if name.is_null() {
+            return std::ptr::null_mut();
+        }
+        let n = CStr::from_ptr(name).to_string_lossy();
+        registry::address_of(&n).map_or(std::ptr::null_mut(), |a| a as *mut c_void)
+    })
+}

@@ -1,0 +1,275 @@
+//! Virtual memory management: `cuMemCreate` handles, reserved address ranges and mappings.
+//!
+//! A handle with a device location is counted on that device from `cuMemCreate` until its last
+//! `cuMemRelease` (`cuMemRetainAllocationHandle` adds a reference), whatever is mapped. A
+//! reservation is an anonymous read-write `MAP_NORESERVE` range, so mapped memory can be read
+//! and written; `cuMemUnmap` discards the pages (contents are not shared between two mappings
+//! of one handle).
+
+use crate::devices::{self, phys_of};
+use crate::memory::{self, PtrInfo};
+use crate::stats;
+use crate::types::*;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+pub const GRANULARITY: usize = 2 << 20;
+
+struct Handle {
+    size: usize,
+    prop: CUmemAllocationProp,
+    /// Physical device it is counted on, if any.
+    physical: Option<usize>,
+    ordinal: CUdevice,
+    refs: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Mapping {
+    size: usize,
+    handle: u64,
+    ordinal: CUdevice,
+}
+
+struct State {
+    next_handle: u64,
+    handles: BTreeMap<u64, Handle>,
+    /// base -> size
+    reservations: BTreeMap<usize, usize>,
+    mappings: BTreeMap<usize, Mapping>,
+}
+
+// SAFETY: the raw pointer inside `CUmemAllocationProp` is an opaque value we only copy back.
+unsafe impl Send for State {}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    next_handle: 0x5100_0000_0001,
+    handles: BTreeMap::new(),
+    reservations: BTreeMap::new(),
+    mappings: BTreeMap::new(),
+});
+
+fn lock() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl State {
+    /// The reservation containing all of `[addr, addr+len)`.
+    fn reservation_of(&self, addr: usize, len: usize) -> Option<(usize, usize)> {
+        let (&b, &s) = self.reservations.range(..=addr).next_back()?;
+        let end = addr.checked_add(len.max(1))?;
+        (end <= b + s).then_some((b, s))
+    }
+
+    fn mapping_of(&self, addr: usize) -> Option<(usize, Mapping)> {
+        let (&b, &m) = self.mappings.range(..=addr).next_back()?;
+        (addr < b + m.size).then_some((b, m))
+    }
+
+    fn overlaps_mapping(&self, addr: usize, len: usize) -> bool {
+        let end = addr + len;
+        if let Some((b, m)) = self.mappings.range(..end).next_back().map(|(b, m)| (*b, *m)) {
+            return b + m.size > addr;
+        }
+        false
+    }
+}
+
+/// `[addr, addr+len)` lies inside one reserved range.
+pub fn contains(addr: usize, len: usize) -> bool {
+    lock().reservation_of(addr, len).is_some()
+}
+
+/// Pointer attributes of an address inside a mapping.
+pub fn ptr_info(addr: usize) -> Option<PtrInfo> {
+    let (base, m) = lock().mapping_of(addr)?;
+    Some(PtrInfo {
+        base,
+        size: m.size,
+        memtype: 2,
+        ctx: 0,
+        ordinal: m.ordinal,
+        managed: false,
+        legacy_ipc: false,
+        id: m.handle,
+        pool: 0,
+    })
+}
+
+fn release(h: u64) -> Res {
+    let gone = {
+        let mut st = lock();
+        let hd = st.handles.get_mut(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        hd.refs -= 1;
+        if hd.refs == 0 {
+            st.handles.remove(&h)
+        } else {
+            None
+        }
+    };
+    if let Some(Handle { size, physical: Some(p), .. }) = gone {
+        stats::release(p, size as u64);
+    }
+    Ok(())
+}
+
+cu_api! {
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: i32) {
+        let _ = option;
+        get(prop)?;
+        put(granularity, GRANULARITY)
+    }
+
+    /// Sizes must be multiples of the 2 MiB granularity. A device location counts the whole
+    /// size on that device until the last cuMemRelease.
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
+        devices::visible()?;
+        let pr = get(prop)?;
+        if handle.is_null() || flags != 0 || size == 0 || size % GRANULARITY != 0 || pr.type_ != 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (physical, ordinal) = if pr.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            let p = phys_of(pr.location.id)?;
+            stats::reserve(p.index, size as u64)?;
+            (Some(p.index), pr.location.id)
+        } else {
+            (None, -1)
+        };
+        let h = {
+            let mut st = lock();
+            let h = st.next_handle;
+            st.next_handle += 1;
+            st.handles.insert(h, Handle { size, prop: pr, physical, ordinal, refs: 1 });
+            h
+        };
+        put(handle, h)
+    }
+
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) {
+        devices::visible()?;
+        release(handle)
+    }
+
+    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        devices::visible()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut st = lock();
+        let (_, m) = st.mapping_of(addr as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let hd = st.handles.get_mut(&m.handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        hd.refs += 1;
+        put(handle, m.handle)
+    }
+
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
+        devices::visible()?;
+        let pr = lock().handles.get(&handle).map(|h| h.prop).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        put(prop, pr)
+    }
+
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) {
+        devices::visible()?;
+        let _ = addr; // a hint only
+        if ptr.is_null() || size == 0 || flags != 0 || (alignment != 0 && !alignment.is_power_of_two()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = alignment.max(GRANULARITY);
+        let len = size.checked_add(memory::PAGE - 1).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? & !(memory::PAGE - 1);
+        let total = len.checked_add(align).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let raw = memory::map_anon(total, false).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let base = (raw + align - 1) & !(align - 1);
+        if base > raw {
+            memory::unmap(raw, base - raw);
+        }
+        if raw + total > base + len {
+            memory::unmap(base + len, raw + total - (base + len));
+        }
+        lock().reservations.insert(base, len);
+        put(ptr, base as CUdeviceptr)
+    }
+
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
+        devices::visible()?;
+        let base = ptr as usize;
+        let len = {
+            let mut st = lock();
+            let &len = st.reservations.get(&base).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if size > len {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            st.reservations.remove(&base);
+            let inside: Vec<usize> = st.mappings.range(base..base + len).map(|(b, _)| *b).collect();
+            for b in inside {
+                st.mappings.remove(&b);
+            }
+            len
+        };
+        memory::unmap(base, len);
+        Ok(())
+    }
+
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
+        devices::visible()?;
+        let addr = ptr as usize;
+        if size == 0 || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut st = lock();
+        let h = st.handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if offset.checked_add(size).map_or(true, |e| e > h.size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ordinal = h.ordinal;
+        st.reservation_of(addr, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if st.overlaps_mapping(addr, size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        st.mappings.insert(addr, Mapping { size, handle, ordinal });
+        Ok(())
+    }
+
+    /// Unmaps every mapping inside `[ptr, ptr+size)`; one that straddles the range is an error.
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
+        devices::visible()?;
+        let (addr, end) = (ptr as usize, (ptr as usize).checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+        {
+            let mut st = lock();
+            if let Some((b, m)) = st.mapping_of(addr) {
+                if b < addr || b + m.size > end {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+            }
+            let inside: Vec<(usize, Mapping)> = st.mappings.range(addr..end).map(|(b, m)| (*b, *m)).collect();
+            if inside.is_empty() || inside.iter().any(|(b, m)| b + m.size > end) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            for (b, _) in inside {
+                st.mappings.remove(&b);
+            }
+        }
+        // Discard the pages, keeping the reserved range readable and writable.
+        // SAFETY: the range lies inside a reservation this crate mapped.
+        unsafe { libc::madvise(addr as *mut c_void, size, libc::MADV_DONTNEED) };
+        Ok(())
+    }
+
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
+        devices::visible()?;
+        if count == 0 || desc.is_null() || !contains(ptr as usize, size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuMemGetAccess(flags: *mut u64, location: *const CUmemLocation, ptr: CUdeviceptr) {
+        devices::visible()?;
+        let loc = get(location)?;
+        let mapped = lock().mapping_of(ptr as usize).is_some();
+        if !mapped {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(flags, if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE { 3 } else { 0 })
+    }
+}

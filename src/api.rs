@@ -1,0 +1,33 @@
+//! The public C API (`include/gpushim.h`): lets a program find out whether it runs under the
+//! shim and what its budgets are. Programs look these up with `dlsym(RTLD_DEFAULT, …)` so that
+//! they also run without the shim.
+
+use std::ffi::{c_char, c_int};
+
+use crate::state;
+
+/// The shim's version, a static NUL-terminated string.
+#[no_mangle]
+pub extern "C" fn gpushim_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Memory of device `ordinal` (the program's ordinal): bytes in use, the peak, and the
+/// effective limit. Any out-pointer may be NULL. Returns 0, or -1 when the shim is not active
+/// (disabled, broken configuration, no driver) or the ordinal is not a device it accounts for.
+#[no_mangle]
+pub extern "C" fn gpushim_memory_usage(ordinal: c_int, in_use: *mut u64, peak: *mut u64, limit: *mut u64) -> c_int {
+    let answer = std::panic::catch_unwind(|| {
+        let st = state::get().filter(|s| s.mode == state::Mode::Active)?;
+        let budget = st.budget(ordinal)?;
+        Some((budget.used(), budget.peak(), st.limit(ordinal)?))
+    });
+    let Ok(Some((u, p, l))) = answer else { return -1 };
+    for (out, value) in [(in_use, u), (peak, p), (limit, l)] {
+        if !out.is_null() {
+            // SAFETY: the caller passes NULL or a pointer to a writable u64.
+            unsafe { *out = value };
+        }
+    }
+    0
+}

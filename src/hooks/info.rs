@@ -1,0 +1,72 @@
+//! What the program can read about memory: `cuDeviceTotalMem` reports the effective limit,
+//! `cuMemGetInfo` reports total = limit and free = min(limit − in use, driver free).
+//! Also `cuInit`, which fails while the configuration is broken (see `intercept::enter`).
+
+use std::ffi::c_uint;
+
+use crate::ffi::*;
+use crate::state::State;
+
+pub unsafe fn init(_: &State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
+    real(flags)
+}
+
+pub unsafe fn device_total_mem(st: &State, real: unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult, bytes: *mut usize, dev: CUdevice) -> CUresult {
+    if bytes.is_null() {
+        return real(bytes, dev);
+    }
+    let mut physical: usize = 0;
+    let result = real(&mut physical, dev);
+    if result == CUDA_SUCCESS {
+        *bytes = st.limit(dev).map_or(physical, |l| l.min(physical as u64) as usize);
+    }
+    result
+}
+
+pub unsafe fn device_total_mem_v1(st: &State, real: unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    if bytes.is_null() {
+        return real(bytes, dev);
+    }
+    let mut physical: c_uint = 0;
+    let result = real(&mut physical, dev);
+    if result == CUDA_SUCCESS {
+        *bytes = st.limit(dev).map_or(physical, |l| l.min(physical as u64) as c_uint);
+    }
+    result
+}
+
+pub unsafe fn mem_get_info(st: &State, real: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult, free: *mut usize, total: *mut usize) -> CUresult {
+    let (mut f, mut t): (usize, usize) = (0, 0);
+    let result = real(&mut f, &mut t);
+    if result == CUDA_SUCCESS {
+        let (f, t) = clamp(st, f as u64, t as u64);
+        write(free, f as usize);
+        write(total, t as usize);
+    }
+    result
+}
+
+pub unsafe fn mem_get_info_v1(st: &State, real: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult, free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    let (mut f, mut t): (c_uint, c_uint) = (0, 0);
+    let result = real(&mut f, &mut t);
+    if result == CUDA_SUCCESS {
+        let (f, t) = clamp(st, f as u64, t as u64);
+        write(free, f.min(c_uint::MAX as u64) as c_uint);
+        write(total, t.min(c_uint::MAX as u64) as c_uint);
+    }
+    result
+}
+
+fn clamp(st: &State, free: u64, total: u64) -> (u64, u64) {
+    match st.api.current_device() {
+        Some(dev) => st.clamp_mem_info(dev, free, total),
+        None => (free, total),
+    }
+}
+
+/// Writes through an out-pointer the program may have left NULL.
+unsafe fn write<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        *out = value;
+    }
+}

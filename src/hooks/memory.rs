@@ -1,0 +1,268 @@
+//! Every way of getting device memory, counted against the device it lands on.
+//!
+//! What counts is what the program asked for: the requested bytes (the driver's own rounding
+//! to its pages is not counted), pitch × height for pitched memory, the array formula below,
+//! the size of a `cuMemCreate` from create to release. Bodies reserve before calling the driver
+//! (`State::counted`) and credit after it freed (`State::uncounted`). A call whose out-pointers
+//! are NULL is passed straight to the driver, which rejects it.
+
+use std::ffi::c_uint;
+
+use crate::ffi::*;
+use crate::memory::Kind;
+use crate::state::State;
+
+type Alloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+
+pub unsafe fn alloc(st: &State, real: Alloc, dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    if dptr.is_null() {
+        return real(dptr, bytes);
+    }
+    st.counted("cuMemAlloc", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
+}
+
+pub unsafe fn alloc_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult, dptr: *mut CUdeviceptr_v1, bytes: c_uint) -> CUresult {
+    if dptr.is_null() {
+        return real(dptr, bytes);
+    }
+    st.counted("cuMemAlloc", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
+}
+
+pub unsafe fn alloc_managed(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
+    if dptr.is_null() {
+        return real(dptr, bytes, flags);
+    }
+    st.counted("cuMemAllocManaged", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
+}
+
+/// The pitch the driver will choose is not known before the call: reserve for the usual
+/// 512-byte alignment, then settle on the real pitch × height (if the driver chose a larger
+/// pitch and the difference does not fit, the allocation is undone and refused).
+const PITCH_ALIGN: u64 = 512;
+
+pub unsafe fn alloc_pitch(
+    st: &State,
+    real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    if dptr.is_null() || pitch.is_null() {
+        return real(dptr, pitch, width, height, elem);
+    }
+    let estimate = (width as u64).div_ceil(PITCH_ALIGN).saturating_mul(PITCH_ALIGN).saturating_mul(height as u64);
+    let dev = st.api.current_device();
+    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr));
+    if result == CUDA_SUCCESS {
+        return settle_pitch(st, dev, *dptr, (*pitch as u64).saturating_mul(height as u64));
+    }
+    result
+}
+
+pub unsafe fn alloc_pitch_v1(
+    st: &State,
+    real: unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult,
+    dptr: *mut CUdeviceptr_v1,
+    pitch: *mut c_uint,
+    width: c_uint,
+    height: c_uint,
+    elem: c_uint,
+) -> CUresult {
+    if dptr.is_null() || pitch.is_null() {
+        return real(dptr, pitch, width, height, elem);
+    }
+    let estimate = (width as u64).div_ceil(PITCH_ALIGN) * PITCH_ALIGN * height as u64;
+    let dev = st.api.current_device();
+    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr as u64));
+    if result == CUDA_SUCCESS {
+        return settle_pitch(st, dev, *dptr as u64, *pitch as u64 * height as u64);
+    }
+    result
+}
+
+/// Replaces the estimate recorded for a pitched allocation with its real size.
+fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64) -> CUresult {
+    let (Some(dev), Some(live)) = (dev, st.live.remove(Kind::DevicePtr, ptr)) else { return CUDA_SUCCESS };
+    let Some(budget) = st.budget(dev) else { return CUDA_SUCCESS };
+    if actual <= live.bytes {
+        budget.release(live.bytes - actual);
+    } else if let Err(refused) = budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)) {
+        st.report_refusal("cuMemAllocPitch", dev, actual, refused);
+        budget.release(live.bytes);
+        free_driver_ptr(st, ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live });
+    CUDA_SUCCESS
+}
+
+fn free_driver_ptr(_st: &State, ptr: CUdeviceptr) {
+    let real = crate::hooks::REAL[crate::hooks::Hook::cuMemFree_v2 as usize].load(std::sync::atomic::Ordering::Relaxed);
+    if real != 0 {
+        // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(real)(ptr) };
+    }
+}
+
+pub unsafe fn free(st: &State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> CUresult {
+    st.uncounted(Kind::DevicePtr, dptr, || real(dptr))
+}
+
+pub unsafe fn free_v1(st: &State, real: unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult, dptr: CUdeviceptr_v1) -> CUresult {
+    st.uncounted(Kind::DevicePtr, dptr as u64, || real(dptr))
+}
+
+// --- stream-ordered ---------------------------------------------------------------------------
+
+pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+    if dptr.is_null() {
+        return real(dptr, bytes, stream);
+    }
+    st.counted("cuMemAllocAsync", st.api.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
+}
+
+pub unsafe fn alloc_from_pool_async(
+    st: &State,
+    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    if dptr.is_null() {
+        return real(dptr, bytes, pool, stream);
+    }
+    let dev = pool_device(st, pool).or_else(|| st.api.stream_device(stream));
+    st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr))
+}
+
+pub unsafe fn free_async(st: &State, real: unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    st.uncounted(Kind::DevicePtr, dptr, || real(dptr, stream))
+}
+
+fn pool_device(st: &State, pool: CUmemoryPool) -> Option<CUdevice> {
+    let pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+    pools.iter().find(|(p, _)| *p == pool as usize).map(|&(_, d)| d)
+}
+
+pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult, pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix) -> CUresult {
+    let result = real(pool, props);
+    if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() && (*props).location.type_ == MEM_LOCATION_TYPE_DEVICE {
+        let mut pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.push((*pool as usize, (*props).location.id));
+    }
+    result
+}
+
+pub unsafe fn pool_destroy(st: &State, real: unsafe extern "C" fn(CUmemoryPool) -> CUresult, pool: CUmemoryPool) -> CUresult {
+    st.pools.lock().unwrap_or_else(|e| e.into_inner()).retain(|(p, _)| *p != pool as usize);
+    real(pool)
+}
+
+// --- virtual memory management ----------------------------------------------------------------
+
+pub unsafe fn vmm_create(
+    st: &State,
+    real: unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    bytes: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    if handle.is_null() || prop.is_null() || (*prop).location.type_ != MEM_LOCATION_TYPE_DEVICE {
+        return real(handle, bytes, prop, flags);
+    }
+    let dev = Some((*prop).location.id);
+    st.counted("cuMemCreate", dev, bytes as u64, Kind::VmmHandle, || (real(handle, bytes, prop, flags), *handle))
+}
+
+pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
+    st.uncounted(Kind::VmmHandle, handle, || real(handle))
+}
+
+// --- arrays -----------------------------------------------------------------------------------
+
+/// Bytes per channel of a `CUarray_format`. Formats not listed (block-compressed, video and
+/// packed normalised formats) count 4 bytes per channel.
+pub fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    }
+}
+
+/// W × max(H,1) × max(D,1) × channels × bytes per channel, saturating.
+pub fn array_bytes(width: usize, height: usize, depth: usize, channels: c_uint, format: c_uint) -> u64 {
+    [width as u64, height.max(1) as u64, depth.max(1) as u64, channels as u64, format_bytes(format)]
+        .into_iter()
+        .fold(1u64, |acc, f| acc.saturating_mul(f))
+}
+
+/// The sum over mip levels; layered and cubemap arrays keep their depth (layer count) at every level.
+pub fn mipmapped_bytes(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
+    let keep_depth = d.Flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+    let shrink = |v: usize, l: u32| (v.max(1) >> l.min(63)).max(1);
+    (0..levels.min(64)).fold(0u64, |acc, l| {
+        let depth = if keep_depth { d.Depth.max(1) } else { shrink(d.Depth, l) };
+        acc.saturating_add(array_bytes(shrink(d.Width, l), shrink(d.Height, l), depth, d.NumChannels, d.Format))
+    })
+}
+
+pub unsafe fn array_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+    if array.is_null() || desc.is_null() {
+        return real(array, desc);
+    }
+    let d = *desc;
+    let bytes = array_bytes(d.Width, d.Height, 1, d.NumChannels, d.Format);
+    st.counted("cuArrayCreate", st.api.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+}
+
+pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+    if array.is_null() || desc.is_null() {
+        return real(array, desc);
+    }
+    let d = *desc;
+    let bytes = array_bytes(d.Width, d.Height, d.Depth, d.NumChannels, d.Format);
+    st.counted("cuArray3DCreate", st.api.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+}
+
+pub unsafe fn array_destroy(st: &State, real: unsafe extern "C" fn(CUarray) -> CUresult, array: CUarray) -> CUresult {
+    st.uncounted(Kind::Array, array as u64, || real(array))
+}
+
+pub unsafe fn mipmapped_create(
+    st: &State,
+    real: unsafe extern "C" fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> CUresult,
+    array: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> CUresult {
+    if array.is_null() || desc.is_null() {
+        return real(array, desc, levels);
+    }
+    let bytes = mipmapped_bytes(&*desc, levels);
+    st.counted("cuMipmappedArrayCreate", st.api.current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
+}
+
+pub unsafe fn mipmapped_destroy(st: &State, real: unsafe extern "C" fn(CUmipmappedArray) -> CUresult, array: CUmipmappedArray) -> CUresult {
+    st.uncounted(Kind::MipmappedArray, array as u64, || real(array))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes() {
+        assert_eq!(array_bytes(1024, 0, 0, 4, 0x20), 16 * 1024);
+        assert_eq!(array_bytes(100, 10, 3, 2, 0x10), 100 * 10 * 3 * 2 * 2);
+        assert_eq!(array_bytes(usize::MAX, 2, 1, 1, 1), u64::MAX);
+        let d = CUDA_ARRAY3D_DESCRIPTOR { Width: 8, Height: 4, Depth: 0, Format: 0x01, NumChannels: 1, Flags: 0 };
+        assert_eq!(mipmapped_bytes(&d, 4), 32 + 8 + 2 + 1);
+        let layered = CUDA_ARRAY3D_DESCRIPTOR { Depth: 3, Flags: ARRAY3D_LAYERED, ..d };
+        assert_eq!(mipmapped_bytes(&layered, 2), 3 * 32 + 3 * 8);
+    }
+}

@@ -1,0 +1,285 @@
+//! How calls reach the shim: the hook table's machinery, the interposed `dlsym`, and the
+//! substitution done for `cuGetProcAddress`.
+//!
+//! The hooked functions are declared once, as data, with [`hook_table!`] (see `hooks/mod.rs`).
+//! Each entry names the exact exported variant (`cuMemAlloc_v2`, `cuMemAllocAsync_ptsz`), the
+//! base name and first CUDA version `cuGetProcAddress` knows it by, its C signature and the body
+//! that implements it. From that one list come: the `#[no_mangle]` exports (programs linked with
+//! `-lcuda`), the table `dlsym` and `cuGetProcAddress` consult, and the slots holding the
+//! driver's own pointers. Every other function is handed back as the driver's pointer.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::driver;
+use crate::ffi::*;
+use crate::hooks::{HOOKS, HOOK_COUNT, REAL};
+use crate::state::{self, State};
+
+/// A function address that may sit in a `static`.
+#[derive(Clone, Copy)]
+pub struct FnAddr(pub *const ());
+// SAFETY: a function address is immutable and valid from every thread.
+unsafe impl Sync for FnAddr {}
+
+/// One row of the hook table.
+pub struct HookInfo {
+    /// The exported symbol, NUL-terminated.
+    pub name: &'static str,
+    /// The name `cuGetProcAddress` is asked with.
+    pub base: &'static str,
+    /// The first `cudaVersion` for which `cuGetProcAddress` returns this variant.
+    pub since: c_int,
+    /// Whether this is the per-thread default stream (`_ptsz`/`_ptds`) variant.
+    pub per_thread: bool,
+    /// The shim's implementation.
+    pub hook: FnAddr,
+}
+
+impl HookInfo {
+    pub fn symbol(&self) -> &'static CStr {
+        CStr::from_bytes_with_nul(self.name.as_bytes()).unwrap_or(c"")
+    }
+
+    fn bare_name(&self) -> &'static [u8] {
+        let b = self.name.as_bytes();
+        &b[..b.len().saturating_sub(1)]
+    }
+
+    /// The functions that keep working when the configuration is broken: the ways of looking
+    /// functions up (so the program can reach `cuInit` and see it fail).
+    fn works_when_broken(&self) -> bool {
+        self.base == "cuGetProcAddress"
+    }
+}
+
+/// Declares the hooked functions; see the module documentation.
+macro_rules! hook_table {
+    ($( $sym:ident = $base:literal @ $since:literal $($pt:ident)? ( $($arg:ident : $ty:ty),* $(,)? ) => $body:path ; )*) => {
+        /// Index of each hook in [`HOOKS`] and [`REAL`].
+        #[allow(non_camel_case_types, dead_code, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        #[repr(usize)]
+        pub enum Hook { $($sym),* }
+
+        pub const HOOK_COUNT: usize = [$(stringify!($sym)),*].len();
+
+        pub static HOOKS: [$crate::intercept::HookInfo; HOOK_COUNT] = [$(
+            $crate::intercept::HookInfo {
+                name: concat!(stringify!($sym), "\0"),
+                base: $base,
+                since: $since,
+                per_thread: $crate::intercept::hook_table!(@per_thread $($pt)?),
+                hook: $crate::intercept::FnAddr($sym as *const ()),
+            },
+        )*];
+
+        /// The driver's own pointer for each hook, filled when the driver is opened.
+        pub static REAL: [std::sync::atomic::AtomicUsize; HOOK_COUNT] =
+            [const { std::sync::atomic::AtomicUsize::new(0) }; HOOK_COUNT];
+
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
+                type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
+                $crate::intercept::enter(Hook::$sym as usize, |st, real| {
+                    // SAFETY: `real` is the driver's own `$sym` (looked up by that exact name),
+                    // whose C signature is the one declared in this table.
+                    let real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                    // SAFETY: the arguments are the program's, passed on unchanged or checked
+                    // by the body before use.
+                    unsafe {
+                        if st.passthrough() {
+                            return real($($arg),*);
+                        }
+                        $body(st, real, $($arg),*)
+                    }
+                })
+            }
+        )*
+    };
+    (@per_thread ptsz) => { true };
+    (@per_thread) => { false };
+}
+pub(crate) use hook_table;
+
+/// Runs a hook body with the shim's state and the driver's pointer, never letting a panic out.
+#[inline]
+pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(|| {
+        let Some(st) = state::get() else { return CUDA_ERROR_NOT_INITIALIZED };
+        let real = REAL[index].load(Relaxed);
+        if real == 0 {
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        if st.broken() && !HOOKS[index].works_when_broken() {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        body(st, real)
+    }))
+    .unwrap_or(CUDA_ERROR_UNKNOWN)
+}
+
+/// The hook whose exported name is `name`.
+fn hook_by_name(name: &[u8]) -> Option<usize> {
+    HOOKS.iter().position(|h| h.bare_name() == name)
+}
+
+/// Fills [`REAL`] from an opened driver.
+pub fn resolve_real(lib: &driver::Library) {
+    for (hook, slot) in HOOKS.iter().zip(REAL.iter()) {
+        slot.store(driver::lookup(lib.handle, hook.symbol()) as usize, Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dlsym
+
+/// The interposed `dlsym`. A trampoline: it asks [`dlsym_verdict`] whether the lookup needs the
+/// shim; if not (any name not of the driver, `RTLD_NEXT`, a function not hooked) it *jumps* to
+/// glibc's `dlsym` with the caller's registers and return address untouched, so glibc still
+/// resolves relative to the real caller (`RTLD_NEXT`, `RTLD_DEFAULT` from a local scope).
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {verdict}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "ret",
+        "2:",
+        "jmp qword ptr [rip + {real}]",
+        verdict = sym dlsym_verdict,
+        real = sym driver::REAL_DLSYM,
+    )
+}
+
+/// Elsewhere than x86-64: the same decision, but glibc sees the shim as the caller (documented).
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let v = dlsym_verdict(handle, symbol);
+    if v != 0 {
+        return v as *mut c_void;
+    }
+    driver::real_dlsym()(handle, symbol)
+}
+
+/// 0: let glibc answer. Otherwise: the address to return instead (a hook).
+/// Also makes sure [`driver::REAL_DLSYM`] is set before returning.
+extern "C" fn dlsym_verdict(handle: *mut c_void, symbol: *const c_char) -> usize {
+    driver::real_dlsym();
+    if symbol.is_null() || handle == libc::RTLD_NEXT {
+        return 0;
+    }
+    // SAFETY: `symbol` is non-NULL and, per dlsym's contract, NUL-terminated. The first two
+    // bytes are read separately so that a one-byte name is never read past its end.
+    let first = unsafe { *symbol } as u8;
+    if first != b'c' || unsafe { *symbol.add(1) } as u8 != b'u' {
+        return 0;
+    }
+    // SAFETY: as above.
+    let name = unsafe { CStr::from_ptr(symbol) };
+    let Some(index) = hook_by_name(name.to_bytes()) else { return 0 };
+    catch_unwind(|| hooked_lookup(handle, name, index)).unwrap_or(0)
+}
+
+/// A program looked up a function the shim hooks: answer with the hook if glibc's answer is
+/// the driver's function (or the shim's own export of it).
+#[cold]
+fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
+    let found = driver::lookup(handle, name) as usize;
+    if found == 0 {
+        return 0;
+    }
+    let ours = HOOKS[index].hook.0 as usize;
+    // The driver's own address tells which library the program uses; the shim's own export
+    // (found through RTLD_DEFAULT) says nothing about that.
+    let hint = if found == ours { std::ptr::null() } else { found as *const c_void };
+    let Some(st) = state::get_with_hint(hint) else { return 0 };
+    if st.passthrough() {
+        return 0;
+    }
+    if found == ours || found == REAL[index].load(Relaxed) {
+        return ours;
+    }
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuGetProcAddress
+
+/// What `cuGetProcAddress(symbol, version, flags)` should hand back, given the driver's answer
+/// `found`: the hook of the variant the driver chose, or `found` itself.
+///
+/// The variant is recognised by identity with the driver's exported functions; if the driver
+/// answers with an address that is not one of its exports, the version rules of the table
+/// (`since`, per-thread) pick the variant the caller's version and flags select.
+pub fn substitute(symbol: &CStr, version: c_int, flags: u64, found: *mut c_void) -> *mut c_void {
+    if found.is_null() {
+        return found;
+    }
+    let addr = found as usize;
+    for i in 0..HOOK_COUNT {
+        if REAL[i].load(Relaxed) == addr {
+            return HOOKS[i].hook.0 as *mut c_void;
+        }
+    }
+    let base = symbol.to_bytes();
+    let per_thread = flags & PROC_ADDRESS_PER_THREAD != 0;
+    let candidates = || HOOKS.iter().filter(|h| h.base.as_bytes() == base && h.since <= version);
+    let want_pt = per_thread && candidates().any(|h| h.per_thread);
+    match candidates().filter(|h| h.per_thread == want_pt).max_by_key(|h| h.since) {
+        Some(h) => {
+            crate::log::log!(
+                crate::log::Level::Debug,
+                "cuGetProcAddress({}, {version}, {flags}): driver answered with an unexported address; using the hook for {}",
+                symbol.to_string_lossy(),
+                h.symbol().to_string_lossy()
+            );
+            h.hook.0 as *mut c_void
+        }
+        None => found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_unique_and_nul_terminated() {
+        for (i, h) in HOOKS.iter().enumerate() {
+            assert!(h.name.ends_with('\0'), "{}", h.name);
+            assert!(h.bare_name().starts_with(b"cu"), "{}", h.name);
+            assert_eq!(hook_by_name(h.bare_name()), Some(i), "duplicate {}", h.name);
+        }
+    }
+
+    #[test]
+    fn version_rules_pick_the_matching_variant() {
+        let fake = 0x1234 as *mut c_void; // not a driver export: forces the rules
+        let pick = |name: &CStr, v, f| {
+            let p = substitute(name, v, f, fake) as usize;
+            HOOKS.iter().find(|h| h.hook.0 as usize == p).map(|h| h.bare_name())
+        };
+        assert_eq!(pick(c"cuMemAlloc", 3020, 0), Some(&b"cuMemAlloc_v2"[..]));
+        assert_eq!(pick(c"cuMemAlloc", 12000, 2), Some(&b"cuMemAlloc_v2"[..]));
+        assert_eq!(pick(c"cuMemAlloc", 2000, 0), Some(&b"cuMemAlloc"[..]));
+        assert_eq!(pick(c"cuMemAllocAsync", 11020, 0), Some(&b"cuMemAllocAsync"[..]));
+        assert_eq!(pick(c"cuMemAllocAsync", 11020, 1), Some(&b"cuMemAllocAsync"[..]));
+        assert_eq!(pick(c"cuMemAllocAsync", 12090, 2), Some(&b"cuMemAllocAsync_ptsz"[..]));
+        assert_eq!(pick(c"cuMemAllocAsync", 11000, 0), None);
+        assert_eq!(pick(c"cuGetProcAddress", 12000, 0), Some(&b"cuGetProcAddress_v2"[..]));
+        assert_eq!(pick(c"cuGetProcAddress", 11030, 0), Some(&b"cuGetProcAddress"[..]));
+        assert_eq!(pick(c"cuLaunchKernel", 12000, 0), None);
+    }
+}

@@ -1,0 +1,17 @@
+//! gpushim: hides, reorders, splits and memory-limits NVIDIA GPUs for unmodified CUDA programs.
+//!
+//! Loaded with `LD_PRELOAD`, the library sits between the program and the driver. Nothing
+//! happens until the program asks for a CUDA function (`state`); the hooked functions are
+//! declared once in `hooks` and reached through exports, an interposed `dlsym` and
+//! `cuGetProcAddress` (`intercept`); limits are enforced by atomic reservation (`memory`).
+
+mod api;
+mod config;
+mod driver;
+mod ffi;
+mod hooks;
+mod intercept;
+mod log;
+mod memory;
+mod state;
+mod units;

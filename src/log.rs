@@ -1,0 +1,137 @@
+//! The shim's log: levels, one `write(2)` per line, and a rate limiter for lines that a busy
+//! program could trigger thousands of times (refused allocations).
+//!
+//! Nothing here runs, and nothing is printed, until the program first asks for a CUDA function.
+
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+#[repr(u8)]
+pub enum Level {
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+impl Level {
+    fn word(self) -> &'static str {
+        match self {
+            Level::Off => "off",
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+            Level::Trace => "trace",
+        }
+    }
+}
+
+static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
+static FD: AtomicI32 = AtomicI32::new(2);
+
+/// Sets the level and, when given, the file lines go to (appended; stderr if it cannot be opened,
+/// with one line saying so).
+pub fn configure(level: Level, file: Option<&std::path::Path>) {
+    LEVEL.store(level as u8, Relaxed);
+    let Some(path) = file else { return };
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return };
+    // SAFETY: `cpath` is a valid NUL-terminated string; open(2) has no other preconditions.
+    let fd = unsafe {
+        libc::open(cpath.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC, 0o644)
+    };
+    if fd >= 0 {
+        FD.store(fd, Relaxed);
+    } else {
+        let err = std::io::Error::last_os_error();
+        emit(Level::Warn, format_args!("cannot open log file {}: {err}; logging to stderr", path.display()));
+    }
+}
+
+#[inline]
+pub fn enabled(level: Level) -> bool {
+    level != Level::Off && level as u8 <= LEVEL.load(Relaxed)
+}
+
+/// Writes `gpushim: LEVEL: message` as one line.
+pub fn emit(level: Level, args: fmt::Arguments<'_>) {
+    let mut line = String::with_capacity(160);
+    let _ = write!(line, "gpushim: {}: ", level.word());
+    let _ = line.write_fmt(args);
+    line.push('\n');
+    write_raw(line.as_bytes());
+}
+
+/// Writes an already formatted line (adds the newline), with no level word: configuration
+/// errors use the exact form `gpushim: SETTING="VALUE": REASON`.
+pub fn emit_plain(text: &str) {
+    let mut line = String::with_capacity(text.len() + 1);
+    line.push_str(text);
+    line.push('\n');
+    write_raw(line.as_bytes());
+}
+
+fn write_raw(mut bytes: &[u8]) {
+    let fd = FD.load(Relaxed);
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
+macro_rules! log {
+    ($level:expr, $($arg:tt)*) => {
+        if $crate::log::enabled($level) {
+            $crate::log::emit($level, format_args!($($arg)*))
+        }
+    };
+}
+pub(crate) use log;
+
+/// Lets a burst of `PER_SECOND` lines through each second and counts the rest, so a program
+/// retrying a refused allocation in a loop cannot flood its own output.
+pub struct RateLimit {
+    second: AtomicU64,
+    in_second: AtomicU32,
+    suppressed: AtomicU64,
+}
+
+impl RateLimit {
+    const PER_SECOND: u32 = 5;
+
+    pub const fn new() -> Self {
+        RateLimit { second: AtomicU64::new(u64::MAX), in_second: AtomicU32::new(0), suppressed: AtomicU64::new(0) }
+    }
+
+    /// `Some(n)`: print the line, mentioning that `n` lines were suppressed since the last one.
+    pub fn admit(&self) -> Option<u64> {
+        let now = coarse_seconds();
+        if self.second.swap(now, Relaxed) != now {
+            self.in_second.store(0, Relaxed);
+        }
+        if self.in_second.fetch_add(1, Relaxed) < Self::PER_SECOND {
+            Some(self.suppressed.swap(0, Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Relaxed);
+            None
+        }
+    }
+}
+
+fn coarse_seconds() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64
+}

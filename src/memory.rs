@@ -1,0 +1,243 @@
+//! Per-device budgets and the map of live allocations.
+//!
+//! The limit is enforced by reserving before allocating: [`DeviceBudget::try_reserve`] adds the
+//! request to `used` with a compare-and-swap that fails if the sum would pass the limit, the
+//! driver is called only after that succeeded, and the reservation is rolled back if the driver
+//! refuses. A free is credited only after the driver freed. So at every instant the memory the
+//! driver holds for the program is at most `used`, and `used` is at most the limit, whatever
+//! the threads do.
+//!
+//! The live map remembers, for each pointer or handle the program got, the device and size it
+//! was counted with, so the free gives back exactly what the allocation took. It is sharded by
+//! key so threads allocating at once rarely meet on a lock, and no lock is ever held across a
+//! call into the driver.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Device ordinals the shim accounts for; a device beyond this is passed through uncounted
+/// (and said so once in the log).
+pub const MAX_DEVICES: usize = 64;
+
+const UNRESOLVED: u64 = u64::MAX;
+
+/// The budget of one device in the program's view.
+pub struct DeviceBudget {
+    /// The effective limit in bytes, `UNRESOLVED` until the device's physical size is known.
+    limit: AtomicU64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// Why a reservation failed: what was in use against which limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub used: u64,
+    pub limit: u64,
+}
+
+impl DeviceBudget {
+    pub const fn new() -> Self {
+        DeviceBudget {
+            limit: AtomicU64::new(UNRESOLVED),
+            used: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn limit(&self) -> Option<u64> {
+        let l = self.limit.load(Relaxed);
+        (l != UNRESOLVED).then_some(l)
+    }
+
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Relaxed)
+    }
+
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Relaxed)
+    }
+
+    /// Adds `bytes` to what is in use if that stays within `limit`.
+    pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
+        let mut used = self.used.load(Relaxed);
+        loop {
+            let next = match used.checked_add(bytes) {
+                Some(n) if n <= limit => n,
+                _ => {
+                    self.refused.fetch_add(1, Relaxed);
+                    return Err(Refused { used, limit });
+                }
+            };
+            match self.used.compare_exchange_weak(used, next, Relaxed, Relaxed) {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Relaxed);
+                    return Ok(());
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Gives back `bytes` (never below zero).
+    pub fn release(&self, bytes: u64) {
+        let _ = self.used.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+    }
+}
+
+/// What kind of object a live entry is: the key spaces differ (a VMM handle is an opaque
+/// number that could equal some device pointer).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Kind {
+    DevicePtr,
+    VmmHandle,
+    Array,
+    MipmappedArray,
+}
+
+/// One live allocation: where it was counted and how much.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Live {
+    pub device: usize,
+    pub bytes: u64,
+}
+
+const SHARDS: usize = 64;
+
+/// A multiply-shift hasher: keys are pointers and handles, already well spread; SipHash would
+/// cost more than the rest of an allocation's bookkeeping.
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64)
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64)
+    }
+    fn write_isize(&mut self, v: isize) {
+        self.write_u64(v as u64)
+    }
+}
+
+type Shard = Mutex<HashMap<(Kind, u64), Live, BuildHasherDefault<FastHasher>>>;
+
+pub struct LiveMap {
+    shards: Box<[Shard]>,
+}
+
+impl LiveMap {
+    pub fn new() -> Self {
+        LiveMap { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect() }
+    }
+
+    fn shard(&self, key: u64) -> &Shard {
+        // Device pointers are at least 256-byte aligned: mix the bits that vary.
+        let h = (key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+        &self.shards[h as usize % SHARDS]
+    }
+
+    pub fn insert(&self, kind: Kind, key: u64, live: Live) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.insert((kind, key), live);
+    }
+
+    pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.remove(&(kind, key))
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn reserve_respects_limit_exactly() {
+        let b = DeviceBudget::new();
+        assert_eq!(b.try_reserve(600, 1000), Ok(()));
+        assert_eq!(b.try_reserve(400, 1000), Ok(()));
+        assert_eq!(b.try_reserve(1, 1000), Err(Refused { used: 1000, limit: 1000 }));
+        b.release(400);
+        assert_eq!(b.used(), 600);
+        assert_eq!(b.peak(), 1000);
+        assert_eq!(b.refused(), 1);
+        assert_eq!(b.try_reserve(u64::MAX, u64::MAX), Err(Refused { used: 600, limit: u64::MAX }));
+        b.release(10_000);
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn concurrent_reservations_never_pass_the_limit() {
+        let b = Arc::new(DeviceBudget::new());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..20_000u64 {
+                        let size = 1 + (i * 7919 + t * 104_729) % 300;
+                        if b.try_reserve(size, 10_000).is_ok() {
+                            held.push(size);
+                        }
+                        assert!(b.used() <= 10_000);
+                        if i % 3 == 0 {
+                            if let Some(s) = held.pop() {
+                                b.release(s);
+                            }
+                        }
+                    }
+                    for s in held {
+                        b.release(s);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(b.used(), 0);
+        assert!(b.peak() <= 10_000 && b.peak() > 9_000);
+    }
+
+    #[test]
+    fn live_map_keys_are_per_kind() {
+        let m = LiveMap::new();
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5 });
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7 });
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5 }));
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7 }));
+    }
+}

@@ -1,0 +1,484 @@
+/* The CUDA driver API reached three ways, chosen at compile time:
+ *   -DMODE_LINK   linked with -lcuda; cuda.h binds calls to versioned exports (cuMemAlloc_v2 ...)
+ *   -DMODE_DLSYM  dlopen("libcuda.so.1") + dlsym of the exact exported names
+ *   -DMODE_GPA    dlopen + dlsym("cuGetProcAddress_v2") only, everything else by base name +
+ *                 version through it; add -DGPA_V1 to use the v1 cuGetProcAddress (no status)
+ * -DCUDA_API_PER_THREAD_DEFAULT_STREAM selects the per-thread-stream variants: the _ptsz
+ * exports (link: through cuda.h, dlsym: by name) or cuGetProcAddress flags 2.
+ *
+ * Operations (see scenario.h), after the automatic init (cuInit, device count, context on 0):
+ *   dev=N  alloc=API:BYTES  free=K  info  infonull  totalmem  ident  gpaflags
+ * APIs: mem pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
+ * BYTES must be a multiple of 2 MiB for vmm and of 256 KiB for the array APIs.
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include "scenario.h"
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#define PTSZ 1
+#else
+#define PTSZ 0
+#endif
+
+#if !defined(MODE_LINK) && !defined(MODE_DLSYM) && !defined(MODE_GPA)
+#error "define one of MODE_LINK, MODE_DLSYM, MODE_GPA"
+#endif
+
+/* X(field, cuda.h symbol, export name, _ptsz export name, base name, version) */
+#define API_TABLE(X)                                                                              \
+    X(Init, cuInit, "cuInit", "cuInit", "cuInit", 2000)                                           \
+    X(DeviceGetCount, cuDeviceGetCount, "cuDeviceGetCount", "cuDeviceGetCount", "cuDeviceGetCount", 2000) \
+    X(DeviceGet, cuDeviceGet, "cuDeviceGet", "cuDeviceGet", "cuDeviceGet", 2000)                  \
+    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",              \
+      "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000)                               \
+    X(CtxSetCurrent, cuCtxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent", "cuCtxSetCurrent", 4000) \
+    X(CtxSynchronize, cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize", "cuCtxSynchronize", 2000) \
+    X(DeviceTotalMem, cuDeviceTotalMem, "cuDeviceTotalMem_v2", "cuDeviceTotalMem_v2", "cuDeviceTotalMem", 3020) \
+    X(MemGetInfo, cuMemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo_v2", "cuMemGetInfo", 3020)       \
+    X(MemAlloc, cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc_v2", "cuMemAlloc", 3020)                 \
+    X(MemFree, cuMemFree, "cuMemFree_v2", "cuMemFree_v2", "cuMemFree", 3020)                      \
+    X(MemAllocPitch, cuMemAllocPitch, "cuMemAllocPitch_v2", "cuMemAllocPitch_v2", "cuMemAllocPitch", 3020) \
+    X(MemAllocManaged, cuMemAllocManaged, "cuMemAllocManaged", "cuMemAllocManaged", "cuMemAllocManaged", 6000) \
+    X(MemAllocAsync, cuMemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocAsync", 11020) \
+    X(MemFreeAsync, cuMemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemFreeAsync", 11020) \
+    X(MemPoolCreate, cuMemPoolCreate, "cuMemPoolCreate", "cuMemPoolCreate", "cuMemPoolCreate", 11020) \
+    X(MemPoolDestroy, cuMemPoolDestroy, "cuMemPoolDestroy", "cuMemPoolDestroy", "cuMemPoolDestroy", 11020) \
+    X(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                  \
+      "cuMemAllocFromPoolAsync_ptsz", "cuMemAllocFromPoolAsync", 11020)                           \
+    X(MemCreate, cuMemCreate, "cuMemCreate", "cuMemCreate", "cuMemCreate", 10020)                 \
+    X(MemRelease, cuMemRelease, "cuMemRelease", "cuMemRelease", "cuMemRelease", 10020)            \
+    X(MemAddressReserve, cuMemAddressReserve, "cuMemAddressReserve", "cuMemAddressReserve", "cuMemAddressReserve", 10020) \
+    X(MemAddressFree, cuMemAddressFree, "cuMemAddressFree", "cuMemAddressFree", "cuMemAddressFree", 10020) \
+    X(MemMap, cuMemMap, "cuMemMap", "cuMemMap", "cuMemMap", 10020)                                \
+    X(MemUnmap, cuMemUnmap, "cuMemUnmap", "cuMemUnmap", "cuMemUnmap", 10020)                      \
+    X(MemSetAccess, cuMemSetAccess, "cuMemSetAccess", "cuMemSetAccess", "cuMemSetAccess", 10020)  \
+    X(ArrayCreate, cuArrayCreate, "cuArrayCreate_v2", "cuArrayCreate_v2", "cuArrayCreate", 3020)  \
+    X(Array3DCreate, cuArray3DCreate, "cuArray3DCreate_v2", "cuArray3DCreate_v2", "cuArray3DCreate", 3020) \
+    X(ArrayDestroy, cuArrayDestroy, "cuArrayDestroy", "cuArrayDestroy", "cuArrayDestroy", 2000)   \
+    X(MipmappedArrayCreate, cuMipmappedArrayCreate, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", \
+      "cuMipmappedArrayCreate", 5000)                                                             \
+    X(MipmappedArrayDestroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", \
+      "cuMipmappedArrayDestroy", 5000)                                                            \
+    X(MemAllocHost, cuMemAllocHost, "cuMemAllocHost_v2", "cuMemAllocHost_v2", "cuMemAllocHost", 3020) \
+    X(MemFreeHost, cuMemFreeHost, "cuMemFreeHost", "cuMemFreeHost", "cuMemFreeHost", 2000)        \
+    X(MemHostAlloc, cuMemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", "cuMemHostAlloc", 2020)   \
+    X(MemHostRegister, cuMemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister_v2", "cuMemHostRegister", 6050) \
+    X(MemHostUnregister, cuMemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister", "cuMemHostUnregister", 4000) \
+    X(LaunchKernel, cuLaunchKernel, "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernel", 4000) \
+    X(MemcpyHtoD, cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", "cuMemcpyHtoD", 3020)   \
+    X(StreamCreate, cuStreamCreate, "cuStreamCreate", "cuStreamCreate", "cuStreamCreate", 2000)
+
+static struct {
+#define FIELD(field, sym, name, ptsz_name, base, ver) __typeof__(&sym) field;
+    API_TABLE(FIELD)
+#undef FIELD
+} api;
+
+static const char *const export_names[] = {
+#define NAME(field, sym, name, ptsz_name, base, ver) PTSZ ? ptsz_name : name,
+    API_TABLE(NAME)
+#undef NAME
+};
+
+static void *(*sim_symbol)(const char *);
+
+#if defined(MODE_LINK)
+/* Weak so that a name the simulator lacks links anyway and shows up as NULL. */
+#define WEAK(field, sym, name, ptsz_name, base, ver) extern __typeof__(sym) sym __attribute__((weak));
+API_TABLE(WEAK)
+#undef WEAK
+static const char *mode_name = PTSZ ? "link-ptsz" : "link";
+static void resolve_api(void) {
+#define LINK(field, sym, name, ptsz_name, base, ver) api.field = &sym;
+    API_TABLE(LINK)
+#undef LINK
+    sim_symbol = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "gpusim_symbol");
+}
+#else
+static void *driver;
+static void open_driver(void) {
+    driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!driver) {
+        kv("error=dlopen libcuda.so.1: %s", dlerror());
+        exit(65);
+    }
+    sim_symbol = (void *(*)(const char *))dlsym(driver, "gpusim_symbol");
+}
+#endif
+
+#if defined(MODE_DLSYM)
+static const char *mode_name = PTSZ ? "dlsym-ptsz" : "dlsym";
+static void resolve_api(void) {
+    open_driver();
+#define DLSYM(field, sym, name, ptsz_name, base, ver) \
+    api.field = (__typeof__(api.field))dlsym(driver, PTSZ ? ptsz_name : name);
+    API_TABLE(DLSYM)
+#undef DLSYM
+}
+#endif
+
+#if defined(MODE_GPA)
+typedef CUresult (*gpa_v2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_v1_t)(const char *, void **, int, cuuint64_t);
+static const unsigned long long gpa_flags = PTSZ ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+#if defined(GPA_V1)
+static const char *mode_name = "gpa-v1";
+static const char *gpa_export = "cuGetProcAddress";
+#else
+static const char *mode_name = PTSZ ? "gpa-ptsz" : "gpa";
+static const char *gpa_export = "cuGetProcAddress_v2";
+#endif
+static void *gpa_fn;
+
+/* cuGetProcAddress(base, version, flags): the pointer, or NULL (then *rc says why). */
+static void *gpa(const char *base, int version, unsigned long long flags, CUresult *rc) {
+    void *p = NULL;
+#if defined(GPA_V1)
+    *rc = ((gpa_v1_t)gpa_fn)(base, &p, version, flags);
+#else
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+    *rc = ((gpa_v2_t)gpa_fn)(base, &p, version, flags, &status);
+#endif
+    return p;
+}
+
+static void resolve_api(void) {
+    open_driver();
+    gpa_fn = dlsym(driver, gpa_export);
+    if (!gpa_fn) {
+        kv("error=dlsym %s failed", gpa_export);
+        exit(65);
+    }
+    CUresult rc;
+#define GPA(field, sym, name, ptsz_name, base, ver) \
+    api.field = (__typeof__(api.field))gpa(base, ver, gpa_flags, &rc);
+    API_TABLE(GPA)
+#undef GPA
+}
+#endif
+
+/* Call a table function; a missing one is reported and ends the program (exit 66). */
+#define CALL(field, ...) \
+    (api.field ? api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
+
+/* ---- devices, contexts, streams ---- */
+
+#define MAX_DEVICES 16
+static int device_count;
+static int current_device;
+static CUcontext contexts[MAX_DEVICES];
+static CUmemoryPool pools[MAX_DEVICES];
+
+static CUresult use_device(int dev) {
+    if (dev < 0 || dev >= MAX_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    if (!contexts[dev]) {
+        CUdevice d;
+        rc = CALL(DeviceGet, &d, dev);
+        if (rc == CUDA_SUCCESS) rc = CALL(DevicePrimaryCtxRetain, &contexts[dev], d);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    rc = CALL(CtxSetCurrent, contexts[dev]);
+    if (rc == CUDA_SUCCESS) current_device = dev;
+    return rc;
+}
+
+static CUmemLocation device_location(void) {
+    CUmemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = current_device;
+    return loc;
+}
+
+static CUresult device_pool(CUmemoryPool *out) {
+    if (!pools[current_device]) {
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        props.location = device_location();
+        CUresult rc = CALL(MemPoolCreate, &pools[current_device], &props);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    *out = pools[current_device];
+    return CUDA_SUCCESS;
+}
+
+/* ---- allocations: one slot per operation ---- */
+
+enum kind { K_NONE, K_DPTR, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_HOST, K_HOSTREG };
+
+struct slot {
+    enum kind kind;
+    int device;
+    CUdeviceptr dptr;
+    CUmemGenericAllocationHandle handle;
+    size_t bytes;
+    CUarray array;
+    CUmipmappedArray mipmap;
+    void *host;
+};
+static struct slot slots[MAX_OPS];
+
+static CUDA_ARRAY3D_DESCRIPTOR desc3d(size_t w, size_t h, size_t d) {
+    CUDA_ARRAY3D_DESCRIPTOR desc;
+    memset(&desc, 0, sizeof desc);
+    desc.Width = w;
+    desc.Height = h;
+    desc.Depth = d;
+    desc.Format = CU_AD_FORMAT_FLOAT; /* 4 bytes x 4 channels = 16 bytes per element */
+    desc.NumChannels = 4;
+    return desc;
+}
+
+/* Allocate `bytes` counted bytes through `name`; prints opI.rc (and API details). */
+static void do_alloc(int i, const char *name, unsigned long long bytes) {
+    struct slot *s = &slots[i];
+    CUresult rc;
+    s->device = current_device;
+    s->bytes = bytes;
+    if (!strcmp(name, "mem")) {
+        s->kind = K_DPTR;
+        rc = CALL(MemAlloc, &s->dptr, bytes);
+    } else if (!strcmp(name, "pitch")) {
+        /* width 1000 bytes: the pitch is 1000 rounded up (1024 on the simulator) */
+        size_t pitch = 0, height = bytes / 1024;
+        s->kind = K_DPTR;
+        rc = CALL(MemAllocPitch, &s->dptr, &pitch, 1000, height, 4);
+        kv("op%d.pitch=%zu", i, pitch);
+        kv("op%d.height=%zu", i, height);
+    } else if (!strcmp(name, "managed")) {
+        s->kind = K_DPTR;
+        rc = CALL(MemAllocManaged, &s->dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+    } else if (!strcmp(name, "async")) {
+        s->kind = K_ASYNC;
+        rc = CALL(MemAllocAsync, &s->dptr, bytes, (CUstream)0);
+        if (rc == CUDA_SUCCESS) kv("op%d.sync=%d", i, (int)CALL(CtxSynchronize));
+    } else if (!strcmp(name, "pool")) {
+        CUmemoryPool pool = NULL;
+        s->kind = K_ASYNC;
+        rc = device_pool(&pool);
+        if (rc != CUDA_SUCCESS) {
+            kv("op%d.poolrc=%d", i, (int)rc);
+        } else {
+            rc = CALL(MemAllocFromPoolAsync, &s->dptr, bytes, pool, (CUstream)0);
+            if (rc == CUDA_SUCCESS) kv("op%d.sync=%d", i, (int)CALL(CtxSynchronize));
+        }
+    } else if (!strcmp(name, "vmm")) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location = device_location();
+        s->kind = K_VMM;
+        rc = CALL(MemCreate, &s->handle, bytes, &prop, 0);
+        if (rc == CUDA_SUCCESS) {
+            /* map it like PyTorch's expandable segments do */
+            CUmemAccessDesc access;
+            memset(&access, 0, sizeof access);
+            access.location = device_location();
+            access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            CUresult m = CALL(MemAddressReserve, &s->dptr, bytes, 0, 0, 0);
+            if (m == CUDA_SUCCESS) m = CALL(MemMap, s->dptr, bytes, 0, s->handle, 0);
+            if (m == CUDA_SUCCESS) m = CALL(MemSetAccess, s->dptr, bytes, &access, 1);
+            kv("op%d.maprc=%d", i, (int)m);
+        }
+    } else if (!strcmp(name, "array")) {
+        CUDA_ARRAY_DESCRIPTOR desc;
+        memset(&desc, 0, sizeof desc);
+        desc.Width = 1024;
+        desc.Height = bytes / (1024 * 16);
+        desc.Format = CU_AD_FORMAT_FLOAT;
+        desc.NumChannels = 4;
+        s->kind = K_ARRAY;
+        rc = CALL(ArrayCreate, &s->array, &desc);
+    } else if (!strcmp(name, "array3d")) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = desc3d(256, 64, bytes / (256 * 64 * 16));
+        s->kind = K_ARRAY;
+        rc = CALL(Array3DCreate, &s->array, &desc);
+    } else if (!strcmp(name, "mipmap")) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = desc3d(1024, bytes / (1024 * 16), 0);
+        s->kind = K_MIPMAP;
+        rc = CALL(MipmappedArrayCreate, &s->mipmap, &desc, 1);
+    } else if (!strcmp(name, "host")) {
+        s->kind = K_HOST;
+        rc = CALL(MemAllocHost, &s->host, bytes);
+    } else if (!strcmp(name, "hostalloc")) {
+        s->kind = K_HOST;
+        rc = CALL(MemHostAlloc, &s->host, bytes, 0);
+    } else if (!strcmp(name, "hostreg")) {
+        s->kind = K_HOSTREG;
+        s->host = malloc(bytes);
+        rc = s->host ? CALL(MemHostRegister, s->host, bytes, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc != CUDA_SUCCESS) free(s->host);
+    } else {
+        kv("error=unknown api '%s'", name);
+        exit(64);
+    }
+    if (rc != CUDA_SUCCESS) s->kind = K_NONE;
+    kv("op%d.rc=%d", i, (int)rc);
+}
+
+/* Free slot k in the context of its device; returns the driver's answer. */
+static CUresult release_slot(int k) {
+    struct slot *s = &slots[k];
+    CUresult rc = CUDA_SUCCESS;
+    int back = current_device;
+    if (s->kind == K_NONE) return CUDA_ERROR_INVALID_VALUE;
+    if (s->device != current_device) use_device(s->device);
+    switch (s->kind) {
+    case K_DPTR: rc = CALL(MemFree, s->dptr); break;
+    case K_ASYNC:
+        rc = CALL(MemFreeAsync, s->dptr, (CUstream)0);
+        if (rc == CUDA_SUCCESS) rc = CALL(CtxSynchronize);
+        break;
+    case K_VMM:
+        if (s->dptr) {
+            CALL(MemUnmap, s->dptr, s->bytes);
+            CALL(MemAddressFree, s->dptr, s->bytes);
+        }
+        rc = CALL(MemRelease, s->handle);
+        break;
+    case K_ARRAY: rc = CALL(ArrayDestroy, s->array); break;
+    case K_MIPMAP: rc = CALL(MipmappedArrayDestroy, s->mipmap); break;
+    case K_HOST: rc = CALL(MemFreeHost, s->host); break;
+    case K_HOSTREG:
+        rc = CALL(MemHostUnregister, s->host);
+        free(s->host);
+        break;
+    case K_NONE: break;
+    }
+    s->kind = K_NONE;
+    if (back != current_device) use_device(back);
+    return rc;
+}
+
+/* ---- queries ---- */
+
+static void do_info(int i) {
+    size_t free_b = 0, total_b = 0;
+    CUresult rc = CALL(MemGetInfo, &free_b, &total_b);
+    kv("op%d.rc=%d", i, (int)rc);
+    kv("op%d.free=%zu", i, free_b);
+    kv("op%d.total=%zu", i, total_b);
+}
+
+static void do_infonull(int i) {
+    size_t free_b = 0, total_b = 0;
+    kv("op%d.rc_null_free=%d", i, (int)CALL(MemGetInfo, NULL, &total_b));
+    kv("op%d.total=%zu", i, total_b);
+    kv("op%d.rc_null_total=%d", i, (int)CALL(MemGetInfo, &free_b, NULL));
+    kv("op%d.free=%zu", i, free_b);
+    kv("op%d.rc_null_both=%d", i, (int)CALL(MemGetInfo, NULL, NULL));
+}
+
+static void do_totalmem(int i) {
+    for (int d = 0; d < device_count; d++) {
+        CUdevice dev;
+        size_t total = 0;
+        CUresult rc = CALL(DeviceGet, &dev, d);
+        if (rc == CUDA_SUCCESS) rc = CALL(DeviceTotalMem, &total, dev);
+        kv("op%d.rc%d=%d", i, d, (int)rc);
+        kv("op%d.total%d=%zu", i, d, total);
+    }
+}
+
+/* identity of a pointer against the simulator's own function of that export name */
+static const char *identity(void *p, const char *export_name) {
+    if (!p) return "null";
+    if (!sim_symbol) return "unknown";
+    return p == sim_symbol(export_name) ? "driver" : "other";
+}
+
+static void do_ident(void) {
+    size_t n = sizeof export_names / sizeof export_names[0];
+    void *const *ptrs = (void *const *)&api;
+    for (size_t k = 0; k < n; k++) kv("ident.%s=%s", export_names[k], identity(ptrs[k], export_names[k]));
+#if !defined(MODE_LINK)
+    /* the resolvers themselves, as the program's own dlsym sees them */
+    kv("ident.dlsym.cuGetProcAddress_v2=%s",
+       identity(dlsym(driver, "cuGetProcAddress_v2"), "cuGetProcAddress_v2"));
+    kv("ident.dlsym.cuGetProcAddress=%s", identity(dlsym(driver, "cuGetProcAddress"), "cuGetProcAddress"));
+#endif
+}
+
+#if defined(MODE_GPA)
+/* The same base name asked for with flags 0 and 2 must give the variant of each. */
+static void do_gpaflags(void) {
+    static const struct { const char *base; int ver; const char *f0, *f2; } names[] = {
+        {"cuMemAllocAsync", 11020, "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
+        {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
+        {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
+        {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+        {"cuMemAlloc", 3020, "cuMemAlloc_v2", "cuMemAlloc_v2"},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        CUresult rc0, rc2;
+        void *p0 = gpa(names[k].base, names[k].ver, 0, &rc0);
+        void *p2 = gpa(names[k].base, names[k].ver, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &rc2);
+        kv("gpaflags.%s.f0=%s", names[k].base, identity(p0, names[k].f0));
+        kv("gpaflags.%s.f2=%s", names[k].base, identity(p2, names[k].f2));
+        kv("gpaflags.%s.same=%d", names[k].base, p0 == p2);
+    }
+}
+#endif
+
+int main(int argc, char **argv) {
+    kv("mode=%s", mode_name);
+    resolve_api();
+    CUresult rc = CALL(Init, 0);
+    kv("init.rc=%d", (int)rc);
+    if (rc != CUDA_SUCCESS) {
+        kv("count.rc=%d", (int)CALL(DeviceGetCount, &device_count));
+        kv("done=1");
+        return 0;
+    }
+    rc = CALL(DeviceGetCount, &device_count);
+    kv("count.rc=%d", (int)rc);
+    kv("count=%d", device_count);
+    if (device_count > 0) kv("ctx.rc=%d", (int)use_device(0));
+
+    for (int i = 1; i < argc && i < MAX_OPS; i++) {
+        const char *arg = argv[i];
+        if (starts_with(arg, "dev=")) {
+            kv("op%d.rc=%d", i, (int)use_device(atoi(arg + 4)));
+        } else if (starts_with(arg, "alloc=")) {
+            char name[32];
+            unsigned long long bytes;
+            if (parse_alloc(arg + 6, name, sizeof name, &bytes)) usage_error(arg);
+            do_alloc(i, name, bytes);
+        } else if (starts_with(arg, "free=")) {
+            kv("op%d.rc=%d", i, (int)release_slot(atoi(arg + 5)));
+        } else if (!strcmp(arg, "info")) {
+            do_info(i);
+        } else if (!strcmp(arg, "infonull")) {
+            do_infonull(i);
+        } else if (!strcmp(arg, "totalmem")) {
+            do_totalmem(i);
+        } else if (!strcmp(arg, "ident")) {
+            do_ident();
+#if defined(MODE_GPA)
+        } else if (!strcmp(arg, "gpaflags")) {
+            do_gpaflags();
+#endif
+        } else {
+            usage_error(arg);
+        }
+    }
+
+    /* give everything back so that the simulator's report ends at 0 bytes in use */
+    int failures = 0;
+    for (int k = 0; k < MAX_OPS; k++)
+        if (slots[k].kind != K_NONE && release_slot(k) != CUDA_SUCCESS) failures++;
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (pools[d]) {
+            use_device(d);
+            if (CALL(MemPoolDestroy, pools[d]) != CUDA_SUCCESS) failures++;
+        }
+    kv("cleanup.failures=%d", failures);
+    kv("done=1");
+    return 0;
+}

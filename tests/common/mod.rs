@@ -1,0 +1,761 @@
+//! Shared harness of the gpushim integration tests.
+//!
+//! The tests run real programs — C programs in `tests/c/` built here with gcc, the real CUDA
+//! runtime from the PyPI wheels (`scripts/fetch-deps.sh` puts them in `.deps/`) — on the
+//! simulated driver (`sim/cuda`, `libcuda.so`) with and without `LD_PRELOAD=libgpushim.so`.
+//!
+//! One helper per concern:
+//! * [`profile_dir`], [`shim_path`], [`sim_dir`], [`cuda_deps`]: where the built pieces are;
+//! * [`program`]: the C programs, compiled once per test process into [`work_dir`];
+//! * [`Run`]: one run of a program with a clean environment, giving a [`RunOutput`] with
+//!   the `key=value` lines, the gpushim stderr lines and the simulator's [`SimReport`].
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation.
+pub const OOM: i64 = 2;
+/// CUDA_ERROR_NOT_INITIALIZED and cudaErrorInitializationError.
+pub const NOT_INITIALIZED: i64 = 3;
+
+/// How long one program may run before the test fails (a hang is a failure, not a stall).
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------
+// Locations
+// ---------------------------------------------------------------------------------------
+
+/// The workspace root (the root package's manifest directory).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `<target>/<profile>`: the directory holding this test binary's `deps/`. This follows
+/// `CARGO_TARGET_DIR`, `--release` / `--profile` and `--target` without guessing.
+pub fn profile_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let deps = exe.parent().expect("test binary has a directory");
+        if deps.file_name().map_or(false, |n| n == "deps") {
+            return deps.parent().unwrap().to_path_buf();
+        }
+        // Unusual layout: fall back to CARGO_TARGET_DIR or <workspace>/target, by profile.
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join("target"));
+        target.join(if cfg!(debug_assertions) { "debug" } else { "release" })
+    })
+    .clone()
+}
+
+fn build_hint() -> String {
+    let profile = profile_dir();
+    let release = profile.file_name().map_or(false, |n| n == "release");
+    format!(
+        "build the workspace first: `cargo build {}--workspace` (or run `bash scripts/test.sh`)",
+        if release { "--release " } else { "" }
+    )
+}
+
+fn require_built(path: PathBuf, what: &str) -> PathBuf {
+    if !path.is_file() {
+        panic!("{what} not found at {}; {}", path.display(), build_hint());
+    }
+    path
+}
+
+/// `libgpushim.so`, which must have been built.
+pub fn shim_path() -> PathBuf {
+    require_built(profile_dir().join("libgpushim.so"), "the shim libgpushim.so")
+}
+
+/// The simulated driver as cargo built it (`libcuda.so`, crate `gpusim-cuda`).
+pub fn sim_library() -> PathBuf {
+    require_built(profile_dir().join("libcuda.so"), "the simulated driver libcuda.so (crate gpusim-cuda)")
+}
+
+/// A directory with `libcuda.so.1` and `libcuda.so` → the simulator, for LD_LIBRARY_PATH
+/// and for `-lcuda`.
+pub fn sim_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let lib = sim_library();
+        let dir = work_dir().join("driver");
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
+        dir
+    })
+    .clone()
+}
+
+/// `.deps/cuda12` or `.deps/cuda13` (include/ and lib/ of the runtime wheel).
+pub fn cuda_deps(major: u32) -> PathBuf {
+    let dir = workspace_root().join(".deps").join(format!("cuda{major}"));
+    if !dir.join("include/cuda.h").is_file() || !dir.join(format!("lib/libcudart.so.{major}")).is_file() {
+        panic!(
+            "the CUDA {major} runtime is not in {}; run `bash scripts/fetch-deps.sh` first",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// A scratch directory of this test process, under cargo's `target/tmp`. Directories left
+/// by earlier processes that are no longer alive are removed on first use.
+pub fn work_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpushim-tests");
+        std::fs::create_dir_all(&base).unwrap();
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+                if let Some(pid) = pid {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
+        let exe = std::env::current_exe().unwrap();
+        let stem = exe.file_stem().unwrap().to_string_lossy().into_owned();
+        let dir = base.join(format!("{}-{}", std::process::id(), stem));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+    .clone()
+}
+
+/// A fresh path in the work directory (nothing is created).
+pub fn scratch_path(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    work_dir().join(format!("{}-{}", N.fetch_add(1, Ordering::Relaxed), name))
+}
+
+// ---------------------------------------------------------------------------------------
+// The C programs
+// ---------------------------------------------------------------------------------------
+
+/// How a driver-API program reaches the driver (`tests/c/drvapi.c`, one source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DriverPath {
+    /// linked with `-lcuda`
+    Link,
+    /// linked with `-lcuda`, per-thread default stream (`_ptsz` exports)
+    LinkPtsz,
+    /// `dlopen("libcuda.so.1")` + `dlsym` of exact names
+    Dlsym,
+    /// `dlsym` of the `_ptsz` names
+    DlsymPtsz,
+    /// `cuGetProcAddress_v2`, flags 0
+    Gpa,
+    /// `cuGetProcAddress_v2`, flags 2 (per-thread default stream)
+    GpaPtsz,
+    /// v1 `cuGetProcAddress` (no status argument), flags 0
+    GpaV1,
+}
+
+impl DriverPath {
+    pub const ALL: [DriverPath; 7] = [
+        DriverPath::Link,
+        DriverPath::LinkPtsz,
+        DriverPath::Dlsym,
+        DriverPath::DlsymPtsz,
+        DriverPath::Gpa,
+        DriverPath::GpaPtsz,
+        DriverPath::GpaV1,
+    ];
+
+    pub fn is_ptsz(self) -> bool {
+        matches!(self, DriverPath::LinkPtsz | DriverPath::DlsymPtsz | DriverPath::GpaPtsz)
+    }
+
+    /// Whether the program asks the driver library itself (dlsym on its handle or
+    /// cuGetProcAddress), so that functions gpushim does not change must be the driver's own.
+    pub fn asks_driver(self) -> bool {
+        !matches!(self, DriverPath::Link | DriverPath::LinkPtsz)
+    }
+
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            DriverPath::Link => &["-DMODE_LINK"],
+            DriverPath::LinkPtsz => &["-DMODE_LINK", "-DCUDA_API_PER_THREAD_DEFAULT_STREAM"],
+            DriverPath::Dlsym => &["-DMODE_DLSYM"],
+            DriverPath::DlsymPtsz => &["-DMODE_DLSYM", "-DCUDA_API_PER_THREAD_DEFAULT_STREAM"],
+            DriverPath::Gpa => &["-DMODE_GPA"],
+            DriverPath::GpaPtsz => &["-DMODE_GPA", "-DCUDA_API_PER_THREAD_DEFAULT_STREAM"],
+            DriverPath::GpaV1 => &["-DMODE_GPA", "-DGPA_V1"],
+        }
+    }
+}
+
+/// Every C program the tests run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Program {
+    Driver(DriverPath),
+    /// `tests/c/runtime.c` against cudart 12 or 13; `ptsz` = per-thread default stream
+    Runtime { major: u32, ptsz: bool },
+    /// `tests/c/race.c`
+    Race,
+}
+
+impl Program {
+    fn file_name(self) -> String {
+        match self {
+            Program::Driver(p) => format!("drvapi-{p:?}").to_lowercase(),
+            Program::Runtime { major, ptsz } => format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" }),
+            Program::Race => "race".into(),
+        }
+    }
+
+    fn gcc_args(self) -> Vec<OsString> {
+        let c = workspace_root().join("tests/c");
+        let mut args: Vec<OsString> = vec!["-std=gnu11".into(), "-O1".into(), "-g".into(), "-Wall".into(), "-Wextra".into()];
+        let link_cuda = |args: &mut Vec<OsString>| {
+            args.push(format!("-L{}", sim_dir().display()).into());
+            args.push("-lcuda".into());
+        };
+        match self {
+            Program::Driver(path) => {
+                args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
+                args.extend(path.defines().iter().map(OsString::from));
+                args.push(c.join("drvapi.c").into());
+                if matches!(path, DriverPath::Link | DriverPath::LinkPtsz) {
+                    link_cuda(&mut args);
+                }
+                args.push("-ldl".into());
+            }
+            Program::Runtime { major, ptsz } => {
+                let deps = cuda_deps(major);
+                args.push(format!("-I{}", deps.join("include").display()).into());
+                if ptsz {
+                    args.push("-DCUDA_API_PER_THREAD_DEFAULT_STREAM".into());
+                }
+                args.push(c.join("runtime.c").into());
+                args.push(format!("-L{}", deps.join("lib").display()).into());
+                args.push(format!("-l:libcudart.so.{major}").into());
+                args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
+            }
+            Program::Race => {
+                args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
+                args.push(c.join("race.c").into());
+                link_cuda(&mut args);
+                args.push("-lpthread".into());
+            }
+        }
+        args
+    }
+}
+
+/// The executable of `p`, compiled on first use in this process (gcc).
+pub fn program(p: Program) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<Program, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(exe) = built.get(&p) {
+        return exe.clone();
+    }
+    let exe = work_dir().join("bin").join(p.file_name());
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let out = Command::new("gcc")
+        .args(p.gcc_args())
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run gcc (is it installed?): {e}"));
+    if !out.status.success() {
+        panic!(
+            "compiling {p:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    built.insert(p, exe.clone());
+    exe
+}
+
+// ---------------------------------------------------------------------------------------
+// Running
+// ---------------------------------------------------------------------------------------
+
+/// Variables a run never inherits from the test's own environment.
+fn is_controlled_var(name: &str) -> bool {
+    ["GPUSHIM_", "CUDA_", "GPUSIM_", "PYTORCH_", "NVIDIA_"].iter().any(|p| name.starts_with(p))
+        || matches!(name, "LD_PRELOAD" | "LD_LIBRARY_PATH")
+}
+
+/// One run of a program. By default: the simulator on LD_LIBRARY_PATH, a simulator report
+/// requested, and LD_PRELOAD of the shim only with [`Run::shim`].
+pub struct Run {
+    cmd: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(String, OsString)>,
+    shim: bool,
+    with_sim: bool,
+}
+
+impl Run {
+    pub fn new(cmd: impl AsRef<Path>) -> Run {
+        Run { cmd: cmd.as_ref().to_path_buf(), args: vec![], env: vec![], shim: false, with_sim: true }
+    }
+
+    /// A run of one of the C programs.
+    pub fn program(p: Program) -> Run {
+        Run::new(program(p))
+    }
+
+    pub fn arg(mut self, a: impl Into<OsString>) -> Run {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Run
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl Into<OsString>) -> Run {
+        self.env.push((k.to_string(), v.into()));
+        self
+    }
+
+    pub fn envs<'a>(mut self, vars: impl IntoIterator<Item = &'a (&'a str, &'a str)>) -> Run {
+        for (k, v) in vars {
+            self.env.push((k.to_string(), OsString::from(v)));
+        }
+        self
+    }
+
+    /// LD_PRELOAD the shim or not.
+    pub fn shim(mut self, on: bool) -> Run {
+        self.shim = on;
+        self
+    }
+
+    /// Leave the simulator off LD_LIBRARY_PATH (and ask no report), for non-CUDA programs.
+    pub fn without_sim(mut self) -> Run {
+        self.with_sim = false;
+        self
+    }
+
+    pub fn run(self) -> RunOutput {
+        let report_path = scratch_path("sim-report.json");
+        let mut cmd = Command::new(&self.cmd);
+        cmd.args(&self.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for (name, _) in std::env::vars_os() {
+            if let Some(name) = name.to_str() {
+                if is_controlled_var(name) {
+                    cmd.env_remove(name);
+                }
+            }
+        }
+        if self.with_sim {
+            cmd.env("LD_LIBRARY_PATH", sim_dir());
+            cmd.env("GPUSIM_REPORT", &report_path);
+        }
+        if self.shim {
+            cmd.env("LD_PRELOAD", shim_path());
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let description = format!("{} {:?} (shim: {}, env: {:?})", self.cmd.display(), self.args, self.shim, self.env);
+        let (status, stdout, stderr) = run_with_timeout(cmd, &description);
+        let report = std::fs::read_to_string(&report_path).ok().map(|text| {
+            SimReport::parse(&text).unwrap_or_else(|e| panic!("bad simulator report of {description}: {e}\n{text}"))
+        });
+        let _ = std::fs::remove_file(&report_path);
+        RunOutput::new(description, status, stdout, stderr, report)
+    }
+}
+
+fn run_with_timeout(mut cmd: Command, description: &str) -> (ExitStatus, Vec<u8>, Vec<u8>) {
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {description}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = vec![];
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = vec![];
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{description} did not finish within {RUN_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    (status, out_reader.join().unwrap(), err_reader.join().unwrap())
+}
+
+/// What a run gave.
+pub struct RunOutput {
+    pub description: String,
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// the `key=value` lines of stdout (the last value of a repeated key)
+    pub kv: BTreeMap<String, String>,
+    /// the simulator's report (absent for programs that never loaded it)
+    pub report: Option<SimReport>,
+}
+
+impl RunOutput {
+    fn new(description: String, status: ExitStatus, stdout: Vec<u8>, stderr: Vec<u8>, report: Option<SimReport>) -> Self {
+        let kv = parse_kv(&String::from_utf8_lossy(&stdout));
+        RunOutput { description, status, stdout, stderr, kv, report }
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Everything about the run, for assertion messages.
+    pub fn dump(&self) -> String {
+        format!(
+            "{}\nstatus: {}\n--- stdout\n{}--- stderr\n{}---",
+            self.description,
+            self.status,
+            self.stdout_text(),
+            self.stderr_text()
+        )
+    }
+
+    /// Panics unless the program exited with status 0 and printed `done=1`.
+    pub fn assert_completed(&self) -> &Self {
+        assert!(self.status.success(), "program failed\n{}", self.dump());
+        assert_eq!(self.kv.get("done").map(String::as_str), Some("1"), "program did not finish\n{}", self.dump());
+        self
+    }
+
+    pub fn get(&self, key: &str) -> &str {
+        self.kv.get(key).unwrap_or_else(|| panic!("no `{key}=` in the output\n{}", self.dump()))
+    }
+
+    pub fn num(&self, key: &str) -> i64 {
+        let v = self.get(key);
+        v.parse().unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
+    }
+
+    pub fn u64(&self, key: &str) -> u64 {
+        let v = self.get(key);
+        v.parse().unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
+    }
+
+    /// stderr lines that start with `gpushim:`.
+    pub fn gpushim_lines(&self) -> Vec<String> {
+        self.stderr_text().lines().filter(|l| l.starts_with("gpushim:")).map(str::to_string).collect()
+    }
+
+    /// stderr lines that start with `gpushim: warn:`.
+    pub fn warn_lines(&self) -> Vec<String> {
+        self.stderr_text().lines().filter(|l| l.starts_with("gpushim: warn:")).map(str::to_string).collect()
+    }
+
+    pub fn report(&self) -> &SimReport {
+        self.report.as_ref().unwrap_or_else(|| panic!("the simulator wrote no report\n{}", self.dump()))
+    }
+}
+
+/// `key=value` lines of a text (other lines are ignored).
+pub fn parse_kv(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The simulator's report
+// ---------------------------------------------------------------------------------------
+
+/// One device of the simulator's report (`GPUSIM_REPORT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDevice {
+    pub physical: u64,
+    pub name: String,
+    pub total: u64,
+    pub used: u64,
+    pub peak: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimReport {
+    pub driver_version: u64,
+    pub devices: Vec<SimDevice>,
+    pub calls: BTreeMap<String, u64>,
+}
+
+impl SimReport {
+    pub fn parse(text: &str) -> Result<SimReport, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let num = |d: &serde_json::Value, k: &str| -> Result<u64, String> {
+            d.get(k).and_then(|x| x.as_u64()).ok_or_else(|| format!("missing number `{k}`"))
+        };
+        let devices = v
+            .get("devices")
+            .and_then(|d| d.as_array())
+            .ok_or("missing `devices`")?
+            .iter()
+            .map(|d| {
+                Ok(SimDevice {
+                    physical: num(d, "physical")?,
+                    name: d.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string(),
+                    total: num(d, "total")?,
+                    used: num(d, "used")?,
+                    peak: num(d, "peak")?,
+                    allocs: num(d, "allocs")?,
+                    frees: num(d, "frees")?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let calls = v
+            .get("calls")
+            .and_then(|c| c.as_object())
+            .map(|c| c.iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).collect())
+            .unwrap_or_default();
+        Ok(SimReport { driver_version: num(&v, "driver_version")?, devices, calls })
+    }
+
+    /// The device of physical index `p`.
+    pub fn device(&self, p: u64) -> &SimDevice {
+        self.devices
+            .iter()
+            .find(|d| d.physical == p)
+            .unwrap_or_else(|| panic!("no physical device {p} in the report {self:?}"))
+    }
+
+    /// How often the program (or the shim) called the export `name`.
+    pub fn calls(&self, name: &str) -> u64 {
+        self.calls.get(name).copied().unwrap_or(0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Small assertion helpers
+// ---------------------------------------------------------------------------------------
+
+/// Asserts that `line` mentions every number of `numbers` as a whole decimal number.
+pub fn assert_mentions_numbers(line: &str, numbers: &[u64]) {
+    let found: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    for n in numbers {
+        assert!(found.contains(n), "`{line}` does not mention {n}");
+    }
+}
+
+/// Asserts that the line names device `i` (`device <i>`, not `device <i>x`).
+pub fn assert_mentions_device(line: &str, i: u32) {
+    let needle = format!("device {i}");
+    let ok = line.match_indices(&needle).any(|(at, _)| {
+        !line[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit())
+    });
+    assert!(ok, "`{line}` does not name `device {i}`");
+}
+
+// ---------------------------------------------------------------------------------------
+// Allocation scenarios and their expected outcome
+// ---------------------------------------------------------------------------------------
+
+/// One operation of `tests/c/drvapi.c` / `tests/c/runtime.c`.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// make device N current
+    Dev(u32),
+    /// allocate through an API of the program (`mem`, `pitch`, `malloc`, `host` ...)
+    Alloc(&'static str, u64),
+    /// free what operation K allocated (K = 1-based position in the scenario)
+    Free(usize),
+    /// memory info of the current device
+    Info,
+}
+
+impl Op {
+    fn arg(&self) -> String {
+        match self {
+            Op::Dev(d) => format!("dev={d}"),
+            Op::Alloc(api, bytes) => format!("alloc={api}:{bytes}"),
+            Op::Free(k) => format!("free={k}"),
+            Op::Info => "info".into(),
+        }
+    }
+}
+
+/// APIs that allocate host memory, which never counts against a device.
+pub fn is_host_api(api: &str) -> bool {
+    matches!(api, "host" | "hostalloc" | "hostreg")
+}
+
+/// A list of operations on devices with `physical` bytes each and per-device limits
+/// (`None`: unlimited). [`Scenario::expect`] works out what must happen with or without the shim.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub ops: Vec<Op>,
+    pub physical: u64,
+    pub limits: Vec<Option<u64>>,
+}
+
+/// A refusal the shim must log: device, request, in use, limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub device: u32,
+    pub request: u64,
+    pub in_use: u64,
+    pub limit: u64,
+}
+
+/// What a scenario must give.
+#[derive(Clone, Debug, Default)]
+pub struct Expected {
+    /// (key, value) pairs of the program output, e.g. ("op3.rc", 2), ("op4.free", N)
+    pub values: Vec<(String, u64)>,
+    pub refusals: Vec<Refusal>,
+    /// the simulator's peak in use per device
+    pub peaks: Vec<u64>,
+}
+
+impl Scenario {
+    pub fn new(physical: u64, limits: &[Option<u64>]) -> Scenario {
+        Scenario { ops: vec![], physical, limits: limits.to_vec() }
+    }
+
+    pub fn op(mut self, op: Op) -> Scenario {
+        self.ops.push(op);
+        self
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        self.ops.iter().map(Op::arg).collect()
+    }
+
+    fn effective_limit(&self, device: usize, shim: bool) -> u64 {
+        match (shim, self.limits.get(device).copied().flatten()) {
+            (true, Some(limit)) => limit.min(self.physical),
+            _ => self.physical,
+        }
+    }
+
+    /// The outcome with (`shim`) or without the shim.
+    pub fn expect(&self, shim: bool) -> Expected {
+        let n = self.limits.len().max(1);
+        let mut used = vec![0u64; n];
+        let mut peaks = vec![0u64; n];
+        let mut live: HashMap<usize, (usize, u64)> = HashMap::new();
+        let mut device = 0usize;
+        let mut e = Expected::default();
+        for (i, op) in self.ops.iter().enumerate() {
+            let i = i + 1;
+            let limit = self.effective_limit(device, shim);
+            match op {
+                Op::Dev(d) => {
+                    device = *d as usize;
+                    e.values.push((format!("op{i}.rc"), 0));
+                }
+                Op::Alloc(api, _) if is_host_api(api) => {
+                    live.insert(i, (device, 0));
+                    e.values.push((format!("op{i}.rc"), 0));
+                }
+                Op::Alloc(_, bytes) => {
+                    if used[device] + bytes <= limit {
+                        used[device] += bytes;
+                        peaks[device] = peaks[device].max(used[device]);
+                        live.insert(i, (device, *bytes));
+                        e.values.push((format!("op{i}.rc"), 0));
+                    } else {
+                        e.values.push((format!("op{i}.rc"), OOM as u64));
+                        e.refusals.push(Refusal { device: device as u32, request: *bytes, in_use: used[device], limit });
+                    }
+                }
+                Op::Free(k) => {
+                    let (d, bytes) = live.remove(k).unwrap_or_else(|| panic!("op{i} frees op{k}, which holds nothing"));
+                    used[d] -= bytes;
+                    e.values.push((format!("op{i}.rc"), 0));
+                }
+                Op::Info => {
+                    e.values.push((format!("op{i}.rc"), 0));
+                    e.values.push((format!("op{i}.total"), limit));
+                    let driver_free = self.physical - used[device];
+                    e.values.push((format!("op{i}.free"), (limit - used[device]).min(driver_free)));
+                }
+            }
+        }
+        e.peaks = peaks;
+        e
+    }
+
+    /// Runs `run` (a program run with everything but the scenario's arguments set) and
+    /// checks every expected value, the warnings and the simulator's report.
+    pub fn check(&self, run: Run, shim: bool) -> RunOutput {
+        self.check_as(run, shim, shim)
+    }
+
+    /// Like [`Scenario::check`], with the shim preloaded or not (`preload`) and the outcome
+    /// expected with limits in force or not (`limited`): `GPUSHIM_DISABLE` preloads without limits.
+    pub fn check_as(&self, run: Run, preload: bool, limited: bool) -> RunOutput {
+        let shim = limited;
+        let out = run.args(self.args()).shim(preload).run();
+        out.assert_completed();
+        let e = self.expect(limited);
+        for (key, want) in &e.values {
+            assert_eq!(out.u64(key), *want, "`{key}` (shim: {shim})\n{}", out.dump());
+        }
+        assert_eq!(out.num("cleanup.failures"), 0, "freeing at the end failed\n{}", out.dump());
+        let warns = out.warn_lines();
+        if shim {
+            assert_eq!(warns.len(), e.refusals.len(), "one warning per refusal: {:?}\n{}", e.refusals, out.dump());
+            for (line, r) in warns.iter().zip(&e.refusals) {
+                assert_mentions_device(line, r.device);
+                assert_mentions_numbers(line, &[r.request, r.in_use, r.limit]);
+            }
+        } else {
+            assert!(out.gpushim_lines().is_empty(), "gpushim output without the shim?\n{}", out.dump());
+        }
+        let report = out.report();
+        for (d, peak) in e.peaks.iter().enumerate() {
+            let dev = report.device(d as u64);
+            assert_eq!(dev.used, 0, "device {d} still has memory in use at exit\n{}", out.dump());
+            assert_eq!(dev.peak, *peak, "peak of device {d} (shim: {shim})\n{}", out.dump());
+        }
+        out
+    }
+}

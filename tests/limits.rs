@@ -1,0 +1,318 @@
+//! Memory limits through the driver API: every way of reaching the driver (linked, dlsym,
+//! cuGetProcAddress v2 flags 0/2, v1) × every counted allocation API, each run with the
+//! shim (limit holds, warning logged, memory info honest) and without it (the same
+//! over-limit requests succeed, so the tests can fail).
+
+mod common;
+
+use common::*;
+
+const PHYSICAL: u64 = GIB;
+const LIMIT: u64 = 64 * MIB;
+const LIMIT_1: u64 = 32 * MIB;
+
+/// The simulator with 2 devices of 1 GiB; `extra` variables on top.
+fn driver_run(path: DriverPath, extra: &[(&str, &str)]) -> Run {
+    Run::program(Program::Driver(path))
+        .env("GPUSIM_DEVICES", "2")
+        .env("GPUSIM_MEMORY", "1GiB")
+        .envs(extra)
+}
+
+/// Fill up to the limit, get refused, free, retry; memory info along the way.
+fn standard(api: &'static str) -> Scenario {
+    Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+        .op(Op::Alloc(api, 40 * MIB)) // 1
+        .op(Op::Info) // 2: free 24 MiB
+        .op(Op::Alloc(api, 16 * MIB)) // 3: 56 MiB in use
+        .op(Op::Alloc(api, 10 * MIB)) // 4: refused (66 > 64)
+        .op(Op::Info) // 5: free 8 MiB
+        .op(Op::Alloc(api, 8 * MIB)) // 6: exactly at the limit
+        .op(Op::Alloc(api, 2 * MIB)) // 7: refused
+        .op(Op::Free(1)) // 8: 24 MiB in use
+        .op(Op::Info) // 9: free 40 MiB
+        .op(Op::Alloc(api, 40 * MIB)) // 10: fits again
+        .op(Op::Info) // 11: free 0
+}
+
+/// Device 0 limited by GPUSHIM_MEMORY_LIMIT, device 1 by GPUSHIM_MEMORY_LIMIT_1.
+fn per_device(api: &'static str) -> Scenario {
+    Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT_1)])
+        .op(Op::Alloc(api, 40 * MIB)) // 1: device 0
+        .op(Op::Dev(1)) // 2
+        .op(Op::Alloc(api, 40 * MIB)) // 3: refused on device 1 (limit 32 MiB)
+        .op(Op::Alloc(api, 32 * MIB)) // 4
+        .op(Op::Info) // 5: total 32 MiB, free 0
+        .op(Op::Alloc(api, 2 * MIB)) // 6: refused
+        .op(Op::Dev(0)) // 7
+        .op(Op::Info) // 8: total 64 MiB, free 24 MiB
+        .op(Op::Alloc(api, 24 * MIB)) // 9
+        .op(Op::Alloc(api, 2 * MIB)) // 10: refused
+        .op(Op::Free(4)) // 11: device 1's 32 MiB, freed from device 0's context
+        .op(Op::Dev(1)) // 12
+        .op(Op::Info) // 13: free 32 MiB
+        .op(Op::Alloc(api, 32 * MIB)) // 14
+}
+
+const LIMIT_ENV: &[(&str, &str)] = &[("GPUSHIM_MEMORY_LIMIT", "64MiB")];
+const PER_DEVICE_ENV: &[(&str, &str)] = &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_MEMORY_LIMIT_1", "32MiB")];
+
+/// The stream-ordered APIs must reach the driver in the variant the program asked for
+/// (`_ptsz` for per-thread default stream callers), also through the shim.
+fn check_stream_variant(out: &RunOutput, path: DriverPath, api: &str) {
+    let (alloc, free) = match api {
+        "async" => ("cuMemAllocAsync", "cuMemFreeAsync"),
+        "pool" => ("cuMemAllocFromPoolAsync", "cuMemFreeAsync"),
+        _ => return,
+    };
+    let report = out.report();
+    for base in [alloc, free] {
+        let (wanted, other) = if path.is_ptsz() {
+            (format!("{base}_ptsz"), base.to_string())
+        } else {
+            (base.to_string(), format!("{base}_ptsz"))
+        };
+        assert!(report.calls(&wanted) > 0, "the driver saw no call of {wanted}: {:?}\n{}", report.calls, out.dump());
+        assert_eq!(report.calls(&other), 0, "the driver saw calls of {other}\n{}", out.dump());
+    }
+}
+
+fn run_standard(path: DriverPath, api: &'static str) {
+    let scenario = standard(api);
+    for shim in [false, true] {
+        let out = scenario.check(driver_run(path, LIMIT_ENV), shim);
+        check_stream_variant(&out, path, api);
+        if api == "vmm" {
+            for op in [1, 3, 6, 10] {
+                assert_eq!(out.num(&format!("op{op}.maprc")), 0, "mapping op{op}\n{}", out.dump());
+            }
+        }
+    }
+}
+
+fn run_per_device(path: DriverPath, api: &'static str) {
+    let scenario = per_device(api);
+    for shim in [false, true] {
+        scenario.check(driver_run(path, PER_DEVICE_ENV), shim);
+    }
+}
+
+macro_rules! path_tests {
+    ($api:expr) => {
+        use super::*;
+        #[test]
+        fn link() { run_standard(DriverPath::Link, $api) }
+        #[test]
+        fn link_ptsz() { run_standard(DriverPath::LinkPtsz, $api) }
+        #[test]
+        fn dlsym() { run_standard(DriverPath::Dlsym, $api) }
+        #[test]
+        fn dlsym_ptsz() { run_standard(DriverPath::DlsymPtsz, $api) }
+        #[test]
+        fn gpa() { run_standard(DriverPath::Gpa, $api) }
+        #[test]
+        fn gpa_ptsz() { run_standard(DriverPath::GpaPtsz, $api) }
+        #[test]
+        fn gpa_v1() { run_standard(DriverPath::GpaV1, $api) }
+        #[test]
+        fn per_device_link() { run_per_device(DriverPath::Link, $api) }
+        #[test]
+        fn per_device_dlsym() { run_per_device(DriverPath::Dlsym, $api) }
+        #[test]
+        fn per_device_gpa() { run_per_device(DriverPath::Gpa, $api) }
+        #[test]
+        fn per_device_gpa_ptsz() { run_per_device(DriverPath::GpaPtsz, $api) }
+    };
+}
+
+macro_rules! api_tests {
+    ($($module:ident => $api:expr),* $(,)?) => {
+        $( mod $module { path_tests!($api); } )*
+    };
+}
+
+api_tests! {
+    mem => "mem",
+    pitch => "pitch",
+    managed => "managed",
+    async_alloc => "async",
+    pool => "pool",
+    vmm => "vmm",
+    array => "array",
+    array3d => "array3d",
+    mipmap => "mipmap",
+}
+
+/// The simulator rounds a 1000-byte-wide pitch allocation to a 1024-byte pitch; the shim
+/// must count pitch × height (1024 × 40960 = 40 MiB), not width × height.
+#[test]
+fn pitch_counts_pitch_times_height() {
+    for shim in [false, true] {
+        let out = driver_run(DriverPath::Link, LIMIT_ENV).args(["alloc=pitch:41943040", "info"]).shim(shim).run();
+        out.assert_completed();
+        assert_eq!(out.u64("op1.pitch"), 1024, "{}", out.dump());
+        assert_eq!(out.u64("op1.height"), 40960, "{}", out.dump());
+        let free = if shim { LIMIT - 40 * MIB } else { PHYSICAL - 40 * MIB };
+        assert_eq!(out.u64("op2.free"), free, "{}", out.dump());
+    }
+}
+
+/// Host memory (cuMemAllocHost, cuMemHostAlloc, cuMemHostRegister) never counts.
+#[test]
+fn host_allocations_are_not_counted() {
+    for path in [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa] {
+        let scenario = Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+            .op(Op::Alloc("host", 100 * MIB))
+            .op(Op::Alloc("hostalloc", 100 * MIB))
+            .op(Op::Alloc("hostreg", 100 * MIB))
+            .op(Op::Info)
+            .op(Op::Alloc("mem", LIMIT))
+            .op(Op::Info)
+            .op(Op::Free(1))
+            .op(Op::Free(2))
+            .op(Op::Free(3));
+        for shim in [false, true] {
+            scenario.check(driver_run(path, LIMIT_ENV), shim);
+        }
+    }
+}
+
+/// Memory freed by a different context than the one it was allocated in goes back to the
+/// device it came from; nothing leaks between the devices' budgets.
+#[test]
+fn frees_return_to_the_right_device() {
+    let scenario = Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+        .op(Op::Alloc("mem", LIMIT)) // 1: device 0 full
+        .op(Op::Dev(1)) // 2
+        .op(Op::Free(1)) // 3: freed while device 1 is current
+        .op(Op::Info) // 4: device 1 untouched
+        .op(Op::Alloc("mem", LIMIT)) // 5: device 1 full
+        .op(Op::Dev(0)) // 6
+        .op(Op::Info) // 7: device 0 empty again
+        .op(Op::Alloc("mem", LIMIT)); // 8
+    for path in [DriverPath::Link, DriverPath::Gpa] {
+        for shim in [false, true] {
+            scenario.check(driver_run(path, LIMIT_ENV), shim);
+        }
+    }
+}
+
+/// Stream-ordered memory may be freed with plain cuMemFree; managed memory with cuMemFree.
+/// Mixed APIs share one budget per device.
+#[test]
+fn all_apis_share_one_budget() {
+    let apis = ["mem", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"];
+    let mut scenario = Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)]);
+    for api in apis {
+        scenario = scenario.op(Op::Alloc(api, 6 * MIB)); // 9 × 6 = 54 MiB
+    }
+    scenario = scenario
+        .op(Op::Info) // 10: 10 MiB free
+        .op(Op::Alloc("vmm", 12 * MIB)) // 11: refused
+        .op(Op::Alloc("array", 10 * MIB)) // 12: exactly the limit
+        .op(Op::Alloc("mem", 2 * MIB)) // 13: refused
+        .op(Op::Free(5)) // 14: the pool allocation
+        .op(Op::Alloc("managed", 6 * MIB)) // 15
+        .op(Op::Info); // 16: 0 free
+    for path in [DriverPath::Link, DriverPath::DlsymPtsz, DriverPath::Gpa, DriverPath::GpaPtsz] {
+        for shim in [false, true] {
+            scenario.check(driver_run(path, LIMIT_ENV), shim);
+        }
+    }
+}
+
+/// cuDeviceTotalMem is the effective limit: min(limit, physical), per device.
+#[test]
+fn total_mem_is_the_effective_limit() {
+    let cases: &[(&[(&str, &str)], [u64; 2])] = &[
+        (&[], [GIB, GIB]),
+        (LIMIT_ENV, [LIMIT, LIMIT]),
+        (PER_DEVICE_ENV, [LIMIT, LIMIT_1]),
+        (&[("GPUSHIM_MEMORY_LIMIT_1", "32MiB")], [GIB, LIMIT_1]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "4GiB")], [GIB, GIB]), // above physical
+        (&[("GPUSHIM_MEMORY_LIMIT", "unlimited")], [GIB, GIB]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "0")], [0, 0]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "25%")], [GIB / 4, GIB / 4]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "0.5")], [GIB / 2, GIB / 2]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "12.5%"), ("GPUSHIM_MEMORY_LIMIT_1", "100%")], [GIB / 8, GIB]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "100MB")], [100_000_000, 100_000_000]),
+        (&[("GPUSHIM_MEMORY_LIMIT", " 0.5g ")], [GIB / 2, GIB / 2]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "08M")], [8 * MIB, 8 * MIB]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "4 KiB")], [4096, 4096]),
+        (&[("GPUSHIM_MEMORY_LIMIT", "123456789")], [123_456_789, 123_456_789]),
+        // the HAMi-core aliases, and their lower precedence
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "64MiB")], [LIMIT, LIMIT]),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT_1", "32m")], [GIB, LIMIT_1]),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB")], [LIMIT, LIMIT_1]),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "16MiB"), ("GPUSHIM_MEMORY_LIMIT", "64MiB")], [LIMIT, LIMIT]),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT_1", "16MiB"), ("GPUSHIM_MEMORY_LIMIT_1", "32MiB")], [GIB, LIMIT_1]),
+    ];
+    for path in [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa, DriverPath::GpaV1] {
+        for (env, totals) in cases {
+            for shim in [false, true] {
+                let out = driver_run(path, env).arg("totalmem").shim(shim).run();
+                out.assert_completed();
+                for (d, total) in totals.iter().enumerate() {
+                    let want = if shim { *total } else { PHYSICAL };
+                    assert_eq!(out.num(&format!("op1.rc{d}")), 0, "{}", out.dump());
+                    assert_eq!(out.u64(&format!("op1.total{d}")), want, "device {d} with {env:?}\n{}", out.dump());
+                }
+                assert!(out.gpushim_lines().is_empty(), "valid settings print nothing\n{}", out.dump());
+            }
+        }
+    }
+}
+
+/// A limit above the physical memory changes nothing; a limit of 0 refuses everything.
+#[test]
+fn limit_above_physical_and_zero() {
+    let above = Scenario::new(PHYSICAL, &[Some(4 * GIB), Some(4 * GIB)])
+        .op(Op::Info)
+        .op(Op::Alloc("mem", 1000 * MIB))
+        .op(Op::Info)
+        .op(Op::Alloc("mem", 30 * MIB)); // refused by the driver itself (1030 MiB > 1 GiB)
+    for shim in [false, true] {
+        let out = above.clone();
+        let run = driver_run(DriverPath::Link, &[("GPUSHIM_MEMORY_LIMIT", "4GiB")]);
+        // The driver's own refusal is not the shim's: no warning is expected for it.
+        let o = run.args(out.args()).shim(shim).run();
+        o.assert_completed();
+        assert_eq!(o.u64("op1.total"), PHYSICAL, "{}", o.dump());
+        assert_eq!(o.u64("op1.free"), PHYSICAL, "{}", o.dump());
+        assert_eq!(o.num("op2.rc"), 0, "{}", o.dump());
+        assert_eq!(o.u64("op3.free"), PHYSICAL - 1000 * MIB, "{}", o.dump());
+        assert_eq!(o.num("op4.rc"), OOM, "{}", o.dump());
+        assert_eq!(o.report().device(0).used, 0);
+    }
+    let zero = Scenario::new(PHYSICAL, &[Some(0), Some(0)])
+        .op(Op::Info)
+        .op(Op::Alloc("mem", 2 * MIB))
+        .op(Op::Alloc("vmm", 2 * MIB))
+        .op(Op::Alloc("host", 2 * MIB));
+    for shim in [false, true] {
+        zero.check(driver_run(DriverPath::Gpa, &[("GPUSHIM_MEMORY_LIMIT", "0")]), shim);
+    }
+}
+
+/// cuMemGetInfo tolerates NULL out-pointers and answers the other one exactly; the shim
+/// gives the same status codes as the driver does.
+#[test]
+fn mem_get_info_null_pointers() {
+    for path in [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa, DriverPath::GpaV1] {
+        let plain = driver_run(path, LIMIT_ENV).args(["alloc=mem:10485760", "infonull"]).run();
+        plain.assert_completed();
+        let shimmed = driver_run(path, LIMIT_ENV).args(["alloc=mem:10485760", "infonull"]).shim(true).run();
+        shimmed.assert_completed();
+        for key in ["op2.rc_null_free", "op2.rc_null_total", "op2.rc_null_both"] {
+            assert_eq!(shimmed.num(key), plain.num(key), "{key}: shim and driver disagree\n{}\n{}", plain.dump(), shimmed.dump());
+        }
+        if plain.num("op2.rc_null_free") == 0 {
+            assert_eq!(plain.u64("op2.total"), PHYSICAL);
+            assert_eq!(shimmed.u64("op2.total"), LIMIT, "{}", shimmed.dump());
+        }
+        if plain.num("op2.rc_null_total") == 0 {
+            assert_eq!(plain.u64("op2.free"), PHYSICAL - 10 * MIB);
+            assert_eq!(shimmed.u64("op2.free"), LIMIT - 10 * MIB, "{}", shimmed.dump());
+        }
+    }
+}
