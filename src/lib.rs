@@ -13,5 +13,6 @@ mod hooks;
 mod intercept;
 mod log;
 mod memory;
+mod report;
 mod state;
 mod units;

@@ -101,11 +101,13 @@ impl DeviceBudget {
 /// number that could equal some device pointer).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Kind {
-    DevicePtr,
-    VmmHandle,
-    Array,
-    MipmappedArray,
+    DevicePtr = 0,
+    VmmHandle = 1,
+    Array = 2,
+    MipmappedArray = 3,
 }
+
+const KINDS: usize = 4;
 
 /// One live allocation: where it was counted and how much.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -144,31 +146,32 @@ impl Hasher for FastHasher {
     }
 }
 
-type Shard = Mutex<HashMap<(Kind, u64), Live, BuildHasherDefault<FastHasher>>>;
+type Shard = Mutex<HashMap<u64, Live, BuildHasherDefault<FastHasher>>>;
 
+/// `SHARDS` shards for each kind of key.
 pub struct LiveMap {
     shards: Box<[Shard]>,
 }
 
 impl LiveMap {
     pub fn new() -> Self {
-        LiveMap { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect() }
+        LiveMap { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect() }
     }
 
-    fn shard(&self, key: u64) -> &Shard {
+    fn shard(&self, kind: Kind, key: u64) -> &Shard {
         // Device pointers are at least 256-byte aligned: mix the bits that vary.
-        let h = (key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
-        &self.shards[h as usize % SHARDS]
+        let h = ((key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
+        &self.shards[kind as usize * SHARDS + h]
     }
 
     pub fn insert(&self, kind: Kind, key: u64, live: Live) {
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.insert((kind, key), live);
+        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.insert(key, live);
     }
 
     pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.remove(&(kind, key))
+        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.remove(&key)
     }
 
     #[cfg(test)]

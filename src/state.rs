@@ -77,7 +77,7 @@ fn init(hint: *const c_void) -> Option<&'static State> {
 }
 
 fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
-    let (mode, settings) = match config::load() {
+    let (mode, settings) = match config::load().and_then(supported) {
         Ok(s) => (if s.disable { Mode::Disabled } else { Mode::Active }, s),
         Err(e) => {
             if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
@@ -98,6 +98,9 @@ fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
     };
     crate::intercept::resolve_real(&cuda);
     let api = Api::load(&cuda);
+    if let (Mode::Active, Some(target)) = (mode, &settings.report) {
+        crate::report::arm(target);
+    }
     for warning in &settings.warnings {
         log!(Level::Warn, "{warning}");
     }
@@ -112,6 +115,40 @@ fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
         refusal_log: log::RateLimit::new(),
         pools: std::sync::Mutex::new(Vec::new()),
     }))
+}
+
+/// Settings this version cannot honour yet are configuration errors: running without them
+/// would silently give the program another view than the one asked for.
+fn supported(s: Settings) -> Result<Settings, config::ConfigError> {
+    if s.disable {
+        return Ok(s);
+    }
+    let missing = |setting: &str, what: &str| {
+        let name = match s.source_of(setting) {
+            config::Source::Env(var) => var.clone(),
+            other => format!("{setting} ({other})"),
+        };
+        let value = match setting {
+            "visible_devices" => std::env::var(config::ENV_VISIBLE_DEVICES).unwrap_or_default(),
+            "virtual_devices" => std::env::var(config::ENV_VIRTUAL_DEVICES).unwrap_or_default(),
+            "memory_mode" => s.memory_mode.to_string(),
+            _ => s.shared_quota.clone().unwrap_or_default(),
+        };
+        Err(config::ConfigError::new(name, value, format!("{what} is not available in this version of gpushim; unset it")))
+    };
+    if s.visible_devices.is_some() {
+        return missing("visible_devices", "hiding and reordering devices");
+    }
+    if !s.virtual_devices.is_empty() {
+        return missing("virtual_devices", "splitting devices");
+    }
+    if s.memory_mode != config::MemoryMode::Passthrough {
+        return missing("memory_mode", "this memory mode");
+    }
+    if s.shared_quota.is_some() {
+        return missing("shared_quota", "a shared quota");
+    }
+    Ok(s)
 }
 
 fn publish(state: Box<State>) -> &'static State {
@@ -141,7 +178,26 @@ fn to_log_level(l: config::LogLevel) -> Level {
     }
 }
 
+/// The state if it was already initialised (never initialises: for the exit report).
+pub fn get_if_ready() -> Option<&'static State> {
+    let p = STATE.load(Ordering::Acquire);
+    // SAFETY: once published, the state is never freed or changed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
 impl State {
+    /// Figures of every device the program touched, for the report.
+    pub fn usage_rows(&self) -> Vec<crate::report::Row> {
+        self.budgets
+            .iter()
+            .enumerate()
+            .filter_map(|(ordinal, b)| {
+                let limit = b.limit()?;
+                Some(crate::report::Row { ordinal, peak_in_use: b.peak(), peak_reserved: b.peak(), refused: b.refused(), limit })
+            })
+            .collect()
+    }
+
     #[inline]
     pub fn passthrough(&self) -> bool {
         self.mode == Mode::Disabled

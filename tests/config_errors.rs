@@ -140,3 +140,36 @@ fn invalid_config_file() {
         assert!(line.contains(path), "`{line}` does not name {path}");
     }
 }
+
+/// `[memory_limits]` in the file sets per-device limits; GPUSHIM_MEMORY_LIMIT_<i> overrides them.
+#[test]
+fn per_device_limits_in_the_config_file() {
+    let file = scratch_path("gpushim.toml");
+    std::fs::write(&file, "memory_limit = \"64MiB\"\n\n[memory_limits]\n1 = \"32MiB\"\n").unwrap();
+    let cfg = file.to_str().unwrap();
+    let cases: &[(&[(&str, &str)], [u64; 2])] = &[
+        (&[("GPUSHIM_CONFIG", cfg)], [64 * MIB, 32 * MIB]),
+        (&[("GPUSHIM_CONFIG", cfg), ("GPUSHIM_MEMORY_LIMIT_1", "16MiB")], [64 * MIB, 16 * MIB]),
+        (&[("GPUSHIM_CONFIG", cfg), ("GPUSHIM_MEMORY_LIMIT", "48MiB")], [48 * MIB, 32 * MIB]),
+    ];
+    for p in [Program::Driver(DriverPath::Gpa), Program::Runtime { major: 13, ptsz: false }] {
+        let query = if matches!(p, Program::Driver(_)) { "totalmem" } else { "props" };
+        for (env, totals) in cases {
+            let out = Run::program(p).env("GPUSIM_MEMORY", "1GiB").envs(*env).arg(query).shim(true).run();
+            out.assert_completed();
+            for (d, total) in totals.iter().enumerate() {
+                assert_eq!(out.u64(&format!("op1.total{d}")), *total, "device {d}, {env:?}\n{}", out.dump());
+            }
+            assert!(out.gpushim_lines().is_empty(), "{}", out.dump());
+        }
+    }
+}
+
+#[test]
+fn bad_per_device_limit_in_the_config_file() {
+    let file = scratch_path("gpushim.toml");
+    std::fs::write(&file, "[memory_limits]\n1 = \"08x\"\n").unwrap();
+    let line = fails_closed(Program::Driver(DriverPath::Link), &[("GPUSHIM_CONFIG", file.to_str().unwrap())]);
+    assert!(line.starts_with("gpushim: "), "`{line}`");
+    assert!(line.contains("memory_limits") && line.contains("=\"08x\": "), "`{line}`");
+}

@@ -133,6 +133,7 @@ macro_rules! api_tests {
 
 api_tests! {
     mem => "mem",
+    mem_v1 => "v1",
     pitch => "pitch",
     managed => "managed",
     async_alloc => "async",
@@ -157,22 +158,32 @@ fn pitch_counts_pitch_times_height() {
     }
 }
 
-/// Host memory (cuMemAllocHost, cuMemHostAlloc, cuMemHostRegister) never counts.
+/// Host memory never counts: 100 MiB of it, then the whole limit on the device.
+fn host_scenario(api: &'static str) -> Scenario {
+    Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+        .op(Op::Alloc(api, 100 * MIB))
+        .op(Op::Info)
+        .op(Op::Alloc("mem", LIMIT))
+        .op(Op::Info)
+        .op(Op::Free(1))
+}
+
 #[test]
 fn host_allocations_are_not_counted() {
     for path in [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa] {
-        let scenario = Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
-            .op(Op::Alloc("host", 100 * MIB))
-            .op(Op::Alloc("hostalloc", 100 * MIB))
-            .op(Op::Alloc("hostreg", 100 * MIB))
-            .op(Op::Info)
-            .op(Op::Alloc("mem", LIMIT))
-            .op(Op::Info)
-            .op(Op::Free(1))
-            .op(Op::Free(2))
-            .op(Op::Free(3));
+        for api in ["host", "hostalloc"] {
+            for shim in [false, true] {
+                host_scenario(api).check(driver_run(path, LIMIT_ENV), shim);
+            }
+        }
+    }
+}
+
+#[test]
+fn registered_host_memory_is_not_counted() {
+    for path in [DriverPath::Link, DriverPath::Gpa] {
         for shim in [false, true] {
-            scenario.check(driver_run(path, LIMIT_ENV), shim);
+            host_scenario("hostreg").check(driver_run(path, LIMIT_ENV), shim);
         }
     }
 }
@@ -197,7 +208,6 @@ fn frees_return_to_the_right_device() {
     }
 }
 
-/// Stream-ordered memory may be freed with plain cuMemFree; managed memory with cuMemFree.
 /// Mixed APIs share one budget per device.
 #[test]
 fn all_apis_share_one_budget() {
@@ -313,6 +323,64 @@ fn mem_get_info_null_pointers() {
         if plain.num("op2.rc_null_total") == 0 {
             assert_eq!(plain.u64("op2.free"), PHYSICAL - 10 * MIB);
             assert_eq!(shimmed.u64("op2.free"), LIMIT - 10 * MIB, "{}", shimmed.dump());
+        }
+    }
+}
+
+/// The unversioned v1 exports (32-bit sizes) get v1-shaped answers: exact values, clamped to
+/// 32 bits like the driver does, and never a 64-bit write past the caller's variable.
+#[test]
+fn v1_queries_keep_their_abi() {
+    let clamp = |v: u64| v.min(u32::MAX as u64);
+    // (GPUSIM_MEMORY, bytes, GPUSHIM_MEMORY_LIMIT, bytes)
+    let cases: &[(&str, u64, &str, u64)] = &[
+        ("1GiB", GIB, "64MiB", 64 * MIB),
+        ("16GiB", 16 * GIB, "6GiB", 6 * GIB),
+        ("16GiB", 16 * GIB, "3GiB", 3 * GIB),
+    ];
+    for path in DriverPath::ALL {
+        for (memory, physical, limit, limit_bytes) in cases {
+            for shim in [false, true] {
+                let out = Run::program(Program::Driver(path))
+                    .env("GPUSIM_MEMORY", memory)
+                    .env("GPUSHIM_MEMORY_LIMIT", limit)
+                    .args(["v1info", "v1total", "alloc=v1:10485760", "v1info"])
+                    .shim(shim)
+                    .run();
+                out.assert_completed();
+                let total = if shim { (*limit_bytes).min(*physical) } else { *physical };
+                let what = format!("{path:?}, {memory}, limit {limit}, shim {shim}");
+                for (op, free) in [(1, total), (4, total - 10 * MIB)] {
+                    assert_eq!(out.num(&format!("op{op}.rc")), 0, "{}", out.dump());
+                    assert_eq!(out.get(&format!("op{op}.canary")), "ok", "v1 cuMemGetInfo wrote 64 bits\n{}", out.dump());
+                    assert_eq!(out.u64(&format!("op{op}.total")), clamp(total), "{what}\n{}", out.dump());
+                    assert_eq!(out.u64(&format!("op{op}.free")), clamp(free), "{what}\n{}", out.dump());
+                }
+                assert_eq!(out.num("op3.rc"), 0, "{}", out.dump());
+                for d in 0..2 {
+                    assert_eq!(out.get(&format!("op2.canary{d}")), "ok", "v1 cuDeviceTotalMem wrote 64 bits\n{}", out.dump());
+                    assert_eq!(out.u64(&format!("op2.total{d}")), clamp(total), "{what}\n{}", out.dump());
+                }
+            }
+        }
+    }
+}
+
+/// Stream-ordered memory (default pool and created pools) may be freed with plain cuMemFree:
+/// it goes back to the budget all the same.
+#[test]
+fn stream_ordered_memory_freed_with_cu_mem_free() {
+    let scenario = Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+        .op(Op::Alloc("async", 40 * MIB)) // 1
+        .op(Op::Alloc("pool", 24 * MIB)) // 2: the limit
+        .op(Op::Alloc("mem", 2 * MIB)) // 3: refused
+        .op(Op::MemFree(1)) // 4
+        .op(Op::MemFree(2)) // 5
+        .op(Op::Info) // 6: all free
+        .op(Op::Alloc("mem", LIMIT)); // 7
+    for path in [DriverPath::Link, DriverPath::DlsymPtsz, DriverPath::Gpa, DriverPath::GpaPtsz] {
+        for shim in [false, true] {
+            scenario.check(driver_run(path, LIMIT_ENV), shim);
         }
     }
 }

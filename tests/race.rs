@@ -46,7 +46,13 @@ fn limit_holds_under_contention() {
     assert!(out.num("successes") > 1000, "{}", out.dump());
     assert_eq!(out.u64("info.total"), LIMIT, "{}", out.dump());
     assert_eq!(out.u64("info.free"), LIMIT, "everything freed, all of the limit free again\n{}", out.dump());
-    assert_eq!(out.warn_lines().len() as i64, refusals, "one warning per refusal\n{}", out.dump());
+    // Every refusal may be logged, or the log may be rate-limited; at least one must be there.
+    let warns = out.warn_lines();
+    assert!(!warns.is_empty() && warns.len() as i64 <= refusals, "{} warnings for {refusals} refusals\n{}", warns.len(), out.dump());
+    for line in &warns {
+        assert_mentions_device(line, 0);
+        assert_mentions_numbers(line, &[LIMIT]);
+    }
 }
 
 /// The same under several processes' worth of repetition: the result is stable.

@@ -7,8 +7,8 @@
  * exports (link: through cuda.h, dlsym: by name) or cuGetProcAddress flags 2.
  *
  * Operations (see scenario.h), after the automatic init (cuInit, device count, context on 0):
- *   dev=N  alloc=API:BYTES  free=K  info  infonull  totalmem  ident  gpaflags
- * APIs: mem pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
+ *   dev=N  alloc=API:BYTES  free=K  memfree=K (plain cuMemFree)  info  infonull  totalmem  v1info  v1total  ident  gpaflags
+ * APIs: mem v1 pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
  * BYTES must be a multiple of 2 MiB for vmm and of 256 KiB for the array APIs.
  */
 #include <cuda.h>
@@ -67,8 +67,8 @@
     X(MemHostAlloc, cuMemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", "cuMemHostAlloc", 2020)   \
     X(MemHostRegister, cuMemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister_v2", "cuMemHostRegister", 6050) \
     X(MemHostUnregister, cuMemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister", "cuMemHostUnregister", 4000) \
-    X(LaunchKernel, cuLaunchKernel, "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernel", 4000) \
-    X(MemcpyHtoD, cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", "cuMemcpyHtoD", 3020)   \
+    X(LaunchKernel, cuLaunchKernel, "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernel", 7000) \
+    X(MemcpyHtoD, cuMemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", "cuMemcpyHtoD", 7000)   \
     X(StreamCreate, cuStreamCreate, "cuStreamCreate", "cuStreamCreate", "cuStreamCreate", 2000)
 
 static struct {
@@ -160,6 +160,34 @@ static void resolve_api(void) {
 }
 #endif
 
+/* The unversioned exports keep their CUDA 2.0 ABI: 32-bit sizes and device pointers.
+ * Resolved by export name (link: the process' global lookup, as the loader would bind them),
+ * or by base name with version 2000 through cuGetProcAddress. */
+typedef CUresult (*mem_alloc_v1_t)(unsigned int *, unsigned int);
+typedef CUresult (*mem_free_v1_t)(unsigned int);
+typedef CUresult (*mem_get_info_v1_t)(unsigned int *, unsigned int *);
+typedef CUresult (*device_total_mem_v1_t)(unsigned int *, CUdevice);
+
+static void *resolve_v1(const char *name) {
+#if defined(MODE_LINK)
+    return dlsym(RTLD_DEFAULT, name);
+#elif defined(MODE_DLSYM)
+    return dlsym(driver, name);
+#else
+    CUresult rc;
+    return gpa(name, 2000, gpa_flags, &rc);
+#endif
+}
+
+static void *need_v1(const char *name) {
+    void *p = resolve_v1(name);
+    if (!p) {
+        kv("missing=%s", name);
+        exit(66);
+    }
+    return p;
+}
+
 /* Call a table function; a missing one is reported and ends the program (exit 66). */
 #define CALL(field, ...) \
     (api.field ? api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
@@ -210,12 +238,13 @@ static CUresult device_pool(CUmemoryPool *out) {
 
 /* ---- allocations: one slot per operation ---- */
 
-enum kind { K_NONE, K_DPTR, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_HOST, K_HOSTREG };
+enum kind { K_NONE, K_DPTR, K_V1, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP, K_HOST, K_HOSTREG };
 
 struct slot {
     enum kind kind;
     int device;
     CUdeviceptr dptr;
+    unsigned int dptr_v1;
     CUmemGenericAllocationHandle handle;
     size_t bytes;
     CUarray array;
@@ -244,6 +273,9 @@ static void do_alloc(int i, const char *name, unsigned long long bytes) {
     if (!strcmp(name, "mem")) {
         s->kind = K_DPTR;
         rc = CALL(MemAlloc, &s->dptr, bytes);
+    } else if (!strcmp(name, "v1")) {
+        s->kind = K_V1;
+        rc = ((mem_alloc_v1_t)need_v1("cuMemAlloc"))(&s->dptr_v1, (unsigned int)bytes);
     } else if (!strcmp(name, "pitch")) {
         /* width 1000 bytes: the pitch is 1000 rounded up (1024 on the simulator) */
         size_t pitch = 0, height = bytes / 1024;
@@ -331,6 +363,7 @@ static CUresult release_slot(int k) {
     if (s->device != current_device) use_device(s->device);
     switch (s->kind) {
     case K_DPTR: rc = CALL(MemFree, s->dptr); break;
+    case K_V1: rc = ((mem_free_v1_t)need_v1("cuMemFree"))(s->dptr_v1); break;
     case K_ASYNC:
         rc = CALL(MemFreeAsync, s->dptr, (CUstream)0);
         if (rc == CUDA_SUCCESS) rc = CALL(CtxSynchronize);
@@ -386,6 +419,29 @@ static void do_totalmem(int i) {
     }
 }
 
+/* v1 cuMemGetInfo / cuDeviceTotalMem write 32-bit values: the word after each must stay. */
+#define CANARY 0xCAFEBABEu
+static void do_v1info(int i) {
+    unsigned int f[2] = {0, CANARY}, t[2] = {0, CANARY};
+    CUresult rc = ((mem_get_info_v1_t)need_v1("cuMemGetInfo"))(&f[0], &t[0]);
+    kv("op%d.rc=%d", i, (int)rc);
+    kv("op%d.free=%u", i, f[0]);
+    kv("op%d.total=%u", i, t[0]);
+    kv("op%d.canary=%s", i, f[1] == CANARY && t[1] == CANARY ? "ok" : "smashed");
+}
+
+static void do_v1total(int i) {
+    for (int d = 0; d < device_count; d++) {
+        unsigned int t[2] = {0, CANARY};
+        CUdevice dev;
+        CUresult rc = CALL(DeviceGet, &dev, d);
+        if (rc == CUDA_SUCCESS) rc = ((device_total_mem_v1_t)need_v1("cuDeviceTotalMem"))(&t[0], dev);
+        kv("op%d.rc%d=%d", i, d, (int)rc);
+        kv("op%d.total%d=%u", i, d, t[0]);
+        kv("op%d.canary%d=%s", i, d, t[1] == CANARY ? "ok" : "smashed");
+    }
+}
+
 /* identity of a pointer against the simulator's own function of that export name */
 static const char *identity(void *p, const char *export_name) {
     if (!p) return "null";
@@ -412,7 +468,7 @@ static void do_gpaflags(void) {
         {"cuMemAllocAsync", 11020, "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
         {"cuMemFreeAsync", 11020, "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
         {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
-        {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+        {"cuLaunchKernel", 7000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
         {"cuMemAlloc", 3020, "cuMemAlloc_v2", "cuMemAlloc_v2"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
@@ -452,12 +508,25 @@ int main(int argc, char **argv) {
             do_alloc(i, name, bytes);
         } else if (starts_with(arg, "free=")) {
             kv("op%d.rc=%d", i, (int)release_slot(atoi(arg + 5)));
+        } else if (starts_with(arg, "memfree=")) {
+            /* plain cuMemFree of any device pointer (stream-ordered ones included) */
+            int k = atoi(arg + 8);
+            CUresult rc = CUDA_ERROR_INVALID_VALUE;
+            if (k > 0 && k < MAX_OPS && (slots[k].kind == K_DPTR || slots[k].kind == K_ASYNC)) {
+                rc = CALL(MemFree, slots[k].dptr);
+                slots[k].kind = K_NONE;
+            }
+            kv("op%d.rc=%d", i, (int)rc);
         } else if (!strcmp(arg, "info")) {
             do_info(i);
         } else if (!strcmp(arg, "infonull")) {
             do_infonull(i);
         } else if (!strcmp(arg, "totalmem")) {
             do_totalmem(i);
+        } else if (!strcmp(arg, "v1info")) {
+            do_v1info(i);
+        } else if (!strcmp(arg, "v1total")) {
+            do_v1total(i);
         } else if (!strcmp(arg, "ident")) {
             do_ident();
 #if defined(MODE_GPA)

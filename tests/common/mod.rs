@@ -230,6 +230,8 @@ impl Program {
         let mut args: Vec<OsString> = vec!["-std=gnu11".into(), "-O1".into(), "-g".into(), "-Wall".into(), "-Wextra".into()];
         let link_cuda = |args: &mut Vec<OsString>| {
             args.push(format!("-L{}", sim_dir().display()).into());
+            // keep libcuda NEEDED even where every reference is weak (drvapi's link mode)
+            args.push("-Wl,--no-as-needed".into());
             args.push("-lcuda".into());
         };
         match self {
@@ -606,6 +608,8 @@ pub enum Op {
     Alloc(&'static str, u64),
     /// free what operation K allocated (K = 1-based position in the scenario)
     Free(usize),
+    /// free what operation K allocated with plain cuMemFree (drvapi only)
+    MemFree(usize),
     /// memory info of the current device
     Info,
 }
@@ -616,6 +620,7 @@ impl Op {
             Op::Dev(d) => format!("dev={d}"),
             Op::Alloc(api, bytes) => format!("alloc={api}:{bytes}"),
             Op::Free(k) => format!("free={k}"),
+            Op::MemFree(k) => format!("memfree={k}"),
             Op::Info => "info".into(),
         }
     }
@@ -706,7 +711,7 @@ impl Scenario {
                         e.refusals.push(Refusal { device: device as u32, request: *bytes, in_use: used[device], limit });
                     }
                 }
-                Op::Free(k) => {
+                Op::Free(k) | Op::MemFree(k) => {
                     let (d, bytes) = live.remove(k).unwrap_or_else(|| panic!("op{i} frees op{k}, which holds nothing"));
                     used[d] -= bytes;
                     e.values.push((format!("op{i}.rc"), 0));

@@ -21,7 +21,6 @@ pub struct Array {
 }
 
 pub struct Mipmapped {
-    pub desc: CUDA_ARRAY3D_DESCRIPTOR,
     pub bytes: u64,
     pub physical: usize,
     pub levels: Vec<usize>,
@@ -30,8 +29,12 @@ pub struct Mipmapped {
 static ARRAYS: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
 static MIPMAPS: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
 
-fn set(s: &'static OnceLock<Mutex<HashSet<usize>>>) -> std::sync::MutexGuard<'static, HashSet<usize>> {
-    s.get_or_init(|| Mutex::new(HashSet::new())).lock().unwrap_or_else(|e| e.into_inner())
+fn set(
+    s: &'static OnceLock<Mutex<HashSet<usize>>>,
+) -> std::sync::MutexGuard<'static, HashSet<usize>> {
+    s.get_or_init(|| Mutex::new(HashSet::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 pub fn element_size(format: u32) -> u64 {
@@ -58,19 +61,33 @@ pub const CUBEMAP: u32 = 0x04;
 
 /// Descriptor of level `l` of a mipmapped array.
 pub fn level_desc(d: &CUDA_ARRAY3D_DESCRIPTOR, l: u32) -> CUDA_ARRAY3D_DESCRIPTOR {
-    let shr = |x: usize| if l >= usize::BITS { 1 } else { (x.max(1) >> l).max(1) };
+    let shr = |x: usize| {
+        if l >= usize::BITS {
+            1
+        } else {
+            (x.max(1) >> l).max(1)
+        }
+    };
     let keep_depth = d.flags & (LAYERED | CUBEMAP) != 0;
     CUDA_ARRAY3D_DESCRIPTOR {
         width: shr(d.width),
         height: if d.height == 0 { 0 } else { shr(d.height) },
-        depth: if d.depth == 0 { 0 } else if keep_depth { d.depth } else { shr(d.depth) },
+        depth: if d.depth == 0 {
+            0
+        } else if keep_depth {
+            d.depth
+        } else {
+            shr(d.depth)
+        },
         ..*d
     }
 }
 
 /// Bytes of a mipmapped array with `levels` levels; `None` on overflow.
 pub fn mipmapped_bytes(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> Option<u64> {
-    (0..levels).try_fold(0u64, |acc, l| acc.checked_add(array_bytes(&level_desc(d, l))?))
+    (0..levels).try_fold(0u64, |acc, l| {
+        acc.checked_add(array_bytes(&level_desc(d, l))?)
+    })
 }
 
 fn validate(d: &CUDA_ARRAY3D_DESCRIPTOR) -> Res {
@@ -80,7 +97,7 @@ fn validate(d: &CUDA_ARRAY3D_DESCRIPTOR) -> Res {
     Ok(())
 }
 
-fn create(out: *mut CUarray, d: CUDA_ARRAY3D_DESCRIPTOR) -> Res {
+unsafe fn create(out: *mut CUarray, d: CUDA_ARRAY3D_DESCRIPTOR) -> Res {
     if out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -88,7 +105,12 @@ fn create(out: *mut CUarray, d: CUDA_ARRAY3D_DESCRIPTOR) -> Res {
     let ctx: &Ctx = context::current()?;
     let bytes = array_bytes(&d).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     stats::reserve(ctx.physical, bytes)?;
-    let a = Box::leak(Box::new(Array { desc: d, bytes, physical: ctx.physical, is_level: false }));
+    let a = Box::leak(Box::new(Array {
+        desc: d,
+        bytes,
+        physical: ctx.physical,
+        is_level: false,
+    }));
     let h = a as *const Array as usize;
     set(&ARRAYS).insert(h);
     put(out, h as CUarray)
@@ -171,7 +193,7 @@ cu_api! {
             })
             .collect();
         set(&ARRAYS).extend(level_handles.iter().copied());
-        let m = Box::leak(Box::new(Mipmapped { desc: d, bytes, physical: ctx.physical, levels: level_handles }));
+        let m = Box::leak(Box::new(Mipmapped { bytes, physical: ctx.physical, levels: level_handles }));
         let h = m as *const Mipmapped as usize;
         set(&MIPMAPS).insert(h);
         put(out, h as CUmipmappedArray)
@@ -208,17 +230,40 @@ cu_api! {
 mod tests {
     use super::*;
 
-    fn d3(w: usize, h: usize, d: usize, format: u32, ch: u32, flags: u32) -> CUDA_ARRAY3D_DESCRIPTOR {
-        CUDA_ARRAY3D_DESCRIPTOR { width: w, height: h, depth: d, format, num_channels: ch, flags }
+    fn d3(
+        w: usize,
+        h: usize,
+        d: usize,
+        format: u32,
+        ch: u32,
+        flags: u32,
+    ) -> CUDA_ARRAY3D_DESCRIPTOR {
+        CUDA_ARRAY3D_DESCRIPTOR {
+            width: w,
+            height: h,
+            depth: d,
+            format,
+            num_channels: ch,
+            flags,
+        }
     }
 
     #[test]
     fn sizes() {
         assert_eq!(array_bytes(&d3(100, 0, 0, 0x01, 1, 0)), Some(100));
-        assert_eq!(array_bytes(&d3(100, 10, 0, 0x20, 4, 0)), Some(100 * 10 * 16));
-        assert_eq!(array_bytes(&d3(8, 8, 8, 0x10, 2, 0)), Some(8 * 8 * 8 * 2 * 2));
+        assert_eq!(
+            array_bytes(&d3(100, 10, 0, 0x20, 4, 0)),
+            Some(100 * 10 * 16)
+        );
+        assert_eq!(
+            array_bytes(&d3(8, 8, 8, 0x10, 2, 0)),
+            Some(8 * 8 * 8 * 2 * 2)
+        );
         assert_eq!(array_bytes(&d3(1, 1, 1, 0xb0, 1, 0)), Some(4)); // unknown format: 4 bytes
-        assert_eq!(array_bytes(&d3(usize::MAX, usize::MAX, 2, 0x20, 4, 0)), None);
+        assert_eq!(
+            array_bytes(&d3(usize::MAX, usize::MAX, 2, 0x20, 4, 0)),
+            None
+        );
     }
 
     #[test]

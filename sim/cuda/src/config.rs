@@ -65,7 +65,9 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Config {
         Some(s) => match s.trim().parse::<usize>() {
             Ok(n) if (1..=MAX_DEVICES).contains(&n) => n,
             _ => {
-                warn(&format!("GPUSIM_DEVICES={s:?}: expected 1..=16, using {DEFAULT_DEVICES}"));
+                warn(&format!(
+                    "GPUSIM_DEVICES={s:?}: expected 1..=16, using {DEFAULT_DEVICES}"
+                ));
                 DEFAULT_DEVICES
             }
         },
@@ -75,7 +77,9 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Config {
         Some(s) => match parse_memory_list(&s, devices) {
             Some(m) => m,
             None => {
-                warn(&format!("GPUSIM_MEMORY={s:?}: expected sizes like 16GiB, using 16GiB"));
+                warn(&format!(
+                    "GPUSIM_MEMORY={s:?}: expected sizes like 16GiB, using 16GiB"
+                ));
                 vec![DEFAULT_MEMORY; devices]
             }
         },
@@ -85,14 +89,25 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Config {
         Some(s) => match s.trim().parse::<i32>() {
             Ok(v) if v > 0 => v,
             _ => {
-                warn(&format!("GPUSIM_DRIVER_VERSION={s:?}: expected a number like 13050"));
+                warn(&format!(
+                    "GPUSIM_DRIVER_VERSION={s:?}: expected a number like 13050"
+                ));
                 DEFAULT_DRIVER_VERSION
             }
         },
     };
     let report = var("GPUSIM_REPORT").filter(|s| !s.is_empty());
-    let trace = matches!(var("GPUSIM_TRACE").as_deref().map(str::trim), Some("1" | "true" | "yes"));
-    Config { devices, memory, driver_version, report, trace }
+    let trace = matches!(
+        var("GPUSIM_TRACE").as_deref().map(str::trim),
+        Some("1" | "true" | "yes")
+    );
+    Config {
+        devices,
+        memory,
+        driver_version,
+        report,
+        trace,
+    }
 }
 
 /// `"16GiB"`, `"1GiB,2GiB"`: one value for all devices, or one per device (a shorter list
@@ -100,7 +115,11 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Config {
 pub fn parse_memory_list(s: &str, devices: usize) -> Option<Vec<u64>> {
     let vals: Vec<u64> = s.split(',').map(parse_size).collect::<Option<_>>()?;
     let last = *vals.last()?;
-    Some((0..devices).map(|i| vals.get(i).copied().unwrap_or(last)).collect())
+    Some(
+        (0..devices)
+            .map(|i| vals.get(i).copied().unwrap_or(last))
+            .collect(),
+    )
 }
 
 /// A size: a whole or decimal number with an optional unit, case-insensitive: none/`B` = bytes,
@@ -108,7 +127,9 @@ pub fn parse_memory_list(s: &str, devices: usize) -> Option<Vec<u64>> {
 /// `KB`/`MB`/`GB`/`TB` = powers of 1000. Zero is refused (a device has memory).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
     if num.is_empty() || num.starts_with('.') || num.ends_with('.') {
         return None;
@@ -148,7 +169,12 @@ mod tests {
     use super::*;
 
     fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -180,15 +206,24 @@ mod tests {
 
     #[test]
     fn memory_lists() {
-        let c = from_env(env(&[("GPUSIM_DEVICES", "3"), ("GPUSIM_MEMORY", "1GiB,2GiB")]));
+        let c = from_env(env(&[
+            ("GPUSIM_DEVICES", "3"),
+            ("GPUSIM_MEMORY", "1GiB,2GiB"),
+        ]));
         assert_eq!(c.memory, vec![1 << 30, 2 << 30, 2 << 30]);
-        let c = from_env(env(&[("GPUSIM_DEVICES", "1"), ("GPUSIM_MEMORY", "1GiB,2GiB")]));
+        let c = from_env(env(&[
+            ("GPUSIM_DEVICES", "1"),
+            ("GPUSIM_MEMORY", "1GiB,2GiB"),
+        ]));
         assert_eq!(c.memory, vec![1 << 30]);
         let c = from_env(env(&[("GPUSIM_MEMORY", "bogus")]));
         assert_eq!(c.memory, vec![16 << 30; 2]);
         let c = from_env(env(&[("GPUSIM_DEVICES", "17")]));
         assert_eq!(c.devices, 2);
-        let c = from_env(env(&[("GPUSIM_DEVICES", "16"), ("GPUSIM_DRIVER_VERSION", "12090")]));
+        let c = from_env(env(&[
+            ("GPUSIM_DEVICES", "16"),
+            ("GPUSIM_DRIVER_VERSION", "12090"),
+        ]));
         assert_eq!((c.devices, c.driver_version), (16, 12090));
     }
 }

@@ -55,14 +55,22 @@ fn new_ctx(ordinal: CUdevice, physical: usize, primary: bool, flags: u32) -> &'s
         limits: Mutex::new(DEFAULT_LIMITS),
         peers: Mutex::new(Vec::new()),
     }));
-    live().write().unwrap_or_else(|e| e.into_inner()).insert(c as *const Ctx as usize);
+    live()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(c as *const Ctx as usize);
     c
 }
 
 /// A live context from its handle; NULL or unknown is `CUDA_ERROR_INVALID_CONTEXT`.
 pub fn from_handle(h: CUcontext) -> Res<&'static Ctx> {
     devices::visible()?;
-    if h.is_null() || !live().read().unwrap_or_else(|e| e.into_inner()).contains(&(h as usize)) {
+    if h.is_null()
+        || !live()
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(h as usize))
+    {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
     // SAFETY: in the live set, so it is a leaked `Ctx`.
@@ -94,7 +102,10 @@ pub fn primary(dev: CUdevice) -> Res<&'static Primary> {
         let vis = devices::visible().unwrap_or(&[]);
         vis.iter()
             .enumerate()
-            .map(|(o, &p)| Primary { ctx: new_ctx(o as CUdevice, p, true, 0), refs: AtomicU32::new(0) })
+            .map(|(o, &p)| Primary {
+                ctx: new_ctx(o as CUdevice, p, true, 0),
+                refs: AtomicU32::new(0),
+            })
             .collect()
     });
     all.get(dev as usize).ok_or(CUDA_ERROR_INVALID_DEVICE)
@@ -136,7 +147,9 @@ thread_local! {
 }
 
 fn with_stack<R>(f: impl FnOnce(&mut Vec<&'static Ctx>) -> R) -> Res<R> {
-    STACK.try_with(|s| f(&mut s.borrow_mut())).map_err(|_| CUDA_ERROR_UNKNOWN)
+    STACK
+        .try_with(|s| f(&mut s.borrow_mut()))
+        .map_err(|_| CUDA_ERROR_UNKNOWN)
 }
 
 /// The calling thread's current context; none (or a destroyed one) is `CUDA_ERROR_INVALID_CONTEXT`.
@@ -154,7 +167,7 @@ pub fn current_opt() -> Option<&'static Ctx> {
     current().ok()
 }
 
-fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> Res {
+unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> Res {
     if pctx.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -177,10 +190,10 @@ fn storage() -> &'static RwLock<StorageMap> {
 
 pub fn storage_put(ctx: CUcontext, key: *mut c_void, value: *mut c_void, dtor: StorageDtor) -> Res {
     let c = or_current(ctx)?;
-    storage()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert((c as *const Ctx as usize, key as usize), (value as usize, dtor));
+    storage().write().unwrap_or_else(|e| e.into_inner()).insert(
+        (c as *const Ctx as usize, key as usize),
+        (value as usize, dtor),
+    );
     Ok(())
 }
 
@@ -209,7 +222,9 @@ fn storage_destroy(c: &'static Ctx) {
     let gone: Vec<((usize, usize), (usize, StorageDtor))> = {
         let mut m = storage().write().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<(usize, usize)> = m.keys().filter(|k| k.0 == me).copied().collect();
-        keys.into_iter().filter_map(|k| m.remove(&k).map(|v| (k, v))).collect()
+        keys.into_iter()
+            .filter_map(|k| m.remove(&k).map(|v| (k, v)))
+            .collect()
     };
     for ((_, key), (value, dtor)) in gone {
         if let Some(d) = dtor {
@@ -235,7 +250,7 @@ cu_api! {
     fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32) { primary_set_flags(dev, flags) }
     fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) { primary_set_flags(dev, flags) }
 
-    fn cuDevicePrimaryCtxGetState(flags: *mut u32, active: *mut i32, dev: CUdevice) {
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut i32) {
         let p = primary(dev)?;
         if flags.is_null() || active.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -384,7 +399,10 @@ fn cuCtxDestroy_v2_impl(ctx: CUcontext) -> Res {
     if c.primary {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
-    live().write().unwrap_or_else(|e| e.into_inner()).remove(&(ctx as usize));
+    live()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(ctx as usize));
     c.alive.store(false, Ordering::Release);
     with_stack(|s| s.retain(|x| !std::ptr::eq(*x, c)))?;
     storage_destroy(c);
@@ -396,7 +414,7 @@ fn push(ctx: CUcontext) -> Res {
     with_stack(|s| s.push(c))
 }
 
-fn pop(pctx: *mut CUcontext) -> Res {
+unsafe fn pop(pctx: *mut CUcontext) -> Res {
     devices::visible()?;
     let c = with_stack(|s| s.pop())?.ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     put_opt(pctx, c.handle());

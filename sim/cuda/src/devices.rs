@@ -45,7 +45,10 @@ impl Phys {
 
     /// `0000:10:00.0`, as `cuDeviceGetPCIBusId` writes it.
     pub fn bus_id(&self) -> String {
-        format!("{:04x}:{:02x}:{:02x}.0", self.pci_domain, self.pci_bus, self.pci_device)
+        format!(
+            "{:04x}:{:02x}:{:02x}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
     }
 }
 
@@ -85,7 +88,9 @@ pub fn parse_visible(spec: Option<&str>, phys: &[Phys]) -> Vec<usize> {
             e.parse::<usize>().ok().filter(|&i| i < phys.len())
         } else if e.len() > 4 && e[..4].eq_ignore_ascii_case("GPU-") {
             let want = e.to_ascii_lowercase();
-            let mut hits = phys.iter().filter(|p| p.uuid_string().to_ascii_lowercase().starts_with(&want));
+            let mut hits = phys
+                .iter()
+                .filter(|p| p.uuid_string().to_ascii_lowercase().starts_with(&want));
             match (hits.next(), hits.next()) {
                 (Some(p), None) => Some(p.index),
                 _ => None,
@@ -106,11 +111,10 @@ static VISIBLE: OnceLock<Vec<usize>> = OnceLock::new();
 /// The visible devices (physical indices by ordinal), or `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
 #[inline]
 pub fn visible() -> Res<&'static [usize]> {
-    VISIBLE.get().map(|v| v.as_slice()).ok_or(CUDA_ERROR_NOT_INITIALIZED)
-}
-
-pub fn is_initialized() -> bool {
-    VISIBLE.get().is_some()
+    VISIBLE
+        .get()
+        .map(|v| v.as_slice())
+        .ok_or(CUDA_ERROR_NOT_INITIALIZED)
 }
 
 /// The physical device of visible ordinal `dev`.
@@ -121,11 +125,6 @@ pub fn phys_of(dev: CUdevice) -> Res<&'static Phys> {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }
     Ok(&physical()[v[dev as usize]])
-}
-
-/// The visible ordinal of physical device `p`, if visible.
-pub fn ordinal_of(p: usize) -> Option<CUdevice> {
-    VISIBLE.get()?.iter().position(|&x| x == p).map(|o| o as CUdevice)
 }
 
 /// Attribute values, by `CUdevice_attribute` number; everything not listed is 0.
@@ -175,10 +174,15 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let phys = physical();
-        VISIBLE.get_or_init(|| {
+        let vis = VISIBLE.get_or_init(|| {
             let spec = std::env::var("CUDA_VISIBLE_DEVICES").ok();
             parse_visible(spec.as_deref(), phys)
         });
+        // As the real driver: no visible device is CUDA_ERROR_NO_DEVICE (the driver is still
+        // initialised: cuDeviceGetCount then reports 0).
+        if vis.is_empty() {
+            return Err(CUDA_ERROR_NO_DEVICE);
+        }
         Ok(())
     }
 
@@ -329,7 +333,10 @@ mod tests {
         assert_eq!(parse_visible(Some("0,-1,1"), &p), vec![0]);
         assert_eq!(parse_visible(Some(","), &p), Vec::<usize>::new());
         // UUIDs, full and unique prefixes, any case
-        assert_eq!(parse_visible(Some("GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"), &p), vec![1]);
+        assert_eq!(
+            parse_visible(Some("GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"), &p),
+            vec![1]
+        );
         assert_eq!(parse_visible(Some("GPU-3"), &p), vec![2]);
         assert_eq!(parse_visible(Some("gpu-4041,0"), &p), vec![3, 0]);
         assert_eq!(parse_visible(Some("GPU-2021222,GPU-1"), &p), vec![1, 0]);
@@ -338,9 +345,20 @@ mod tests {
         assert_eq!(parse_visible(Some("GPU-"), &p), Vec::<usize>::new());
         // a prefix matching several devices is ambiguous
         let many: Vec<Phys> = (0..16).map(|i| Phys::new(i, 1)).collect();
-        assert_eq!(many[15].uuid_string(), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
-        assert_eq!(parse_visible(Some("GPU-0"), &many), Vec::<usize>::new());
-        assert_eq!(parse_visible(Some("GPU-00"), &many), vec![15]);
+        assert_eq!(
+            many[15].uuid_string(),
+            "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+        );
+        assert_eq!(parse_visible(Some("GPU-0"), &many), vec![15]);
+        let mut twins = four();
+        twins[2].uuid = twins[1].uuid;
+        twins[2].uuid[15] = 0xff;
+        assert_eq!(parse_visible(Some("GPU-2021"), &twins), Vec::<usize>::new());
+        assert_eq!(parse_visible(Some("0,GPU-2021,1"), &twins), vec![0]);
+        assert_eq!(
+            parse_visible(Some("GPU-20212223-2425-2627-2829-2a2b2c2d2eff"), &twins),
+            vec![2]
+        );
         assert_eq!(parse_visible(Some("15,0"), &many), vec![15, 0]);
     }
 

@@ -13,17 +13,24 @@ fn strings() -> &'static [(i32, CString, CString)] {
     STRINGS.get_or_init(|| {
         table::ERRORS
             .iter()
-            .map(|&(code, name, desc)| (code, CString::new(name).unwrap_or_default(), CString::new(desc).unwrap_or_default()))
+            .map(|&(code, name, desc)| {
+                (
+                    code,
+                    CString::new(name).unwrap_or_default(),
+                    CString::new(desc).unwrap_or_default(),
+                )
+            })
             .collect()
     })
 }
 
+#[cfg(test)]
 /// The name of a `CUresult` (`"CUDA_ERROR_OUT_OF_MEMORY"`), if it is one.
 pub fn name(code: CUresult) -> Option<&'static str> {
     table::ERRORS.iter().find(|e| e.0 == code).map(|e| e.1)
 }
 
-fn lookup(code: CUresult, out: *mut *const c_char, desc: bool) -> Res {
+unsafe fn lookup(code: CUresult, out: *mut *const c_char, desc: bool) -> Res {
     if out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

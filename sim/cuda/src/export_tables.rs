@@ -11,6 +11,8 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 /// Table UUIDs, byte for byte as the runtime passes them.
+/// Asked first by the runtime; deliberately absent (CUDA_ERROR_NOT_FOUND).
+#[allow(dead_code)]
 pub const UUID_NOT_FOUND: [u8; 16] = uuid("f8cff951-2146-8b4e-b9e2-fb469e7c0dd9");
 pub const UUID_CONTEXT: [u8; 16] = uuid("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9");
 pub const UUID_RUNTIME_BUFFERS: [u8; 16] = uuid("a094798c-2e74-2e74-93f2-0800200c0a66");
@@ -50,18 +52,28 @@ const fn hexval(c: u8) -> u8 {
 }
 
 /// Key of the integrity HMAC.
-const INTEGRITY_KEY: [u8; 16] = [0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52, 0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f];
+const INTEGRITY_KEY: [u8; 16] = [
+    0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52, 0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f,
+];
+
+fn slot_trace(what: &str) {
+    if crate::config::trace_enabled() {
+        crate::ffi::trace_line(&format!("gpusim:   private table: {what}\n"));
+    }
+}
 
 /// A slot nobody is known to call: table `T`, slot `N`.
 extern "C" fn stub<const T: usize, const N: usize>() -> CUresult {
     if crate::config::trace_enabled() {
-        crate::ffi::trace_line(&format!("gpusim: private table {T} slot {N} called (stub)\n"));
+        crate::ffi::trace_line(&format!(
+            "gpusim: private table {T} slot {N} called (stub)\n"
+        ));
     }
     CUDA_ERROR_NOT_SUPPORTED
 }
 
 macro_rules! stubs {
-    ($t:literal; $($n:literal)*) => { [$(stub::<$t, $n> as usize),*] };
+    ($t:literal; $($n:literal)*) => { [$(stub::<$t, $n> as *const () as usize),*] };
 }
 
 // ---- 6bd5fb6c: contexts ----------------------------------------------------------------------
@@ -83,19 +95,39 @@ extern "C" fn context_slot12() -> CUresult {
 }
 
 // ---- a094798c: runtime buffers ---------------------------------------------------------------
+//
+// Slots 2 and 6 are `(void **buffer, size_t *size)`. The runtime checks the sizes against the
+// sizes of structures it knows (seen in its code: slot 2 must exceed 0x1e6 bytes for 12.9 and
+// 0x236 for 13.5, slot 6 must exceed 13 bytes), so the buffers are large, zeroed and writable.
 
-/// Zeroed buffer handed out by slots 2 and 6 (the runtime needs the slot-6 size to be >= 14).
-static RUNTIME_BUFFER: [u64; 8] = [0; 8];
-const RUNTIME_BUFFER_SIZE: usize = 64;
+const RUNTIME_BUFFER_WORDS: usize = 512;
+const SLOT2_SIZE: usize = 1024;
+const SLOT6_SIZE: usize = 64;
+static mut SLOT2_BUFFER: [u64; RUNTIME_BUFFER_WORDS] = [0; RUNTIME_BUFFER_WORDS];
+static mut SLOT6_BUFFER: [u64; RUNTIME_BUFFER_WORDS] = [0; RUNTIME_BUFFER_WORDS];
 
-unsafe extern "C" fn runtime_buffer(buffer: *mut *mut c_void, size: *mut usize) {
-    put_opt(buffer, RUNTIME_BUFFER.as_ptr() as *mut c_void);
-    put_opt(size, RUNTIME_BUFFER_SIZE);
+unsafe extern "C" fn runtime_buffer_slot2(buffer: *mut *mut c_void, size: *mut usize) -> CUresult {
+    slot_trace("a094798c slot 2");
+    put_opt(buffer, (&raw mut SLOT2_BUFFER) as *mut c_void);
+    put_opt(size, SLOT2_SIZE);
+    CUDA_SUCCESS
+}
+
+unsafe extern "C" fn runtime_buffer_slot6(buffer: *mut *mut c_void, size: *mut usize) -> CUresult {
+    slot_trace("a094798c slot 6");
+    put_opt(buffer, (&raw mut SLOT6_BUFFER) as *mut c_void);
+    put_opt(size, SLOT6_SIZE);
+    CUDA_SUCCESS
 }
 
 // ---- c693336e: context-local storage (no size slot) ------------------------------------------
 
-unsafe extern "C" fn storage_put(ctx: CUcontext, key: *mut c_void, value: *mut c_void, dtor: context::StorageDtor) -> CUresult {
+unsafe extern "C" fn storage_put(
+    ctx: CUcontext,
+    key: *mut c_void,
+    value: *mut c_void,
+    dtor: context::StorageDtor,
+) -> CUresult {
     crate::ffi::guard(|| context::storage_put(ctx, key, value, dtor))
 }
 
@@ -103,7 +135,11 @@ unsafe extern "C" fn storage_delete(ctx: CUcontext, key: *mut c_void) -> CUresul
     crate::ffi::guard(|| context::storage_delete(ctx, key))
 }
 
-unsafe extern "C" fn storage_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut c_void) -> CUresult {
+unsafe extern "C" fn storage_get(
+    value: *mut *mut c_void,
+    ctx: CUcontext,
+    key: *mut c_void,
+) -> CUresult {
     crate::ffi::guard(|| {
         if value.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -115,7 +151,11 @@ unsafe extern "C" fn storage_get(value: *mut *mut c_void, ctx: CUcontext, key: *
 
 // ---- 263e8860 --------------------------------------------------------------------------------
 
-unsafe extern "C" fn t263_slot2(ctx: CUcontext, out1: *mut u32, out2: *mut *mut c_void) -> CUresult {
+unsafe extern "C" fn t263_slot2(
+    ctx: CUcontext,
+    out1: *mut u32,
+    out2: *mut *mut c_void,
+) -> CUresult {
     let _ = ctx;
     put_opt(out1, 0);
     put_opt(out2, std::ptr::null_mut());
@@ -128,33 +168,53 @@ extern "C" fn t263_slot3() -> u32 {
 
 // ---- d4082055: integrity check -----------------------------------------------------------------
 
-unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> CUresult {
+unsafe extern "C" fn integrity_check(
+    version: u32,
+    unix_seconds: u64,
+    out: *mut [u64; 2],
+) -> CUresult {
     crate::ffi::guard(|| {
         if out.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let t = tables();
         let devices = integrity_devices()?;
-        put(out, integrity_answer(
-            version,
-            unix_seconds,
-            crate::config::get().driver_version as u32,
-            libc::getpid() as u32,
-            libc::pthread_self() as u64 as u32,
-            t.context.as_ptr() as u64,
-            t.integrity.as_ptr() as u64,
-            integrity_check as usize as u64,
-            &devices,
-        ))
+        put(
+            out,
+            integrity_answer(
+                version,
+                unix_seconds,
+                crate::config::get().driver_version as u32,
+                libc::getpid() as u32,
+                libc::pthread_self() as u64 as u32,
+                t.context.as_ptr() as u64,
+                t.integrity.as_ptr() as u64,
+                integrity_check as *const () as usize as u64,
+                &devices,
+            ),
+        )
     })
 }
 
+/// UUID, PCI domain, bus, device.
+pub type DeviceFacts = ([u8; 16], i32, i32, i32);
+
 /// The facts hashed per device: UUID, PCI domain, bus, device — of the visible devices, in
 /// ordinal order (what the runtime enumerated).
-fn integrity_devices() -> Res<Vec<([u8; 16], i32, i32, i32)>> {
+fn integrity_devices() -> Res<Vec<DeviceFacts>> {
     let vis = devices::visible()?;
     let phys = devices::physical();
-    Ok(vis.iter().map(|&p| (phys[p].uuid, phys[p].pci_domain, phys[p].pci_bus, phys[p].pci_device)).collect())
+    Ok(vis
+        .iter()
+        .map(|&p| {
+            (
+                phys[p].uuid,
+                phys[p].pci_domain,
+                phys[p].pci_bus,
+                phys[p].pci_device,
+            )
+        })
+        .collect())
 }
 
 /// The integrity answer for `version` (pure: every process fact is an argument).
@@ -168,7 +228,7 @@ pub fn integrity_answer(
     context_table: u64,
     integrity_table: u64,
     check_fn: u64,
-    devices: &[([u8; 16], i32, i32, i32)],
+    devices: &[DeviceFacts],
 ) -> [u64; 2] {
     match version % 10 {
         0 => return [0x3341181c03cb675c, 0x8ed383aa1f4cd1e8],
@@ -219,24 +279,24 @@ fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
     T.get_or_init(|| {
         let mut context = stubs!(1; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15).to_vec();
-        context[2] = primary_context as usize;
-        context[12] = context_slot12 as usize;
+        context[2] = primary_context as *const () as usize;
+        context[12] = context_slot12 as *const () as usize;
 
         let mut runtime_buffers = stubs!(2; 0 1 2 3 4 5 6 7 8 9).to_vec();
-        runtime_buffers[2] = runtime_buffer as usize;
-        runtime_buffers[6] = runtime_buffer as usize;
+        runtime_buffers[2] = runtime_buffer_slot2 as *const () as usize;
+        runtime_buffers[6] = runtime_buffer_slot6 as *const () as usize;
 
         let mut t263 = stubs!(5; 0 1 2 3 4 5 6 7).to_vec();
-        t263[2] = t263_slot2 as usize;
-        t263[3] = t263_slot3 as usize;
+        t263[2] = t263_slot2 as *const () as usize;
+        t263[3] = t263_slot3 as *const () as usize;
 
         let mut integrity = stubs!(6; 0 1 2 3).to_vec();
-        integrity[1] = integrity_check as usize;
+        integrity[1] = integrity_check as *const () as usize;
 
         let mut storage = stubs!(4; 0 1 2 3 4 5 6 7).to_vec();
-        storage[0] = storage_put as usize;
-        storage[1] = storage_delete as usize;
-        storage[2] = storage_get as usize;
+        storage[0] = storage_put as *const () as usize;
+        storage[1] = storage_delete as *const () as usize;
+        storage[2] = storage_get as *const () as usize;
 
         Tables {
             context: sized(context),
@@ -302,11 +362,30 @@ mod tests {
     #[test]
     fn integrity_constants_and_hash() {
         let devs = [([0x10u8; 16], 0, 0x10, 0)];
-        assert_eq!(integrity_answer(12090, 1, 13050, 1, 1, 1, 1, 1, &devs), [0x3341181c03cb675c, 0x8ed383aa1f4cd1e8]);
-        assert_eq!(integrity_answer(12091, 1, 13050, 1, 1, 1, 1, 1, &devs), [0x1841181c03cb675c, 0x8ed383aa1f4cd1e8]);
+        assert_eq!(
+            integrity_answer(12090, 1, 13050, 1, 1, 1, 1, 1, &devs),
+            [0x3341181c03cb675c, 0x8ed383aa1f4cd1e8]
+        );
+        assert_eq!(
+            integrity_answer(12091, 1, 13050, 1, 1, 1, 1, 1, &devs),
+            [0x1841181c03cb675c, 0x8ed383aa1f4cd1e8]
+        );
         let a = integrity_answer(12092, 1, 13050, 1, 1, 1, 1, 1, &devs);
         // depends on every device fact and on the device list
-        assert_ne!(a, integrity_answer(12092, 1, 13050, 1, 1, 1, 1, 1, &[([0x10u8; 16], 0, 0x20, 0)]));
+        assert_ne!(
+            a,
+            integrity_answer(
+                12092,
+                1,
+                13050,
+                1,
+                1,
+                1,
+                1,
+                1,
+                &[([0x10u8; 16], 0, 0x20, 0)]
+            )
+        );
         assert_ne!(a, integrity_answer(12092, 1, 13050, 1, 1, 1, 1, 1, &[]));
         assert_ne!(a, integrity_answer(12092, 2, 13050, 1, 1, 1, 1, 1, &devs));
         assert_eq!(a, integrity_answer(12092, 1, 13050, 1, 1, 1, 1, 1, &devs));
@@ -318,8 +397,10 @@ mod tests {
         assert!(t.runtime_buffers[0] >= 7 * 8);
         assert_eq!(t.context[0], t.context.len() * 8);
         assert!(t.context.len() > 12);
-        assert!(RUNTIME_BUFFER_SIZE >= 14);
-        assert_eq!(t.storage[0], storage_put as usize);
+        const {
+            assert!(SLOT2_SIZE > 0x236 && SLOT6_SIZE > 13 && SLOT2_SIZE <= RUNTIME_BUFFER_WORDS * 8)
+        };
+        assert_eq!(t.storage[0], storage_put as *const () as usize);
         assert!(lookup(&UUID_NOT_FOUND).is_none());
     }
 }

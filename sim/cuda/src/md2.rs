@@ -33,7 +33,13 @@ pub struct Md2 {
 
 impl Default for Md2 {
     fn default() -> Self {
-        Md2 { x: [0; 48], checksum: [0; 16], last: 0, buf: [0; 16], n: 0 }
+        Md2 {
+            x: [0; 48],
+            checksum: [0; 16],
+            last: 0,
+            buf: [0; 16],
+            n: 0,
+        }
     }
 }
 
@@ -44,14 +50,14 @@ impl Md2 {
 
     fn block(&mut self, m: &[u8; 16], update_checksum: bool) {
         if update_checksum {
-            for j in 0..16 {
-                self.checksum[j] ^= S[(m[j] ^ self.last) as usize];
-                self.last = self.checksum[j];
+            for (c, &b) in self.checksum.iter_mut().zip(m) {
+                *c ^= S[(b ^ self.last) as usize];
+                self.last = *c;
             }
         }
-        for j in 0..16 {
-            self.x[16 + j] = m[j];
-            self.x[32 + j] = m[j] ^ self.x[j];
+        for (j, &b) in m.iter().enumerate() {
+            self.x[16 + j] = b;
+            self.x[32 + j] = b ^ self.x[j];
         }
         let mut t: u8 = 0;
         for round in 0..18u8 {
@@ -89,6 +95,7 @@ impl Md2 {
     }
 }
 
+#[cfg(test)]
 pub fn md2(data: &[u8]) -> [u8; 16] {
     let mut h = Md2::new();
     h.update(data);
@@ -122,7 +129,10 @@ mod tests {
             ("a", "32ec01ec4a6dac72c0ab96fb34c0b5d1"),
             ("abc", "da853b0d3f88d99b30283a69e6ded6bb"),
             ("message digest", "ab4f496bfb2a530b219ff33031fe06b0"),
-            ("abcdefghijklmnopqrstuvwxyz", "4e8ddff3650292ab5a4108c3aa47940b"),
+            (
+                "abcdefghijklmnopqrstuvwxyz",
+                "4e8ddff3650292ab5a4108c3aa47940b",
+            ),
             (
                 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
                 "da33def2a42df13975352846c30338cd",

@@ -25,6 +25,8 @@ pub enum Kind {
     Pool,
     /// `cuMemAllocHost`, `cuMemHostAlloc`: not counted
     Host,
+    /// `cuMemHostRegister`: the caller's memory, not counted, never unmapped by us
+    Registered,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +46,8 @@ pub struct Alloc {
 }
 
 const SHARDS: usize = 16;
-static MAP: [Mutex<BTreeMap<usize, Alloc>>; SHARDS] = [const { Mutex::new(BTreeMap::new()) }; SHARDS];
+static MAP: [Mutex<BTreeMap<usize, Alloc>>; SHARDS] =
+    [const { Mutex::new(BTreeMap::new()) }; SHARDS];
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 #[inline]
@@ -52,7 +55,9 @@ fn shard(base: usize) -> &'static Mutex<BTreeMap<usize, Alloc>> {
     &MAP[(base >> 12) % SHARDS]
 }
 
-fn lock(m: &'static Mutex<BTreeMap<usize, Alloc>>) -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
+fn lock(
+    m: &'static Mutex<BTreeMap<usize, Alloc>>,
+) -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -60,9 +65,21 @@ pub const PAGE: usize = 4096;
 
 /// An anonymous read-write `MAP_NORESERVE` mapping of `len` bytes (below 2 GiB with `low32`).
 pub fn map_anon(len: usize, low32: bool) -> Option<usize> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | if low32 { libc::MAP_32BIT } else { 0 };
+    let flags = libc::MAP_PRIVATE
+        | libc::MAP_ANONYMOUS
+        | libc::MAP_NORESERVE
+        | if low32 { libc::MAP_32BIT } else { 0 };
     // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
     (p != libc::MAP_FAILED).then_some(p as usize)
 }
 
@@ -72,13 +89,23 @@ pub fn unmap(base: usize, len: usize) {
 }
 
 /// Allocates `size` bytes, counted on the device of `ctx` unless `kind` is `Host`.
-pub fn alloc(size: usize, ctx: Option<&'static Ctx>, kind: Kind, pool: usize, low32: bool) -> Res<usize> {
+pub fn alloc(
+    size: usize,
+    ctx: Option<&'static Ctx>,
+    kind: Kind,
+    pool: usize,
+    low32: bool,
+) -> Res<usize> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let len = size.checked_add(PAGE - 1).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? & !(PAGE - 1);
     let (physical, ordinal) = ctx.map_or((usize::MAX, -1), |c| (c.physical, c.ordinal));
-    let counted = if kind == Kind::Host { 0 } else { size as u64 };
+    let counted = if matches!(kind, Kind::Host | Kind::Registered) {
+        0
+    } else {
+        size as u64
+    };
     if counted > 0 {
         // Refuse before mapping anything: the check and the count are one atomic step.
         stats::reserve(physical, counted)?;
@@ -114,7 +141,9 @@ pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
     };
-    unmap(base, a.len);
+    if a.kind != Kind::Registered {
+        unmap(base, a.len);
+    }
     if a.counted > 0 {
         stats::release(a.physical, a.counted);
     }
@@ -125,7 +154,30 @@ pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
 }
 
 pub fn is_device_kind(k: Kind) -> bool {
-    k != Kind::Host
+    !matches!(k, Kind::Host | Kind::Registered)
+}
+
+/// Records the caller's `[base, base+size)` as registered host memory.
+fn register(base: usize, size: usize, ctx: Option<&'static Ctx>) -> Res {
+    if base == 0 || size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if find(base).is_some() || find(base + size - 1).is_some() {
+        return Err(712); // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+    }
+    let a = Alloc {
+        size,
+        len: 0,
+        counted: 0,
+        physical: ctx.map_or(usize::MAX, |c| c.physical),
+        ordinal: ctx.map_or(-1, |c| c.ordinal),
+        ctx: ctx.map_or(0, |c| c as *const Ctx as usize),
+        kind: Kind::Registered,
+        pool: 0,
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+    };
+    lock(shard(base)).insert(base, a);
+    Ok(())
 }
 
 /// The allocation containing `addr`, with its base.
@@ -159,7 +211,7 @@ pub fn ptr_info(addr: usize) -> Option<PtrInfo> {
         return Some(PtrInfo {
             base,
             size: a.size,
-            memtype: if a.kind == Kind::Host { 1 } else { 2 },
+            memtype: if is_device_kind(a.kind) { 2 } else { 1 },
             ctx: a.ctx,
             ordinal: a.ordinal,
             managed: a.kind == Kind::Managed,
@@ -179,7 +231,11 @@ fn check_range(addr: u64, len: usize) -> Res {
     let addr = addr as usize;
     let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if let Some((b, a)) = find(addr) {
-        return if end <= b + a.size { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) };
+        return if end <= b + a.size {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        };
     }
     if crate::vmm::contains(addr, len) {
         return Ok(());
@@ -200,21 +256,21 @@ unsafe fn copy(dst: usize, src: usize, n: usize) {
     }
 }
 
-fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Res {
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Res {
     check_range(dst, n)?;
     check_host(src, n)?;
     unsafe { copy(dst as usize, src as usize, n) };
     Ok(())
 }
 
-fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
+unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
     check_range(src, n)?;
     check_host(dst, n)?;
     unsafe { copy(dst as usize, src as usize, n) };
     Ok(())
 }
 
-fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
+unsafe fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
     check_range(dst, n)?;
     check_range(src, n)?;
     unsafe { copy(dst as usize, src as usize, n) };
@@ -222,7 +278,7 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
 }
 
 /// Unified-addressing copy: either side may be host or device memory.
-fn generic(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
+unsafe fn generic(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
     if n > 0 && (dst == 0 || src == 0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -230,13 +286,19 @@ fn generic(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Res {
     Ok(())
 }
 
-fn peer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> Res {
+unsafe fn peer(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+) -> Res {
     context::from_handle(dst_ctx)?;
     context::from_handle(src_ctx)?;
     dtod(dst, src, n)
 }
 
-fn memset8(dst: CUdeviceptr, v: u8, n: usize) -> Res {
+unsafe fn memset8(dst: CUdeviceptr, v: u8, n: usize) -> Res {
     check_range(dst, n)?;
     if n > 0 {
         unsafe { std::ptr::write_bytes(dst as *mut u8, v, n) };
@@ -244,8 +306,8 @@ fn memset8(dst: CUdeviceptr, v: u8, n: usize) -> Res {
     Ok(())
 }
 
-fn memset32(dst: CUdeviceptr, v: u32, n: usize) -> Res {
-    if dst % 4 != 0 {
+unsafe fn memset32(dst: CUdeviceptr, v: u32, n: usize) -> Res {
+    if !dst.is_multiple_of(4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     check_range(dst, n.checked_mul(4).ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
@@ -256,7 +318,7 @@ fn memset32(dst: CUdeviceptr, v: u32, n: usize) -> Res {
     Ok(())
 }
 
-fn device_alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> Res {
+unsafe fn device_alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> Res {
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -280,7 +342,7 @@ fn mem_info() -> Res<(u64, u64)> {
     Ok((total.saturating_sub(stats::used(c.physical)), total))
 }
 
-fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
+unsafe fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
     if pp.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -290,7 +352,13 @@ fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {
 
 /// Writes one pointer attribute. `info` None: the pointer is unknown (`strict`: error; else
 /// the attribute's "NULL" default, as `cuPointerGetAttributes` documents).
-unsafe fn write_attr(data: *mut c_void, attr: i32, ptr: CUdeviceptr, info: Option<&PtrInfo>, strict: bool) -> Res {
+unsafe fn write_attr(
+    data: *mut c_void,
+    attr: i32,
+    ptr: CUdeviceptr,
+    info: Option<&PtrInfo>,
+    strict: bool,
+) -> Res {
     if data.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -356,13 +424,14 @@ cu_api! {
         put(dptr, p as u32)
     }
 
+    /// No current context needed: the pointer says where the memory is.
     fn cuMemFree_v2(dptr: CUdeviceptr) {
-        context::current()?;
+        crate::devices::visible()?;
         free(dptr as usize, is_device_kind).map(|_| ())
     }
 
     fn cuMemFree(dptr: u32) {
-        context::current()?;
+        crate::devices::visible()?;
         free(dptr as usize, is_device_kind).map(|_| ())
     }
 
@@ -419,7 +488,7 @@ cu_api! {
 
     /// Both out-pointers are optional, as documented; an unknown address is CUDA_ERROR_NOT_FOUND.
     fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) {
-        context::current()?;
+        crate::devices::visible()?;
         let i = ptr_info(dptr as usize).ok_or(CUDA_ERROR_NOT_FOUND)?;
         put_opt(pbase, i.base as CUdeviceptr);
         put_opt(psize, i.size);
@@ -434,7 +503,21 @@ cu_api! {
     }
 
     fn cuMemFreeHost(p: *mut c_void) {
+        crate::devices::visible()?;
         free(p as usize, |k| k == Kind::Host).map(|_| ())
+    }
+
+    fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: u32) {
+        let _ = flags;
+        register(p as usize, bytesize, Some(context::current()?))
+    }
+    fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: u32) {
+        let _ = flags;
+        register(p as usize, bytesize, Some(context::current()?))
+    }
+    fn cuMemHostUnregister(p: *mut c_void) {
+        crate::devices::visible()?;
+        free(p as usize, |k| k == Kind::Registered).map(|_| ()).map_err(|_| 713) // HOST_MEMORY_NOT_REGISTERED
     }
 
     fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: u32) {
@@ -442,7 +525,7 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         match find(p as usize) {
-            Some((_, a)) if a.kind == Kind::Host => put(dptr, p as CUdeviceptr),
+            Some((_, a)) if !is_device_kind(a.kind) => put(dptr, p as CUdeviceptr),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }

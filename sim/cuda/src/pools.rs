@@ -44,7 +44,10 @@ fn new_pool(ordinal: CUdevice, physical: usize, is_default: bool) -> &'static Po
         high: AtomicU64::new(0),
         attrs: Mutex::new([0, 1, 1, 1, 0]),
     }));
-    live().write().unwrap_or_else(|e| e.into_inner()).insert(p.handle() as usize);
+    live()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p.handle() as usize);
     p
 }
 
@@ -57,16 +60,27 @@ impl Pool {
 fn device_pools() -> Res<&'static DevicePools> {
     let vis = devices::visible()?;
     Ok(DEVICE_POOLS.get_or_init(|| {
-        let defaults: Vec<&'static Pool> =
-            vis.iter().enumerate().map(|(o, &p)| new_pool(o as CUdevice, p, true)).collect();
-        let current = defaults.iter().map(|p| AtomicUsize::new(p.handle() as usize)).collect();
+        let defaults: Vec<&'static Pool> = vis
+            .iter()
+            .enumerate()
+            .map(|(o, &p)| new_pool(o as CUdevice, p, true))
+            .collect();
+        let current = defaults
+            .iter()
+            .map(|p| AtomicUsize::new(p.handle() as usize))
+            .collect();
         DevicePools { defaults, current }
     }))
 }
 
 fn from_handle(h: CUmemoryPool) -> Res<&'static Pool> {
     devices::visible()?;
-    if h.is_null() || !live().read().unwrap_or_else(|e| e.into_inner()).contains(&(h as usize)) {
+    if h.is_null()
+        || !live()
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(h as usize))
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(unsafe { &*(h as *const Pool) })
@@ -77,23 +91,42 @@ pub fn released(pool: usize, size: u64) {
     if pool != 0 {
         // SAFETY: pools are leaked, never freed; `pool` was a live pool when allocated from.
         let p = unsafe { &*(pool as *const Pool) };
-        let _ = p.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
+        let _ = p
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(size))
+            });
     }
 }
 
-fn alloc_from(pool: &'static Pool, ctx: &'static Ctx, dptr: *mut CUdeviceptr, size: usize) -> Res {
+unsafe fn alloc_from(
+    pool: &'static Pool,
+    ctx: &'static Ctx,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+) -> Res {
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // The memory lands on the pool's device; record it against a context of that device.
-    let ctx = if ctx.physical == pool.physical { ctx } else { context::primary(pool.ordinal)?.ctx };
-    let p = memory::alloc(size, Some(ctx), Kind::Pool, pool as *const Pool as usize, false)?;
+    let ctx = if ctx.physical == pool.physical {
+        ctx
+    } else {
+        context::primary(pool.ordinal)?.ctx
+    };
+    let p = memory::alloc(
+        size,
+        Some(ctx),
+        Kind::Pool,
+        pool as *const Pool as usize,
+        false,
+    )?;
     let now = pool.used.fetch_add(size as u64, Ordering::AcqRel) + size as u64;
     pool.high.fetch_max(now, Ordering::AcqRel);
     put(dptr, p as CUdeviceptr)
 }
 
-fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> Res {
+unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> Res {
     let ctx = streams::ctx_of(s)?;
     let dp = device_pools()?;
     let cur = dp.current[ctx.ordinal as usize].load(Ordering::Acquire);
@@ -101,7 +134,12 @@ fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> Res {
     alloc_from(pool, ctx, dptr, size)
 }
 
-fn alloc_from_pool(dptr: *mut CUdeviceptr, size: usize, h: CUmemoryPool, s: CUstream) -> Res {
+unsafe fn alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    h: CUmemoryPool,
+    s: CUstream,
+) -> Res {
     let ctx = streams::ctx_of(s)?;
     let pool = from_handle(h)?;
     alloc_from(pool, ctx, dptr, size)

@@ -36,7 +36,10 @@ pub fn reserve(p: usize, size: u64) -> Res {
             Some(n) if n <= total => n,
             _ => return Err(CUDA_ERROR_OUT_OF_MEMORY),
         };
-        match s.used.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+        match s
+            .used
+            .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+        {
             Ok(_) => {
                 s.peak.fetch_max(new, Ordering::AcqRel);
                 s.allocs.fetch_add(1, Ordering::Relaxed);
@@ -50,7 +53,11 @@ pub fn reserve(p: usize, size: u64) -> Res {
 /// Gives back `size` bytes counted by `reserve` on physical device `p`.
 pub fn release(p: usize, size: u64) {
     if let Some(s) = all().get(p) {
-        let _ = s.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
+        let _ = s
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(size))
+            });
         s.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -58,8 +65,16 @@ pub fn release(p: usize, size: u64) {
 /// Undoes a `reserve` whose allocation could not be made after all (not counted as a free).
 pub fn unreserve(p: usize, size: u64) {
     if let Some(s) = all().get(p) {
-        let _ = s.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
-        let _ = s.allocs.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |a| Some(a.saturating_sub(1)));
+        let _ = s
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(size))
+            });
+        let _ = s
+            .allocs
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |a| {
+                Some(a.saturating_sub(1))
+            });
     }
 }
 
@@ -74,7 +89,9 @@ pub fn register_report_at_exit() {
         crate::ffi::guard_value((), || {
             if let Some(path) = crate::config::get().report.as_deref() {
                 if let Err(e) = std::fs::write(path, report_json()) {
-                    crate::ffi::trace_line(&format!("gpusim: cannot write GPUSIM_REPORT={path}: {e}\n"));
+                    crate::ffi::trace_line(&format!(
+                        "gpusim: cannot write GPUSIM_REPORT={path}: {e}\n"
+                    ));
                 }
             }
         })
@@ -136,7 +153,12 @@ pub fn report_json() -> String {
 /// `int gpusim_stats(int physical, uint64_t *used, uint64_t *peak, uint64_t *total)`: 0 on
 /// success, -1 for an unknown device. NULL out-pointers are skipped.
 #[no_mangle]
-pub unsafe extern "C" fn gpusim_stats(p: c_int, used: *mut u64, peak: *mut u64, total: *mut u64) -> c_int {
+pub unsafe extern "C" fn gpusim_stats(
+    p: c_int,
+    used: *mut u64,
+    peak: *mut u64,
+    total: *mut u64,
+) -> c_int {
     crate::ffi::guard_value(-1, || {
         if p < 0 || p as usize >= physical().len() {
             return -1;

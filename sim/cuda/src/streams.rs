@@ -31,7 +31,10 @@ fn set(s: &'static OnceLock<RwLock<HashSet<usize>>>) -> &'static RwLock<HashSet<
 }
 
 fn contains(s: &'static OnceLock<RwLock<HashSet<usize>>>, h: usize) -> bool {
-    set(s).read().unwrap_or_else(|e| e.into_inner()).contains(&h)
+    set(s)
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&h)
 }
 
 fn remove(s: &'static OnceLock<RwLock<HashSet<usize>>>, h: usize) -> bool {
@@ -70,12 +73,16 @@ fn event(h: CUevent) -> Res<&'static Event> {
     Ok(unsafe { &*(h as *const Event) })
 }
 
-fn create_stream(ph: *mut CUstream, flags: u32, priority: i32) -> Res {
+unsafe fn create_stream(ph: *mut CUstream, flags: u32, priority: i32) -> Res {
     if ph.is_null() || flags > 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let ctx = context::current()?;
-    let s: &'static Stream = Box::leak(Box::new(Stream { ctx, flags, priority: priority.clamp(-5, 0) }));
+    let s: &'static Stream = Box::leak(Box::new(Stream {
+        ctx,
+        flags,
+        priority: priority.clamp(-5, 0),
+    }));
     let h = s as *const Stream as usize;
     insert(&STREAMS, h);
     put(ph, h as CUstream)
@@ -89,7 +96,7 @@ fn destroy_stream(h: CUstream) -> Res {
     Ok(())
 }
 
-fn stream_ctx(h: CUstream, pctx: *mut CUcontext) -> Res {
+unsafe fn stream_ctx(h: CUstream, pctx: *mut CUcontext) -> Res {
     if pctx.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -97,7 +104,11 @@ fn stream_ctx(h: CUstream, pctx: *mut CUcontext) -> Res {
     put(pctx, c.handle())
 }
 
-fn stream_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut std::ffi::c_void) -> Res {
+unsafe fn stream_ctx_v2(
+    h: CUstream,
+    pctx: *mut CUcontext,
+    pgreen: *mut *mut std::ffi::c_void,
+) -> Res {
     stream_ctx(h, pctx)?;
     put_opt(pgreen, std::ptr::null_mut());
     Ok(())
@@ -117,7 +128,7 @@ fn wait_event(s: CUstream, e: CUevent, flags: u32) -> Res {
     Ok(())
 }
 
-fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
+unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
     let (a, b) = (event(start)?, event(end)?);
     if ms.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -126,9 +137,15 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
     if a.flags & 2 != 0 || b.flags & 2 != 0 {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
-    let ta = (*a.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let tb = (*b.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let d = if tb >= ta { (tb - ta).as_secs_f32() * 1000.0 } else { -((ta - tb).as_secs_f32() * 1000.0) };
+    let ta =
+        (*a.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let tb =
+        (*b.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let d = if tb >= ta {
+        (tb - ta).as_secs_f32() * 1000.0
+    } else {
+        -((ta - tb).as_secs_f32() * 1000.0)
+    };
     put(ms, d)
 }
 
@@ -140,7 +157,70 @@ fn destroy_event(e: CUevent) -> Res {
     Ok(())
 }
 
+pub type HostFn = Option<unsafe extern "C" fn(*mut std::ffi::c_void)>;
+pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut std::ffi::c_void)>;
+
+/// Host functions run at once, on the calling thread: the stream has nothing pending.
+unsafe fn host_fn(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) -> Res {
+    lookup(s)?;
+    let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    f(data);
+    Ok(())
+}
+
+unsafe fn add_callback(
+    s: CUstream,
+    f: StreamCallback,
+    data: *mut std::ffi::c_void,
+    flags: u32,
+) -> Res {
+    lookup(s)?;
+    let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    f(s, CUDA_SUCCESS, data);
+    Ok(())
+}
+
+/// Never capturing: `CU_STREAM_CAPTURE_STATUS_NONE`.
+unsafe fn is_capturing(s: CUstream, status: *mut u32) -> Res {
+    lookup(s)?;
+    put(status, 0)
+}
+
+/// A created stream's id is its handle; the default streams get 1 (legacy) and 2 (per-thread).
+unsafe fn stream_id(s: CUstream, id: *mut u64) -> Res {
+    let v = match lookup(s)? {
+        Some(st) => st as *const Stream as u64,
+        None if s as usize == STREAM_PER_THREAD => 2,
+        None => 1,
+    };
+    put(id, v)
+}
+
 cu_api! {
+    fn cuStreamIsCapturing(s: CUstream, status: *mut u32) { is_capturing(s, status) }
+    fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut u32) { is_capturing(s, status) }
+    fn cuStreamGetId(s: CUstream, id: *mut u64) { stream_id(s, id) }
+    fn cuStreamGetId_ptsz(s: CUstream, id: *mut u64) { stream_id(s, id) }
+    fn cuLaunchHostFunc(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data) }
+    fn cuLaunchHostFunc_ptsz(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data) }
+    fn cuLaunchHostFunc_v2(s: CUstream, f: HostFn, data: *mut std::ffi::c_void, sync_mode: u32) {
+        let _ = sync_mode;
+        host_fn(s, f, data)
+    }
+    fn cuLaunchHostFunc_v2_ptsz(s: CUstream, f: HostFn, data: *mut std::ffi::c_void, sync_mode: u32) {
+        let _ = sync_mode;
+        host_fn(s, f, data)
+    }
+    fn cuStreamAddCallback(s: CUstream, f: StreamCallback, data: *mut std::ffi::c_void, flags: u32) {
+        add_callback(s, f, data, flags)
+    }
+    fn cuStreamAddCallback_ptsz(s: CUstream, f: StreamCallback, data: *mut std::ffi::c_void, flags: u32) {
+        add_callback(s, f, data, flags)
+    }
+
     fn cuStreamCreate(ph: *mut CUstream, flags: u32) { create_stream(ph, flags, 0) }
     fn cuStreamCreateWithPriority(ph: *mut CUstream, flags: u32, priority: i32) { create_stream(ph, flags, priority) }
     fn cuStreamDestroy(h: CUstream) { destroy_stream(h) }

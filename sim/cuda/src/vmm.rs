@@ -69,7 +69,12 @@ impl State {
 
     fn overlaps_mapping(&self, addr: usize, len: usize) -> bool {
         let end = addr + len;
-        if let Some((b, m)) = self.mappings.range(..end).next_back().map(|(b, m)| (*b, *m)) {
+        if let Some((b, m)) = self
+            .mappings
+            .range(..end)
+            .next_back()
+            .map(|(b, m)| (*b, *m))
+        {
             return b + m.size > addr;
         }
         false
@@ -108,7 +113,12 @@ fn release(h: u64) -> Res {
             None
         }
     };
-    if let Some(Handle { size, physical: Some(p), .. }) = gone {
+    if let Some(Handle {
+        size,
+        physical: Some(p),
+        ..
+    }) = gone
+    {
         stats::release(p, size as u64);
     }
     Ok(())
@@ -126,7 +136,7 @@ cu_api! {
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
         devices::visible()?;
         let pr = get(prop)?;
-        if handle.is_null() || flags != 0 || size == 0 || size % GRANULARITY != 0 || pr.type_ != 1 {
+        if handle.is_null() || flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || pr.type_ != 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (physical, ordinal) = if pr.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -218,7 +228,7 @@ cu_api! {
         }
         let mut st = lock();
         let h = st.handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if offset.checked_add(size).map_or(true, |e| e > h.size) {
+        if offset.checked_add(size).is_none_or(|e| e > h.size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let ordinal = h.ordinal;

@@ -1,0 +1,93 @@
+//! The exit report (`GPUSHIM_REPORT=stderr|PATH`): per device the program used, the peak in
+//! use, the peak reserved, the allocations refused and the limit; JSON when PATH ends in
+//! `.json`, one line per device otherwise. Written by an `atexit` handler registered when the
+//! shim initialises, so a process that never touches CUDA writes nothing.
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use crate::config::ReportTarget;
+use crate::state;
+
+static TARGET: OnceLock<ReportTarget> = OnceLock::new();
+
+/// Remembers where to write (a relative path is taken relative to the directory the process
+/// is in now, not at exit) and registers the handler, once.
+pub fn arm(target: &ReportTarget) {
+    let target = match target {
+        ReportTarget::Path(p) if p.is_relative() => {
+            ReportTarget::Path(std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.clone()))
+        }
+        other => other.clone(),
+    };
+    if TARGET.set(target).is_ok() {
+        // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
+        unsafe { libc::atexit(write_at_exit) };
+    }
+}
+
+extern "C" fn write_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
+        let rows = st.usage_rows();
+        match target {
+            ReportTarget::Stderr => crate::log::emit_plain(text(&rows).trim_end()),
+            ReportTarget::Path(path) => {
+                let body = if target.is_json() { json(&rows) } else { text(&rows) };
+                if let Err(e) = std::fs::write(path, body) {
+                    crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
+                }
+            }
+        }
+    });
+}
+
+/// One device's figures.
+pub struct Row {
+    pub ordinal: usize,
+    pub peak_in_use: u64,
+    pub peak_reserved: u64,
+    pub refused: u64,
+    pub limit: u64,
+}
+
+fn text(rows: &[Row]) -> String {
+    let mut s = format!("gpushim report (pid {}):\n", std::process::id());
+    if rows.is_empty() {
+        s.push_str("  no device was used\n");
+    }
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "  device {}: peak in use {} bytes, peak reserved {} bytes, {} allocations refused, limit {} bytes",
+            r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
+        );
+    }
+    s
+}
+
+fn json(rows: &[Row]) -> String {
+    let devices: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"ordinal\":{},\"peak_in_use\":{},\"peak_reserved\":{},\"refused\":{},\"limit\":{}}}",
+                r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
+            )
+        })
+        .collect();
+    format!("{{\"pid\":{},\"devices\":[{}]}}\n", std::process::id(), devices.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20 }];
+        let j = json(&rows);
+        assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
+        assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));
+    }
+}
