@@ -25,7 +25,11 @@ const HOOKED: &[&str] = &[
     "cuMipmappedArrayDestroy",
 ];
 /// Hooked, in the variant of the path (`_ptsz` for per-thread callers).
-const HOOKED_STREAM: &[&str] = &["cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync"];
+const HOOKED_STREAM: &[&str] = &[
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemAllocFromPoolAsync",
+];
 /// Exports gpushim has no reason to change: they must come back untouched.
 const UNHOOKED: &[&str] = &[
     "cuDeviceGet",
@@ -82,7 +86,12 @@ fn without_the_shim_every_pointer_is_the_drivers() {
     for path in DriverPath::ALL {
         let out = ident_run(path, false, &[]);
         for name in hooked_names(path).iter().chain(&unhooked_names(path)) {
-            assert_eq!(ident(&out, name), "driver", "{name} by {path:?}\n{}", out.dump());
+            assert_eq!(
+                ident(&out, name),
+                "driver",
+                "{name} by {path:?}\n{}",
+                out.dump()
+            );
         }
     }
 }
@@ -92,7 +101,12 @@ fn hooked_functions_are_the_shims_on_every_path() {
     for path in DriverPath::ALL {
         let out = ident_run(path, true, &[]);
         for name in hooked_names(path) {
-            assert_eq!(ident(&out, &name), "other", "{name} by {path:?} must be gpushim's hook\n{}", out.dump());
+            assert_eq!(
+                ident(&out, &name),
+                "other",
+                "{name} by {path:?} must be gpushim's hook\n{}",
+                out.dump()
+            );
         }
     }
 }
@@ -102,7 +116,12 @@ fn unhooked_functions_come_back_untouched() {
     for path in DriverPath::ALL.into_iter().filter(|p| p.asks_driver()) {
         let out = ident_run(path, true, &[]);
         for name in unhooked_names(path) {
-            assert_eq!(ident(&out, &name), "driver", "{name} by {path:?} must be the driver's own\n{}", out.dump());
+            assert_eq!(
+                ident(&out, &name),
+                "driver",
+                "{name} by {path:?} must be the driver's own\n{}",
+                out.dump()
+            );
         }
     }
 }
@@ -115,7 +134,12 @@ fn get_proc_address_is_hooked_for_dlsym_callers() {
         for (shim, want) in [(false, "driver"), (true, "other")] {
             let out = ident_run(path, shim, &[]);
             for name in ["cuGetProcAddress_v2", "cuGetProcAddress"] {
-                assert_eq!(out.get(&format!("ident.dlsym.{name}")), want, "{name} (shim: {shim})\n{}", out.dump());
+                assert_eq!(
+                    out.get(&format!("ident.dlsym.{name}")),
+                    want,
+                    "{name} (shim: {shim})\n{}",
+                    out.dump()
+                );
             }
         }
     }
@@ -128,21 +152,53 @@ fn get_proc_address_flags_select_the_variant() {
     for path in [DriverPath::Gpa, DriverPath::GpaPtsz] {
         let plain = Run::program(Program::Driver(path)).arg("gpaflags").run();
         plain.assert_completed();
-        let shimmed = Run::program(Program::Driver(path)).arg("gpaflags").shim(true).run();
+        let shimmed = Run::program(Program::Driver(path))
+            .arg("gpaflags")
+            .shim(true)
+            .run();
         shimmed.assert_completed();
-        for base in ["cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuLaunchKernel"] {
+        for base in [
+            "cuMemAllocAsync",
+            "cuMemFreeAsync",
+            "cuMemAllocFromPoolAsync",
+            "cuLaunchKernel",
+        ] {
             for f in ["f0", "f2"] {
                 let key = format!("gpaflags.{base}.{f}");
-                assert_eq!(plain.get(&key), "driver", "{key} without the shim\n{}", plain.dump());
-                let want = if base == "cuLaunchKernel" { "driver" } else { "other" };
-                assert_eq!(shimmed.get(&key), want, "{key} with the shim\n{}", shimmed.dump());
+                assert_eq!(
+                    plain.get(&key),
+                    "driver",
+                    "{key} without the shim\n{}",
+                    plain.dump()
+                );
+                let want = if base == "cuLaunchKernel" {
+                    "driver"
+                } else {
+                    "other"
+                };
+                assert_eq!(
+                    shimmed.get(&key),
+                    want,
+                    "{key} with the shim\n{}",
+                    shimmed.dump()
+                );
             }
             let same = format!("gpaflags.{base}.same");
             assert_eq!(plain.num(&same), 0, "{}", plain.dump());
-            assert_eq!(shimmed.num(&same), 0, "{base}: flags 0 and 2 gave the same pointer\n{}", shimmed.dump());
+            assert_eq!(
+                shimmed.num(&same),
+                0,
+                "{base}: flags 0 and 2 gave the same pointer\n{}",
+                shimmed.dump()
+            );
         }
         for f in ["f0", "f2"] {
-            assert_eq!(shimmed.get(&format!("gpaflags.cuMemAlloc.{f}")), "other", "{}", shimmed.dump());
+            assert_eq!(
+                shimmed.get(&format!("gpaflags.cuMemAlloc.{f}")),
+                "other",
+                "{}",
+                shimmed.dump()
+            );
         }
     }
 }
@@ -164,13 +220,22 @@ fn disable_passes_everything_through() {
                 .envs(&env);
             // preloaded, yet exactly the driver's behaviour and pointers
             let out = scenario.check_as(run, true, false);
-            assert!(out.stderr.is_empty(), "disabled gpushim printed something\n{}", out.dump());
+            assert!(
+                out.stderr.is_empty(),
+                "disabled gpushim printed something\n{}",
+                out.dump()
+            );
             if !path.asks_driver() {
                 continue; // a linked program binds to gpushim's exports, disabled or not
             }
             let out = ident_run(path, true, &env);
             for name in hooked_names(path).iter().chain(&unhooked_names(path)) {
-                assert_eq!(ident(&out, name), "driver", "{name} by {path:?} with GPUSHIM_DISABLE={value}\n{}", out.dump());
+                assert_eq!(
+                    ident(&out, name),
+                    "driver",
+                    "{name} by {path:?} with GPUSHIM_DISABLE={value}\n{}",
+                    out.dump()
+                );
             }
         }
     }
@@ -183,7 +248,12 @@ fn disable_passes_everything_through() {
             .shim(true)
             .run();
         out.assert_completed();
-        assert_eq!(out.u64("op1.total0"), 64 * MIB, "GPUSHIM_DISABLE={value:?} must leave gpushim active\n{}", out.dump());
+        assert_eq!(
+            out.u64("op1.total0"),
+            64 * MIB,
+            "GPUSHIM_DISABLE={value:?} must leave gpushim active\n{}",
+            out.dump()
+        );
     }
 }
 
@@ -216,7 +286,11 @@ fn driver_path_override() {
             .env("GPUSHIM_MEMORY_LIMIT", "64MiB")
             .env("GPUSHIM_DRIVER_PATH", &driver);
         scenario.check(run, true);
-        let out = ident_run(path, true, &[("GPUSHIM_DRIVER_PATH", driver.to_str().unwrap())]);
+        let out = ident_run(
+            path,
+            true,
+            &[("GPUSHIM_DRIVER_PATH", driver.to_str().unwrap())],
+        );
         if path.asks_driver() {
             for name in unhooked_names(path) {
                 assert_eq!(ident(&out, &name), "driver", "{name}\n{}", out.dump());

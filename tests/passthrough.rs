@@ -11,7 +11,10 @@ const ENVS: &[&[(&str, &str)]] = &[
     &[("GPUSHIM_MEMORY_LIMIT", "4GiB")],
     &[("GPUSHIM_MEMORY_LIMIT", "4 gigs")],
     &[("GPUSHIM_CONFIG", "/nonexistent/gpushim.toml")],
-    &[("GPUSHIM_MEMORY_LIMIT_1", "-1"), ("CUDA_DEVICE_MEMORY_LIMIT", "08x")],
+    &[
+        ("GPUSHIM_MEMORY_LIMIT_1", "-1"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "08x"),
+    ],
 ];
 
 fn commands() -> Vec<Vec<String>> {
@@ -21,7 +24,11 @@ fn commands() -> Vec<Vec<String>> {
         s(&["/bin/echo", "hello", "world"]),
         s(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
         s(&["python3", "-c", "print(1)"]),
-        s(&["python3", "-c", "import sys; sys.stderr.write('e\\n'); sys.exit(5)"]),
+        s(&[
+            "python3",
+            "-c",
+            "import sys; sys.stderr.write('e\\n'); sys.exit(5)",
+        ]),
         vec!["ls".into(), "-la".into(), dir.to_str().unwrap().into()],
         s(&["sh", "-c", "env | grep -c ^GPUSHIM_ || true"]),
     ]
@@ -31,12 +38,19 @@ fn which(cmd: &str) -> String {
     if cmd.contains('/') {
         return cmd.to_string();
     }
-    let out = std::process::Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn run(cmd: &[String], env: &[(&str, &str)], shim: bool) -> RunOutput {
-    Run::new(which(&cmd[0])).args(&cmd[1..]).envs(env).shim(shim).run()
+    Run::new(which(&cmd[0]))
+        .args(&cmd[1..])
+        .envs(env)
+        .shim(shim)
+        .run()
 }
 
 #[test]
@@ -45,16 +59,41 @@ fn non_cuda_processes_are_unchanged() {
         for env in ENVS {
             let plain = run(&cmd, env, false);
             let shimmed = run(&cmd, env, true);
-            assert_eq!(shimmed.status.code(), plain.status.code(), "{cmd:?} {env:?}\n{}", shimmed.dump());
-            assert_eq!(shimmed.stdout, plain.stdout, "{cmd:?} {env:?}: stdout differs\n{}\n{}", plain.dump(), shimmed.dump());
-            assert_eq!(shimmed.stderr, plain.stderr, "{cmd:?} {env:?}: stderr differs\n{}\n{}", plain.dump(), shimmed.dump());
-            assert!(shimmed.report.is_none(), "{cmd:?} loaded the (simulated) driver\n{}", shimmed.dump());
+            assert_eq!(
+                shimmed.status.code(),
+                plain.status.code(),
+                "{cmd:?} {env:?}\n{}",
+                shimmed.dump()
+            );
+            assert_eq!(
+                shimmed.stdout,
+                plain.stdout,
+                "{cmd:?} {env:?}: stdout differs\n{}\n{}",
+                plain.dump(),
+                shimmed.dump()
+            );
+            assert_eq!(
+                shimmed.stderr,
+                plain.stderr,
+                "{cmd:?} {env:?}: stderr differs\n{}\n{}",
+                plain.dump(),
+                shimmed.dump()
+            );
+            assert!(
+                shimmed.report.is_none(),
+                "{cmd:?} loaded the (simulated) driver\n{}",
+                shimmed.dump()
+            );
         }
     }
 }
 
 fn maps_of(cmd: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Run::new(which(cmd[0])).args(&cmd[1..]).envs(env).shim(true).run();
+    let out = Run::new(which(cmd[0]))
+        .args(&cmd[1..])
+        .envs(env)
+        .shim(true)
+        .run();
     assert!(out.status.success(), "{}", out.dump());
     out.stdout_text()
 }
@@ -68,8 +107,14 @@ fn non_cuda_processes_never_map_libcuda() {
     for cmd in commands {
         for env in ENVS {
             let maps = maps_of(cmd, env);
-            assert!(maps.contains("libgpushim.so"), "{cmd:?}: the shim was not even loaded:\n{maps}");
-            assert!(!maps.contains("libcuda"), "{cmd:?} {env:?} mapped libcuda:\n{maps}");
+            assert!(
+                maps.contains("libgpushim.so"),
+                "{cmd:?}: the shim was not even loaded:\n{maps}"
+            );
+            assert!(
+                !maps.contains("libcuda"),
+                "{cmd:?} {env:?} mapped libcuda:\n{maps}"
+            );
         }
     }
 }

@@ -21,9 +21,19 @@ fn race(shim: bool) -> RunOutput {
         .run();
     out.assert_completed();
     assert_eq!(out.num("init.rc"), 0, "{}", out.dump());
-    assert_eq!(out.num("errors"), 0, "allocations failed with other errors\n{}", out.dump());
+    assert_eq!(
+        out.num("errors"),
+        0,
+        "allocations failed with other errors\n{}",
+        out.dump()
+    );
     assert_eq!(out.num("free_errors"), 0, "frees failed\n{}", out.dump());
-    assert_eq!(out.num("frees"), out.num("successes"), "every allocation freed once\n{}", out.dump());
+    assert_eq!(
+        out.num("frees"),
+        out.num("successes"),
+        "every allocation freed once\n{}",
+        out.dump()
+    );
     let dev = out.report().device(0);
     assert_eq!(dev.used, 0, "memory in use at exit\n{}", out.dump());
     assert_eq!(dev.allocs, dev.frees, "{}", out.dump());
@@ -36,19 +46,41 @@ fn limit_holds_under_contention() {
     let plain = race(false);
     assert_eq!(plain.num("refusals"), 0, "{}", plain.dump());
     let peak = plain.report().device(0).peak;
-    assert!(peak > LIMIT, "the workload never exceeds {LIMIT} (peak {peak}); make it heavier");
+    assert!(
+        peak > LIMIT,
+        "the workload never exceeds {LIMIT} (peak {peak}); make it heavier"
+    );
 
     let out = race(true);
     let dev = out.report().device(0);
-    assert!(dev.peak <= LIMIT, "peak {} above the limit {LIMIT}\n{}", dev.peak, out.dump());
+    assert!(
+        dev.peak <= LIMIT,
+        "peak {} above the limit {LIMIT}\n{}",
+        dev.peak,
+        out.dump()
+    );
     let refusals = out.num("refusals");
-    assert!(refusals > 0, "no refusals: the limit was never contended\n{}", out.dump());
+    assert!(
+        refusals > 0,
+        "no refusals: the limit was never contended\n{}",
+        out.dump()
+    );
     assert!(out.num("successes") > 1000, "{}", out.dump());
     assert_eq!(out.u64("info.total"), LIMIT, "{}", out.dump());
-    assert_eq!(out.u64("info.free"), LIMIT, "everything freed, all of the limit free again\n{}", out.dump());
+    assert_eq!(
+        out.u64("info.free"),
+        LIMIT,
+        "everything freed, all of the limit free again\n{}",
+        out.dump()
+    );
     // Every refusal may be logged, or the log may be rate-limited; at least one must be there.
     let warns = out.warn_lines();
-    assert!(!warns.is_empty() && warns.len() as i64 <= refusals, "{} warnings for {refusals} refusals\n{}", warns.len(), out.dump());
+    assert!(
+        !warns.is_empty() && warns.len() as i64 <= refusals,
+        "{} warnings for {refusals} refusals\n{}",
+        warns.len(),
+        out.dump()
+    );
     for line in &warns {
         assert_mentions_device(line, 0);
         assert_mentions_numbers(line, &[LIMIT]);

@@ -7,13 +7,25 @@ mod common;
 use common::*;
 
 const RUNTIMES: [Program; 3] = [
-    Program::Runtime { major: 12, ptsz: false },
-    Program::Runtime { major: 13, ptsz: false },
-    Program::Runtime { major: 13, ptsz: true },
+    Program::Runtime {
+        major: 12,
+        ptsz: false,
+    },
+    Program::Runtime {
+        major: 13,
+        ptsz: false,
+    },
+    Program::Runtime {
+        major: 13,
+        ptsz: true,
+    },
 ];
 
 fn runtime_run(p: Program, memory: &str, extra: &[(&str, &str)]) -> Run {
-    Run::program(p).env("GPUSIM_DEVICES", "2").env("GPUSIM_MEMORY", memory).envs(extra)
+    Run::program(p)
+        .env("GPUSIM_DEVICES", "2")
+        .env("GPUSIM_MEMORY", memory)
+        .envs(extra)
 }
 
 #[test]
@@ -33,27 +45,85 @@ fn runtime_initialises_on_the_simulator() {
 #[test]
 fn properties_and_mem_info_show_the_limit() {
     let cases: &[(&str, &[(&str, &str)], [u64; 2])] = &[
-        ("1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")], [64 * MIB, 64 * MIB]),
-        ("1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_MEMORY_LIMIT_1", "32MiB")], [64 * MIB, 32 * MIB]),
-        ("16GiB", &[("GPUSHIM_MEMORY_LIMIT", "25%")], [4 * GIB, 4 * GIB]),
-        ("16GiB", &[("GPUSHIM_MEMORY_LIMIT", "0.25"), ("GPUSHIM_MEMORY_LIMIT_1", "50%")], [4 * GIB, 8 * GIB]),
-        ("16GiB", &[("GPUSHIM_MEMORY_LIMIT", "32GiB")], [16 * GIB, 16 * GIB]),
-        ("1GiB", &[("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB")], [64 * MIB, 32 * MIB]),
-        ("1GiB", &[("CUDA_DEVICE_MEMORY_LIMIT", "16MiB"), ("GPUSHIM_MEMORY_LIMIT", "64MiB")], [64 * MIB, 64 * MIB]),
+        (
+            "1GiB",
+            &[("GPUSHIM_MEMORY_LIMIT", "64MiB")],
+            [64 * MIB, 64 * MIB],
+        ),
+        (
+            "1GiB",
+            &[
+                ("GPUSHIM_MEMORY_LIMIT", "64MiB"),
+                ("GPUSHIM_MEMORY_LIMIT_1", "32MiB"),
+            ],
+            [64 * MIB, 32 * MIB],
+        ),
+        (
+            "16GiB",
+            &[("GPUSHIM_MEMORY_LIMIT", "25%")],
+            [4 * GIB, 4 * GIB],
+        ),
+        (
+            "16GiB",
+            &[
+                ("GPUSHIM_MEMORY_LIMIT", "0.25"),
+                ("GPUSHIM_MEMORY_LIMIT_1", "50%"),
+            ],
+            [4 * GIB, 8 * GIB],
+        ),
+        (
+            "16GiB",
+            &[("GPUSHIM_MEMORY_LIMIT", "32GiB")],
+            [16 * GIB, 16 * GIB],
+        ),
+        (
+            "1GiB",
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB"),
+            ],
+            [64 * MIB, 32 * MIB],
+        ),
+        (
+            "1GiB",
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "16MiB"),
+                ("GPUSHIM_MEMORY_LIMIT", "64MiB"),
+            ],
+            [64 * MIB, 64 * MIB],
+        ),
     ];
     for p in RUNTIMES {
         for (memory, env, totals) in cases {
             let physical = if *memory == "1GiB" { GIB } else { 16 * GIB };
             for shim in [false, true] {
-                let out = runtime_run(p, memory, env).args(["props", "info", "dev=1", "info"]).shim(shim).run();
+                let out = runtime_run(p, memory, env)
+                    .args(["props", "info", "dev=1", "info"])
+                    .shim(shim)
+                    .run();
                 out.assert_completed();
                 for d in 0..2 {
                     let want = if shim { totals[d] } else { physical };
                     assert_eq!(out.num(&format!("op1.rc{d}")), 0, "{}", out.dump());
-                    assert_eq!(out.u64(&format!("op1.total{d}")), want, "totalGlobalMem of {d} with {env:?}\n{}", out.dump());
+                    assert_eq!(
+                        out.u64(&format!("op1.total{d}")),
+                        want,
+                        "totalGlobalMem of {d} with {env:?}\n{}",
+                        out.dump()
+                    );
                     let info = if d == 0 { 2 } else { 4 };
-                    assert_eq!(out.u64(&format!("op{info}.total")), want, "cudaMemGetInfo total of {d}\n{}", out.dump());
-                    assert_eq!(out.u64(&format!("op{info}.free")), want, "cudaMemGetInfo free of {d}\n{}", out.dump());
+                    assert_eq!(
+                        out.u64(&format!("op{info}.total")),
+                        want,
+                        "cudaMemGetInfo total of {d}\n{}",
+                        out.dump()
+                    );
+                    assert_eq!(
+                        out.u64(&format!("op{info}.free")),
+                        want,
+                        "cudaMemGetInfo free of {d}\n{}",
+                        out.dump()
+                    );
                 }
                 assert_eq!(out.get("op1.name0"), "gpusim device 0", "{}", out.dump());
                 assert_eq!(out.get("op1.name1"), "gpusim device 1", "{}", out.dump());
@@ -79,7 +149,10 @@ fn standard(api: &'static str) -> Scenario {
 fn run_standard(api: &'static str) {
     for p in RUNTIMES {
         for shim in [false, true] {
-            standard(api).check(runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]), shim);
+            standard(api).check(
+                runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]),
+                shim,
+            );
         }
     }
 }
@@ -124,7 +197,10 @@ fn cuda_malloc_host_is_not_counted() {
         .op(Op::Info);
     for p in RUNTIMES {
         for shim in [false, true] {
-            scenario.check(runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]), shim);
+            scenario.check(
+                runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]),
+                shim,
+            );
         }
     }
 }
@@ -148,8 +224,14 @@ fn per_device_limits() {
         .op(Op::Info) // 13
         .op(Op::Alloc("malloc", 32 * MIB)); // 14
     let envs: [&[(&str, &str)]; 2] = [
-        &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_MEMORY_LIMIT_1", "32MiB")],
-        &[("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB")],
+        &[
+            ("GPUSHIM_MEMORY_LIMIT", "64MiB"),
+            ("GPUSHIM_MEMORY_LIMIT_1", "32MiB"),
+        ],
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB"),
+        ],
     ];
     for p in RUNTIMES {
         for env in envs {
@@ -174,7 +256,10 @@ fn fraction_of_physical_memory() {
         .op(Op::Alloc("managed", 2 * MIB));
     for p in RUNTIMES {
         for shim in [false, true] {
-            scenario.check(runtime_run(p, "16GiB", &[("GPUSHIM_MEMORY_LIMIT", "25%")]), shim);
+            scenario.check(
+                runtime_run(p, "16GiB", &[("GPUSHIM_MEMORY_LIMIT", "25%")]),
+                shim,
+            );
         }
     }
 }
@@ -186,14 +271,22 @@ fn per_thread_stream_variants_reach_the_driver() {
     let scenario = standard("async");
     for (p, ptsz) in [(RUNTIMES[1], false), (RUNTIMES[2], true)] {
         for shim in [false, true] {
-            let out = scenario.check(runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]), shim);
+            let out = scenario.check(
+                runtime_run(p, "1GiB", &[("GPUSHIM_MEMORY_LIMIT", "64MiB")]),
+                shim,
+            );
             let report = out.report();
             let (wanted, other) = if ptsz {
                 ("cuMemAllocAsync_ptsz", "cuMemAllocAsync")
             } else {
                 ("cuMemAllocAsync", "cuMemAllocAsync_ptsz")
             };
-            assert!(report.calls(wanted) > 0, "no call of {wanted}: {:?}\n{}", report.calls, out.dump());
+            assert!(
+                report.calls(wanted) > 0,
+                "no call of {wanted}: {:?}\n{}",
+                report.calls,
+                out.dump()
+            );
             assert_eq!(report.calls(other), 0, "calls of {other}\n{}", out.dump());
         }
     }

@@ -55,7 +55,11 @@ pub fn profile_dir() -> PathBuf {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace_root().join("target"));
-        target.join(if cfg!(debug_assertions) { "debug" } else { "release" })
+        target.join(if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        })
     })
     .clone()
 }
@@ -78,12 +82,18 @@ fn require_built(path: PathBuf, what: &str) -> PathBuf {
 
 /// `libgpushim.so`, which must have been built.
 pub fn shim_path() -> PathBuf {
-    require_built(profile_dir().join("libgpushim.so"), "the shim libgpushim.so")
+    require_built(
+        profile_dir().join("libgpushim.so"),
+        "the shim libgpushim.so",
+    )
 }
 
 /// The simulated driver as cargo built it (`libcuda.so`, crate `gpusim-cuda`).
 pub fn sim_library() -> PathBuf {
-    require_built(profile_dir().join("libcuda.so"), "the simulated driver libcuda.so (crate gpusim-cuda)")
+    require_built(
+        profile_dir().join("libcuda.so"),
+        "the simulated driver libcuda.so (crate gpusim-cuda)",
+    )
 }
 
 /// A directory with `libcuda.so.1` and `libcuda.so` → the simulator, for LD_LIBRARY_PATH
@@ -107,7 +117,9 @@ pub fn sim_dir() -> PathBuf {
 /// `.deps/cuda12` or `.deps/cuda13` (include/ and lib/ of the runtime wheel).
 pub fn cuda_deps(major: u32) -> PathBuf {
     let dir = workspace_root().join(".deps").join(format!("cuda{major}"));
-    if !dir.join("include/cuda.h").is_file() || !dir.join(format!("lib/libcudart.so.{major}")).is_file() {
+    if !dir.join("include/cuda.h").is_file()
+        || !dir.join(format!("lib/libcudart.so.{major}")).is_file()
+    {
         panic!(
             "the CUDA {major} runtime is not in {}; run `bash scripts/fetch-deps.sh` first",
             dir.display()
@@ -184,7 +196,10 @@ impl DriverPath {
     ];
 
     pub fn is_ptsz(self) -> bool {
-        matches!(self, DriverPath::LinkPtsz | DriverPath::DlsymPtsz | DriverPath::GpaPtsz)
+        matches!(
+            self,
+            DriverPath::LinkPtsz | DriverPath::DlsymPtsz | DriverPath::GpaPtsz
+        )
     }
 
     /// Whether the program asks the driver library itself (dlsym on its handle or
@@ -211,7 +226,10 @@ impl DriverPath {
 pub enum Program {
     Driver(DriverPath),
     /// `tests/c/runtime.c` against cudart 12 or 13; `ptsz` = per-thread default stream
-    Runtime { major: u32, ptsz: bool },
+    Runtime {
+        major: u32,
+        ptsz: bool,
+    },
     /// `tests/c/race.c`
     Race,
 }
@@ -220,14 +238,22 @@ impl Program {
     fn file_name(self) -> String {
         match self {
             Program::Driver(p) => format!("drvapi-{p:?}").to_lowercase(),
-            Program::Runtime { major, ptsz } => format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" }),
+            Program::Runtime { major, ptsz } => {
+                format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" })
+            }
             Program::Race => "race".into(),
         }
     }
 
     fn gcc_args(self) -> Vec<OsString> {
         let c = workspace_root().join("tests/c");
-        let mut args: Vec<OsString> = vec!["-std=gnu11".into(), "-O1".into(), "-g".into(), "-Wall".into(), "-Wextra".into()];
+        let mut args: Vec<OsString> = vec![
+            "-std=gnu11".into(),
+            "-O1".into(),
+            "-g".into(),
+            "-Wall".into(),
+            "-Wextra".into(),
+        ];
         let link_cuda = |args: &mut Vec<OsString>| {
             args.push(format!("-L{}", sim_dir().display()).into());
             // keep libcuda NEEDED even where every reference is weak (drvapi's link mode)
@@ -299,7 +325,9 @@ pub fn program(p: Program) -> PathBuf {
 
 /// Variables a run never inherits from the test's own environment.
 fn is_controlled_var(name: &str) -> bool {
-    ["GPUSHIM_", "CUDA_", "GPUSIM_", "PYTORCH_", "NVIDIA_"].iter().any(|p| name.starts_with(p))
+    ["GPUSHIM_", "CUDA_", "GPUSIM_", "PYTORCH_", "NVIDIA_"]
+        .iter()
+        .any(|p| name.starts_with(p))
         || matches!(name, "LD_PRELOAD" | "LD_LIBRARY_PATH")
 }
 
@@ -315,7 +343,13 @@ pub struct Run {
 
 impl Run {
     pub fn new(cmd: impl AsRef<Path>) -> Run {
-        Run { cmd: cmd.as_ref().to_path_buf(), args: vec![], env: vec![], shim: false, with_sim: true }
+        Run {
+            cmd: cmd.as_ref().to_path_buf(),
+            args: vec![],
+            env: vec![],
+            shim: false,
+            with_sim: true,
+        }
     }
 
     /// A run of one of the C programs.
@@ -364,7 +398,10 @@ impl Run {
     pub fn run(self) -> RunOutput {
         let report_path = scratch_path("sim-report.json");
         let mut cmd = Command::new(&self.cmd);
-        cmd.args(&self.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (name, _) in std::env::vars_os() {
             if let Some(name) = name.to_str() {
                 if is_controlled_var(name) {
@@ -382,10 +419,17 @@ impl Run {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let description = format!("{} {:?} (shim: {}, env: {:?})", self.cmd.display(), self.args, self.shim, self.env);
+        let description = format!(
+            "{} {:?} (shim: {}, env: {:?})",
+            self.cmd.display(),
+            self.args,
+            self.shim,
+            self.env
+        );
         let (status, stdout, stderr) = run_with_timeout(cmd, &description);
         let report = std::fs::read_to_string(&report_path).ok().map(|text| {
-            SimReport::parse(&text).unwrap_or_else(|e| panic!("bad simulator report of {description}: {e}\n{text}"))
+            SimReport::parse(&text)
+                .unwrap_or_else(|e| panic!("bad simulator report of {description}: {e}\n{text}"))
         });
         let _ = std::fs::remove_file(&report_path);
         RunOutput::new(description, status, stdout, stderr, report)
@@ -393,7 +437,9 @@ impl Run {
 }
 
 fn run_with_timeout(mut cmd: Command, description: &str) -> (ExitStatus, Vec<u8>, Vec<u8>) {
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {description}: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {description}: {e}"));
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {
@@ -418,7 +464,11 @@ fn run_with_timeout(mut cmd: Command, description: &str) -> (ExitStatus, Vec<u8>
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    (status, out_reader.join().unwrap(), err_reader.join().unwrap())
+    (
+        status,
+        out_reader.join().unwrap(),
+        err_reader.join().unwrap(),
+    )
 }
 
 /// What a run gave.
@@ -434,9 +484,22 @@ pub struct RunOutput {
 }
 
 impl RunOutput {
-    fn new(description: String, status: ExitStatus, stdout: Vec<u8>, stderr: Vec<u8>, report: Option<SimReport>) -> Self {
+    fn new(
+        description: String,
+        status: ExitStatus,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        report: Option<SimReport>,
+    ) -> Self {
         let kv = parse_kv(&String::from_utf8_lossy(&stdout));
-        RunOutput { description, status, stdout, stderr, kv, report }
+        RunOutput {
+            description,
+            status,
+            stdout,
+            stderr,
+            kv,
+            report,
+        }
     }
 
     pub fn stdout_text(&self) -> String {
@@ -461,36 +524,55 @@ impl RunOutput {
     /// Panics unless the program exited with status 0 and printed `done=1`.
     pub fn assert_completed(&self) -> &Self {
         assert!(self.status.success(), "program failed\n{}", self.dump());
-        assert_eq!(self.kv.get("done").map(String::as_str), Some("1"), "program did not finish\n{}", self.dump());
+        assert_eq!(
+            self.kv.get("done").map(String::as_str),
+            Some("1"),
+            "program did not finish\n{}",
+            self.dump()
+        );
         self
     }
 
     pub fn get(&self, key: &str) -> &str {
-        self.kv.get(key).unwrap_or_else(|| panic!("no `{key}=` in the output\n{}", self.dump()))
+        self.kv
+            .get(key)
+            .unwrap_or_else(|| panic!("no `{key}=` in the output\n{}", self.dump()))
     }
 
     pub fn num(&self, key: &str) -> i64 {
         let v = self.get(key);
-        v.parse().unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
+        v.parse()
+            .unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
     }
 
     pub fn u64(&self, key: &str) -> u64 {
         let v = self.get(key);
-        v.parse().unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
+        v.parse()
+            .unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
     }
 
     /// stderr lines that start with `gpushim:`.
     pub fn gpushim_lines(&self) -> Vec<String> {
-        self.stderr_text().lines().filter(|l| l.starts_with("gpushim:")).map(str::to_string).collect()
+        self.stderr_text()
+            .lines()
+            .filter(|l| l.starts_with("gpushim:"))
+            .map(str::to_string)
+            .collect()
     }
 
     /// stderr lines that start with `gpushim: warn:`.
     pub fn warn_lines(&self) -> Vec<String> {
-        self.stderr_text().lines().filter(|l| l.starts_with("gpushim: warn:")).map(str::to_string).collect()
+        self.stderr_text()
+            .lines()
+            .filter(|l| l.starts_with("gpushim: warn:"))
+            .map(str::to_string)
+            .collect()
     }
 
     pub fn report(&self) -> &SimReport {
-        self.report.as_ref().unwrap_or_else(|| panic!("the simulator wrote no report\n{}", self.dump()))
+        self.report
+            .as_ref()
+            .unwrap_or_else(|| panic!("the simulator wrote no report\n{}", self.dump()))
     }
 }
 
@@ -529,7 +611,9 @@ impl SimReport {
     pub fn parse(text: &str) -> Result<SimReport, String> {
         let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let num = |d: &serde_json::Value, k: &str| -> Result<u64, String> {
-            d.get(k).and_then(|x| x.as_u64()).ok_or_else(|| format!("missing number `{k}`"))
+            d.get(k)
+                .and_then(|x| x.as_u64())
+                .ok_or_else(|| format!("missing number `{k}`"))
         };
         let devices = v
             .get("devices")
@@ -539,7 +623,11 @@ impl SimReport {
             .map(|d| {
                 Ok(SimDevice {
                     physical: num(d, "physical")?,
-                    name: d.get("name").and_then(|n| n.as_str()).unwrap_or_default().to_string(),
+                    name: d
+                        .get("name")
+                        .and_then(|n| n.as_str())
+                        .unwrap_or_default()
+                        .to_string(),
                     total: num(d, "total")?,
                     used: num(d, "used")?,
                     peak: num(d, "peak")?,
@@ -551,9 +639,17 @@ impl SimReport {
         let calls = v
             .get("calls")
             .and_then(|c| c.as_object())
-            .map(|c| c.iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).collect())
+            .map(|c| {
+                c.iter()
+                    .filter_map(|(k, n)| Some((k.clone(), n.as_u64()?)))
+                    .collect()
+            })
             .unwrap_or_default();
-        Ok(SimReport { driver_version: num(&v, "driver_version")?, devices, calls })
+        Ok(SimReport {
+            driver_version: num(&v, "driver_version")?,
+            devices,
+            calls,
+        })
     }
 
     /// The device of physical index `p`.
@@ -589,9 +685,9 @@ pub fn assert_mentions_numbers(line: &str, numbers: &[u64]) {
 /// Asserts that the line names device `i` (`device <i>`, not `device <i>x`).
 pub fn assert_mentions_device(line: &str, i: u32) {
     let needle = format!("device {i}");
-    let ok = line.match_indices(&needle).any(|(at, _)| {
-        !line[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit())
-    });
+    let ok = line
+        .match_indices(&needle)
+        .any(|(at, _)| !line[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit()));
     assert!(ok, "`{line}` does not name `device {i}`");
 }
 
@@ -661,7 +757,11 @@ pub struct Expected {
 
 impl Scenario {
     pub fn new(physical: u64, limits: &[Option<u64>]) -> Scenario {
-        Scenario { ops: vec![], physical, limits: limits.to_vec() }
+        Scenario {
+            ops: vec![],
+            physical,
+            limits: limits.to_vec(),
+        }
     }
 
     pub fn op(mut self, op: Op) -> Scenario {
@@ -708,11 +808,18 @@ impl Scenario {
                         e.values.push((format!("op{i}.rc"), 0));
                     } else {
                         e.values.push((format!("op{i}.rc"), OOM as u64));
-                        e.refusals.push(Refusal { device: device as u32, request: *bytes, in_use: used[device], limit });
+                        e.refusals.push(Refusal {
+                            device: device as u32,
+                            request: *bytes,
+                            in_use: used[device],
+                            limit,
+                        });
                     }
                 }
                 Op::Free(k) | Op::MemFree(k) => {
-                    let (d, bytes) = live.remove(k).unwrap_or_else(|| panic!("op{i} frees op{k}, which holds nothing"));
+                    let (d, bytes) = live
+                        .remove(k)
+                        .unwrap_or_else(|| panic!("op{i} frees op{k}, which holds nothing"));
                     used[d] -= bytes;
                     e.values.push((format!("op{i}.rc"), 0));
                 }
@@ -720,7 +827,10 @@ impl Scenario {
                     e.values.push((format!("op{i}.rc"), 0));
                     e.values.push((format!("op{i}.total"), limit));
                     let driver_free = self.physical - used[device];
-                    e.values.push((format!("op{i}.free"), (limit - used[device]).min(driver_free)));
+                    e.values.push((
+                        format!("op{i}.free"),
+                        (limit - used[device]).min(driver_free),
+                    ));
                 }
             }
         }
@@ -742,24 +852,54 @@ impl Scenario {
         out.assert_completed();
         let e = self.expect(limited);
         for (key, want) in &e.values {
-            assert_eq!(out.u64(key), *want, "`{key}` (shim: {shim})\n{}", out.dump());
+            assert_eq!(
+                out.u64(key),
+                *want,
+                "`{key}` (shim: {shim})\n{}",
+                out.dump()
+            );
         }
-        assert_eq!(out.num("cleanup.failures"), 0, "freeing at the end failed\n{}", out.dump());
+        assert_eq!(
+            out.num("cleanup.failures"),
+            0,
+            "freeing at the end failed\n{}",
+            out.dump()
+        );
         let warns = out.warn_lines();
         if shim {
-            assert_eq!(warns.len(), e.refusals.len(), "one warning per refusal: {:?}\n{}", e.refusals, out.dump());
+            assert_eq!(
+                warns.len(),
+                e.refusals.len(),
+                "one warning per refusal: {:?}\n{}",
+                e.refusals,
+                out.dump()
+            );
             for (line, r) in warns.iter().zip(&e.refusals) {
                 assert_mentions_device(line, r.device);
                 assert_mentions_numbers(line, &[r.request, r.in_use, r.limit]);
             }
         } else {
-            assert!(out.gpushim_lines().is_empty(), "gpushim output without the shim?\n{}", out.dump());
+            assert!(
+                out.gpushim_lines().is_empty(),
+                "gpushim output without the shim?\n{}",
+                out.dump()
+            );
         }
         let report = out.report();
         for (d, peak) in e.peaks.iter().enumerate() {
             let dev = report.device(d as u64);
-            assert_eq!(dev.used, 0, "device {d} still has memory in use at exit\n{}", out.dump());
-            assert_eq!(dev.peak, *peak, "peak of device {d} (shim: {shim})\n{}", out.dump());
+            assert_eq!(
+                dev.used,
+                0,
+                "device {d} still has memory in use at exit\n{}",
+                out.dump()
+            );
+            assert_eq!(
+                dev.peak,
+                *peak,
+                "peak of device {d} (shim: {shim})\n{}",
+                out.dump()
+            );
         }
         out
     }

@@ -1,4 +1,5 @@
-//! The simulator's settings, read from the environment once, at first use.
+//! The simulator's settings, read from the environment once: by the load-time constructor
+//! (`lib.rs`), or at first use.
 //!
 //! | variable | meaning | default |
 //! |---|---|---|

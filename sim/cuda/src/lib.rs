@@ -23,3 +23,15 @@ mod stats;
 mod streams;
 mod types;
 mod vmm;
+
+/// Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
+/// report written at exit) for every process that loads the driver, even one that never calls it.
+extern "C" fn on_load() {
+    ffi::guard_value((), || {
+        config::get();
+    })
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

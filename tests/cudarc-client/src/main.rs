@@ -22,12 +22,14 @@ fn run(chunk: usize) -> Result<(), DriverError> {
     // SAFETY: `dev` came from cuDeviceGet.
     println!("total_mem={}", unsafe { result::device::total_mem(dev) }?);
     let (free, total) = ctx.mem_get_info()?;
-    println!("meminfo_free={free} meminfo_total={total}");
+    println!("meminfo_free={free}");
+    println!("meminfo_total={total}");
 
     let stream = ctx.default_stream();
     let mut blocks = Vec::new();
     let refusal = loop {
-        match stream.alloc_zeros::<u8>(chunk) {
+        // SAFETY: the memory is never read (uninitialised device memory is fine to hold).
+        match unsafe { stream.alloc::<u8>(chunk) } {
             Ok(b) => blocks.push(b),
             Err(e) => break e,
         }
@@ -42,7 +44,12 @@ fn run(chunk: usize) -> Result<(), DriverError> {
     println!("meminfo_free_full={free}");
 
     blocks.pop();
-    match stream.alloc_zeros::<u8>(chunk) {
+    // A small zeroed allocation too: cudarc's memset path on memory the shim counted.
+    let zeros = stream.alloc_zeros::<u8>(4096)?;
+    println!("zeroed={}", stream.memcpy_dtov(&zeros)?.iter().all(|&b| b == 0));
+    drop(zeros);
+    // SAFETY: as above.
+    match unsafe { stream.alloc::<u8>(chunk) } {
         Ok(b) => {
             println!("retry=ok");
             blocks.push(b);
@@ -53,5 +60,6 @@ fn run(chunk: usize) -> Result<(), DriverError> {
     stream.synchronize()?;
     let (free, _) = ctx.mem_get_info()?;
     println!("meminfo_free_after={free}");
+    println!("done=1");
     Ok(())
 }
