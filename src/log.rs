@@ -6,29 +6,8 @@
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-#[repr(u8)]
-pub enum Level {
-    Off = 0,
-    Error = 1,
-    Warn = 2,
-    Info = 3,
-    Debug = 4,
-    Trace = 5,
-}
-
-impl Level {
-    fn word(self) -> &'static str {
-        match self {
-            Level::Off => "off",
-            Level::Error => "error",
-            Level::Warn => "warn",
-            Level::Info => "info",
-            Level::Debug => "debug",
-            Level::Trace => "trace",
-        }
-    }
-}
+/// The levels are the configuration's own (`GPUSHIM_LOG`).
+pub use crate::config::LogLevel as Level;
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 static FD: AtomicI32 = AtomicI32::new(2);
@@ -54,13 +33,13 @@ pub fn configure(level: Level, file: Option<&std::path::Path>) {
 
 #[inline]
 pub fn enabled(level: Level) -> bool {
-    level != Level::Off && level as u8 <= LEVEL.load(Relaxed)
+    Level::ALL.get(LEVEL.load(Relaxed) as usize).is_some_and(|configured| configured.enables(level))
 }
 
 /// Writes `gpushim: LEVEL: message` as one line.
 pub fn emit(level: Level, args: fmt::Arguments<'_>) {
     let mut line = String::with_capacity(160);
-    let _ = write!(line, "gpushim: {}: ", level.word());
+    let _ = write!(line, "gpushim: {}: ", level.as_str());
     let _ = line.write_fmt(args);
     line.push('\n');
     write_raw(line.as_bytes());

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::config::{self, Settings};
-use crate::driver::{self, Api, Library};
+use crate::driver::{self, Api};
 use crate::ffi::CUdevice;
 use crate::log::{self, log, Level};
 use crate::memory::{DeviceBudget, LiveMap, Refused, MAX_DEVICES};
@@ -29,7 +29,6 @@ pub enum Mode {
 pub struct State {
     pub mode: Mode,
     pub settings: Settings,
-    pub cuda: Library,
     pub api: Api,
     budgets: [DeviceBudget; MAX_DEVICES],
     pub live: LiveMap,
@@ -86,7 +85,7 @@ fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
             (Mode::Broken, Settings::default())
         }
     };
-    log::configure(to_log_level(settings.log_level), settings.log_file.as_deref());
+    log::configure(settings.log_level, settings.log_file.as_deref());
     let cuda = match driver::open(settings.driver_path.as_deref(), hint, c"libcuda.so.1") {
         Ok(lib) => lib,
         Err(e) => {
@@ -108,7 +107,6 @@ fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
     Some(Box::new(State {
         mode,
         settings,
-        cuda,
         api,
         budgets: [const { DeviceBudget::new() }; MAX_DEVICES],
         live: LiveMap::new(),
@@ -164,17 +162,6 @@ fn publish(state: Box<State>) -> &'static State {
             // SAFETY: published states are never freed.
             unsafe { &*winner }
         }
-    }
-}
-
-fn to_log_level(l: config::LogLevel) -> Level {
-    match l {
-        config::LogLevel::Off => Level::Off,
-        config::LogLevel::Error => Level::Error,
-        config::LogLevel::Warn => Level::Warn,
-        config::LogLevel::Info => Level::Info,
-        config::LogLevel::Debug => Level::Debug,
-        config::LogLevel::Trace => Level::Trace,
     }
 }
 

@@ -65,11 +65,6 @@ impl Limit {
             Limit::Fraction(f) => fraction_of(f, physical_total),
         }
     }
-
-    /// True for [`Limit::Unlimited`].
-    pub fn is_unlimited(&self) -> bool {
-        matches!(self, Limit::Unlimited)
-    }
 }
 
 /// floor(f × total), robust to binary floating point: a product within a few ulps of a whole

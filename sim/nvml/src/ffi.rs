@@ -1,0 +1,190 @@
+//! The one way an exported NVML function is written, and the helpers its bodies use.
+//!
+//! ```ignore
+//! nvml_api! {
+//!     fn nvmlDeviceGetFoo(device: nvmlDevice_t, out: *mut c_uint) {
+//!         let d = device_arg(device)?;   // after need_init()?, where the real NVML needs it
+//!         put(out, 1)?;
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! expands to `#[no_mangle] pub unsafe extern "C" fn nvmlDeviceGetFoo(..) -> nvmlReturn_t` that
+//! counts the call (see `registry`), runs the body under `catch_unwind` (a panic becomes
+//! `NVML_ERROR_UNKNOWN`, never an unwind across the C boundary), turns the body's `Res` into an
+//! `nvmlReturn_t` and, with `GPUSIM_TRACE=1`, prints one line to stderr. Every name used here
+//! must be listed in `registry.rs`, or the build fails.
+
+use crate::types::*;
+use std::ffi::{c_char, c_uint, CStr};
+use std::fmt::Debug;
+use std::io::Write;
+use std::sync::Mutex;
+
+macro_rules! nvml_api {
+    ($(
+        $(#[$meta:meta])*
+        fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block
+    )*) => {$(
+        $(#[$meta])*
+        #[no_mangle]
+        #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::types::nvmlReturn_t {
+            $crate::registry::hit($crate::registry::Id::$name);
+            #[allow(unused_unsafe)]
+            let r = $crate::ffi::guard(move || -> $crate::types::Res { unsafe { $body } });
+            if $crate::config::trace_enabled() {
+                $crate::ffi::trace(stringify!($name), &[$(&$arg as &dyn ::std::fmt::Debug),*], r);
+            }
+            r
+        }
+    )*};
+}
+
+/// Runs `f`, mapping `Ok` to `NVML_SUCCESS`, `Err(e)` to `e` and a panic to `NVML_ERROR_UNKNOWN`.
+#[inline]
+pub fn guard<F: FnOnce() -> Res>(f: F) -> nvmlReturn_t {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NVML_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => NVML_ERROR_UNKNOWN,
+    }
+}
+
+/// Runs `f` for an entry point that does not return an `nvmlReturn_t`; a panic gives `fallback`.
+#[inline]
+pub fn guard_value<T, F: FnOnce() -> T>(fallback: T, f: F) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+/// One trace line: `gpusim-nvml: nvmlName(arg, arg) = rc`, written with a single `write(2)`.
+pub fn trace(name: &str, args: &[&dyn Debug], rc: nvmlReturn_t) {
+    let mut line = format!("gpusim-nvml: {name}(");
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            line.push_str(", ");
+        }
+        line.push_str(&format!("{a:?}"));
+    }
+    line.push_str(&format!(") = {rc}\n"));
+    trace_line(&line);
+}
+
+pub fn trace_line(line: &str) {
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+// ---- initialisation --------------------------------------------------------------------------
+
+/// The `nvmlInit*` reference count: every successful init adds one, `nvmlShutdown` takes one.
+static INIT: Mutex<u64> = Mutex::new(0);
+
+fn init_count() -> std::sync::MutexGuard<'static, u64> {
+    INIT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn init() {
+    *init_count() += 1;
+}
+
+/// `Err(NVML_ERROR_UNINITIALIZED)` when the count is already 0.
+pub fn shutdown() -> Res {
+    let mut n = init_count();
+    if *n == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    *n -= 1;
+    Ok(())
+}
+
+/// `NVML_ERROR_UNINITIALIZED` unless `nvmlInit*` has been called more often than `nvmlShutdown`.
+pub fn need_init() -> Res {
+    if *init_count() == 0 {
+        Err(NVML_ERROR_UNINITIALIZED)
+    } else {
+        Ok(())
+    }
+}
+
+// ---- arguments -------------------------------------------------------------------------------
+
+/// Writes `v` to the caller's out-pointer; NULL is `NVML_ERROR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// A non-NULL `p` must be valid for a write of `T`.
+#[inline]
+pub unsafe fn put<T>(p: *mut T, v: T) -> Res {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    p.write(v);
+    Ok(())
+}
+
+/// Fails with `NVML_ERROR_INVALID_ARGUMENT` if `p` is NULL.
+#[inline]
+pub fn non_null<T>(p: *const T) -> Res {
+    if p.is_null() {
+        Err(NVML_ERROR_INVALID_ARGUMENT)
+    } else {
+        Ok(())
+    }
+}
+
+/// Copies `s` and a NUL into the caller's `buf` of `length` bytes: NULL is
+/// `NVML_ERROR_INVALID_ARGUMENT`, fewer than `s.len() + 1` bytes `NVML_ERROR_INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// A non-NULL `buf` must be valid for `length` bytes.
+pub unsafe fn put_str(buf: *mut c_char, length: c_uint, s: &str) -> Res {
+    non_null(buf)?;
+    if (length as usize) < s.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, s.len());
+    *buf.add(s.len()) = 0;
+    Ok(())
+}
+
+/// `s` and a NUL in a fixed `char[N]` field (cut to `N - 1` bytes).
+pub fn fixed_str<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (o, b) in out.iter_mut().zip(s.bytes().take(N.saturating_sub(1))) {
+        *o = b as c_char;
+    }
+    out
+}
+
+/// The caller's NUL-terminated string (lossy UTF-8); NULL is `NVML_ERROR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// A non-NULL `p` must point to a NUL-terminated string.
+pub unsafe fn c_str(p: *const c_char) -> Res<String> {
+    non_null(p)?;
+    Ok(CStr::from_ptr(p).to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_into_buffers() {
+        let mut buf = [0x7f as c_char; 8];
+        unsafe {
+            assert_eq!(put_str(buf.as_mut_ptr(), 8, "abcdefgh"), Err(NVML_ERROR_INSUFFICIENT_SIZE));
+            assert_eq!(put_str(std::ptr::null_mut(), 8, "a"), Err(NVML_ERROR_INVALID_ARGUMENT));
+            assert_eq!(put_str(buf.as_mut_ptr(), 8, "abcdefg"), Ok(()));
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "abcdefg");
+        }
+        let f: [c_char; 4] = fixed_str("abcdef");
+        assert_eq!(f, [b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
+    }
+
+    #[test]
+    fn panics_become_unknown() {
+        assert_eq!(guard(|| panic!("boom")), NVML_ERROR_UNKNOWN);
+        assert_eq!(guard(|| Err(NVML_ERROR_NOT_FOUND)), NVML_ERROR_NOT_FOUND);
+        assert_eq!(guard_value(7, || -> i32 { panic!("boom") }), 7);
+    }
+}

@@ -1,0 +1,1 @@
+// simulated NVML: see sim/nvml/README.md
