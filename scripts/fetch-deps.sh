@@ -3,6 +3,7 @@
 #   .deps/wheels/   the downloaded wheels (pip download --no-deps)
 #   .deps/cuda12/   include/ + lib/libcudart.so.12  (nvidia-cuda-runtime-cu12 12.9.79)
 #   .deps/cuda13/   include/ + lib/libcudart.so.13  (nvidia-cuda-runtime 13.5.37)
+#   .deps/python/   pynvml.py (nvidia-ml-py 13.615.71, pure Python): PYTHONPATH=.deps/python
 # cuda_runtime_api.h includes crt/host_defines.h, which ships in nvidia-cuda-crt; that
 # header only defines host/device qualifier macros, so its 13.5 copy serves both trees.
 # Idempotent: a tree is unpacked once (marker file .complete); wheels are downloaded once.
@@ -17,6 +18,7 @@ pkgs=(
   "nvidia-cuda-runtime-cu12==12.9.79 nvidia_cuda_runtime_cu12-12.9.79-"
   "nvidia-cuda-runtime==13.5.37 nvidia_cuda_runtime-13.5.37-"
   "nvidia-cuda-crt==13.5.37 nvidia_cuda_crt-13.5.37-"
+  "nvidia-ml-py==13.615.71 nvidia_ml_py-13.615.71-"
 )
 
 die() { echo "fetch-deps: error: $*" >&2; exit 1; }
@@ -86,4 +88,20 @@ build_tree cuda12 "nvidia_cuda_runtime_cu12-12.9.79-" "nvidia/cuda_runtime"
 build_tree cuda13 "nvidia_cuda_runtime-13.5.37-" "nvidia/cu13"
 [ -f "$deps/cuda12/lib/libcudart.so.12" ] || die "missing $deps/cuda12/lib/libcudart.so.12"
 [ -f "$deps/cuda13/lib/libcudart.so.13" ] || die "missing $deps/cuda13/lib/libcudart.so.13"
-echo "fetch-deps: CUDA runtimes ready in $deps" >&2
+
+# pynvml: the whole pure-Python wheel (pynvml.py, its dist-info) unpacked into .deps/python/
+python_tree() { # WHEEL_PREFIX
+  local dest="$deps/python" marker="$deps/python/.complete" stamp="$1"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ]; then return; fi
+  rm -rf "$dest"; mkdir -p "$dest"
+  python3 - "$(find_wheel "$1")" "$dest" <<'PY'
+import sys, zipfile
+zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
+PY
+  [ -f "$dest/pynvml.py" ] || die "unpacking into $dest did not give pynvml.py"
+  echo "$stamp" > "$marker"
+  echo "fetch-deps: unpacked $dest" >&2
+}
+
+python_tree "nvidia_ml_py-13.615.71-"
+echo "fetch-deps: CUDA runtimes ready in $deps, pynvml in $deps/python" >&2

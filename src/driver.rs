@@ -64,9 +64,43 @@ pub struct Library {
 unsafe impl Send for Library {}
 unsafe impl Sync for Library {}
 
-/// Opens a driver library: the explicit path if configured; else the library that holds `hint`
-/// (a function the program just looked up there, so it is surely loaded); else `soname`.
-pub fn open(explicit: Option<&std::path::Path>, hint: Option<*const c_void>, soname: &CStr) -> Result<Library, String> {
+/// The two libraries the shim stands in front of.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lib {
+    Cuda,
+    Nvml,
+}
+
+impl Lib {
+    pub fn soname(self) -> &'static CStr {
+        match self {
+            Lib::Cuda => c"libcuda.so.1",
+            Lib::Nvml => c"libnvidia-ml.so.1",
+        }
+    }
+
+    /// A function every version of the library exports.
+    fn probe(self) -> &'static CStr {
+        match self {
+            Lib::Cuda => c"cuInit",
+            Lib::Nvml => c"nvmlInit_v2",
+        }
+    }
+
+    /// The library a hooked function belongs to, from its name.
+    pub fn of(symbol: &str) -> Lib {
+        if symbol.starts_with("nvml") {
+            Lib::Nvml
+        } else {
+            Lib::Cuda
+        }
+    }
+}
+
+/// Opens a library: the explicit path if configured; else the library that holds `hint` (a
+/// function the program just looked up there, so it is surely loaded); else its soname.
+pub fn open(lib: Lib, explicit: Option<&std::path::Path>, hint: Option<*const c_void>) -> Result<Library, String> {
+    let soname = lib.soname();
     if let Some(path) = explicit {
         use std::os::unix::ffi::OsStrExt;
         let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| "path contains a NUL byte".to_string())?;
@@ -76,13 +110,13 @@ pub fn open(explicit: Option<&std::path::Path>, hint: Option<*const c_void>, son
     if let Some(lib) = hint.and_then(object_of).filter(|path| Some(path) != own.as_ref()).and_then(|path| dlopen_noload(&path)) {
         return Ok(lib);
     }
-    let lib = dlopen(soname).ok_or_else(|| format!("cannot open {}: {}", soname.to_string_lossy(), dlerror()))?;
+    let opened = dlopen(soname).ok_or_else(|| format!("cannot open {}: {}", soname.to_string_lossy(), dlerror()))?;
     // A library named like the driver that resolves to the shim itself (installed under the
     // driver's name by mistake) would make every hook call itself.
-    if object_of(lookup(lib.handle, c"cuInit")) == own {
-        return Err(format!("{} resolves to gpushim itself, not to the NVIDIA driver", lib.path));
+    if object_of(lookup(opened.handle, lib.probe())) == own {
+        return Err(format!("{} resolves to gpushim itself, not to the NVIDIA library", opened.path));
     }
-    Ok(lib)
+    Ok(opened)
 }
 
 fn object_of(addr: *const c_void) -> Option<CString> {
@@ -125,6 +159,9 @@ fn dlerror() -> String {
 
 /// Driver functions the shim calls for its own purposes and does not hook.
 pub struct Api {
+    pub device_get_count: Option<unsafe extern "C" fn(*mut c_int) -> CUresult>,
+    pub device_get_name: Option<unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult>,
+    pub device_get_uuid: Option<unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult>,
     pub ctx_get_device: Option<unsafe extern "C" fn(*mut CUdevice) -> CUresult>,
     pub ctx_get_current: Option<unsafe extern "C" fn(*mut CUcontext) -> CUresult>,
     pub ctx_push_current: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
@@ -133,23 +170,41 @@ pub struct Api {
     pub device_total_mem: Option<unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult>,
 }
 
+/// Looks a function up and types it: `sym!(lib, c"name")`.
+macro_rules! sym {
+    ($lib:expr, $name:literal) => {{
+        let p = lookup($lib.handle, $name);
+        // SAFETY: a non-NULL result is the library's function of that name, whose C signature
+        // is the one of the field it is stored in (cuda.h, nvml.h).
+        (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })
+    }};
+}
+
 impl Api {
+    /// No driver: every function absent.
+    pub const NONE: Api = Api {
+        device_get_count: None,
+        device_get_name: None,
+        device_get_uuid: None,
+        ctx_get_device: None,
+        ctx_get_current: None,
+        ctx_push_current: None,
+        ctx_pop_current: None,
+        stream_get_ctx: None,
+        device_total_mem: None,
+    };
+
     pub fn load(lib: &Library) -> Api {
-        macro_rules! sym {
-            ($name:literal) => {{
-                let p = lookup(lib.handle, $name);
-                // SAFETY: a non-NULL result is the driver's function of that name, whose C
-                // signature is the one in the field's type (cuda.h).
-                (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })
-            }};
-        }
         Api {
-            ctx_get_device: sym!(c"cuCtxGetDevice"),
-            ctx_get_current: sym!(c"cuCtxGetCurrent"),
-            ctx_push_current: sym!(c"cuCtxPushCurrent_v2"),
-            ctx_pop_current: sym!(c"cuCtxPopCurrent_v2"),
-            stream_get_ctx: sym!(c"cuStreamGetCtx"),
-            device_total_mem: sym!(c"cuDeviceTotalMem_v2"),
+            device_get_count: sym!(lib, c"cuDeviceGetCount"),
+            device_get_name: sym!(lib, c"cuDeviceGetName"),
+            device_get_uuid: sym!(lib, c"cuDeviceGetUuid"),
+            ctx_get_device: sym!(lib, c"cuCtxGetDevice"),
+            ctx_get_current: sym!(lib, c"cuCtxGetCurrent"),
+            ctx_push_current: sym!(lib, c"cuCtxPushCurrent_v2"),
+            ctx_pop_current: sym!(lib, c"cuCtxPopCurrent_v2"),
+            stream_get_ctx: sym!(lib, c"cuStreamGetCtx"),
+            device_total_mem: sym!(lib, c"cuDeviceTotalMem_v2"),
         }
     }
 
@@ -196,5 +251,133 @@ impl Api {
         let mut total: usize = 0;
         // SAFETY: valid out-pointer.
         (unsafe { f(&mut total, dev) } == CUDA_SUCCESS).then_some(total as u64)
+    }
+}
+
+impl Api {
+    /// The devices the driver shows, as (name, UUID bytes).
+    pub fn devices(&self) -> Vec<(String, [u8; 16])> {
+        let (Some(count), Some(name), Some(uuid)) = (self.device_get_count, self.device_get_name, self.device_get_uuid) else {
+            return Vec::new();
+        };
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        if unsafe { count(&mut n) } != CUDA_SUCCESS {
+            return Vec::new();
+        }
+        (0..n)
+            .map(|d| {
+                let mut buf = [0 as c_char; 256];
+                let mut id = [0u8; 16];
+                // SAFETY: the buffers are as large as said; the driver NUL-terminates the name.
+                unsafe {
+                    name(buf.as_mut_ptr(), buf.len() as c_int - 1, d);
+                    uuid(&mut id, d);
+                    (CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned(), id)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Formats 16 UUID bytes the way CUDA_VISIBLE_DEVICES and NVML write them.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
+}
+
+pub type NvmlDevice = *mut c_void;
+
+/// `nvmlPciInfo_t`.
+#[repr(C)]
+pub struct NvmlPciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub pci_device_id: u32,
+    pub pci_subsystem_id: u32,
+    pub bus_id: [c_char; 32],
+}
+
+/// NVML functions the shim calls itself.
+pub struct NvmlApi {
+    pub init: Option<unsafe extern "C" fn() -> c_int>,
+    pub shutdown: Option<unsafe extern "C" fn() -> c_int>,
+    pub count: Option<unsafe extern "C" fn(*mut u32) -> c_int>,
+    pub by_index: Option<unsafe extern "C" fn(u32, *mut NvmlDevice) -> c_int>,
+    pub by_uuid: Option<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int>,
+    pub uuid: Option<unsafe extern "C" fn(NvmlDevice, *mut c_char, u32) -> c_int>,
+    pub pci: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlPciInfo) -> c_int>,
+    pub index: Option<unsafe extern "C" fn(NvmlDevice, *mut u32) -> c_int>,
+}
+
+impl NvmlApi {
+    pub fn load(lib: &Library) -> NvmlApi {
+        NvmlApi {
+            init: sym!(lib, c"nvmlInit_v2"),
+            shutdown: sym!(lib, c"nvmlShutdown"),
+            count: sym!(lib, c"nvmlDeviceGetCount_v2"),
+            by_index: sym!(lib, c"nvmlDeviceGetHandleByIndex_v2"),
+            by_uuid: sym!(lib, c"nvmlDeviceGetHandleByUUID"),
+            uuid: sym!(lib, c"nvmlDeviceGetUUID"),
+            pci: sym!(lib, c"nvmlDeviceGetPciInfo_v3"),
+            index: sym!(lib, c"nvmlDeviceGetIndex"),
+        }
+    }
+
+    /// The UUID of a device handle, lower case.
+    pub fn uuid_of(&self, dev: NvmlDevice) -> Option<String> {
+        let f = self.uuid?;
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: the buffer is as large as said; NVML NUL-terminates.
+        (unsafe { f(dev, buf.as_mut_ptr(), buf.len() as u32) } == 0)
+            .then(|| unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_ascii_lowercase().replacen("gpu-", "GPU-", 1))
+    }
+
+    pub fn handle_of(&self, uuid: &str) -> Option<NvmlDevice> {
+        let f = self.by_uuid?;
+        let c = CString::new(uuid).ok()?;
+        let mut dev: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: valid string and out-pointer.
+        (unsafe { f(c.as_ptr(), &mut dev) } == 0).then_some(dev)
+    }
+
+    /// Every physical device, in NVML's order (PCI bus order). Initialises NVML for the time
+    /// of the call (NVML counts initialisations, so a program's own stays untouched).
+    pub fn inventory(&self) -> Result<Vec<crate::view::Physical>, String> {
+        let (init, shutdown, count, by_index, pci) = match (self.init, self.shutdown, self.count, self.by_index, self.pci) {
+            (Some(a), Some(b), Some(c), Some(d), Some(e)) => (a, b, c, d, e),
+            _ => return Err("the NVML library lacks functions the shim needs".into()),
+        };
+        // SAFETY: plain NVML calls with valid out-pointers; init and shutdown are paired.
+        unsafe {
+            let r = init();
+            if r != 0 {
+                return Err(format!("nvmlInit failed with error {r}"));
+            }
+            let mut n = 0u32;
+            let mut out = Vec::new();
+            let mut failed = count(&mut n) != 0;
+            for i in 0..n {
+                let mut dev: NvmlDevice = std::ptr::null_mut();
+                let mut info: NvmlPciInfo = std::mem::zeroed();
+                if failed || by_index(i, &mut dev) != 0 || pci(dev, &mut info) != 0 {
+                    failed = true;
+                    break;
+                }
+                let Some(uuid) = self.uuid_of(dev) else {
+                    failed = true;
+                    break;
+                };
+                let pci = format!("{:04x}:{:02x}:{:02x}.0", info.domain, info.bus, info.device);
+                out.push(crate::view::Physical { uuid, pci });
+            }
+            shutdown();
+            if failed {
+                return Err("NVML could not list the devices".into());
+            }
+            Ok(out)
+        }
     }
 }

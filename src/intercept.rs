@@ -12,10 +12,15 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::driver;
+use crate::driver::{self, Lib};
 use crate::ffi::*;
 use crate::hooks::{HOOKS, HOOK_COUNT, REAL};
 use crate::state::{self, State};
+
+/// NVML's codes for the failures `enter` reports.
+const NVML_ERROR_UNINITIALIZED: c_int = 1;
+const NVML_ERROR_FUNCTION_NOT_FOUND: c_int = 13;
+const NVML_ERROR_UNKNOWN: c_int = 999;
 
 /// A function address that may sit in a `static`.
 #[derive(Clone, Copy)]
@@ -51,6 +56,10 @@ impl HookInfo {
     /// functions up (so the program can reach `cuInit` and see it fail).
     fn works_when_broken(&self) -> bool {
         self.base == "cuGetProcAddress"
+    }
+
+    pub fn lib(&self) -> Lib {
+        Lib::of(self.name)
     }
 }
 
@@ -104,21 +113,31 @@ macro_rules! hook_table {
 }
 pub(crate) use hook_table;
 
-/// Runs a hook body with the shim's state and the driver's pointer, never letting a panic out.
+/// Runs a hook body with the shim's state and the library's pointer, never letting a panic out.
+/// The library is opened here if the program reached the hook directly (an export).
 #[inline]
 pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) -> c_int {
+    let hook = &HOOKS[index];
+    let (uninitialised, not_found, unknown) = match hook.lib() {
+        Lib::Cuda => (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN),
+        Lib::Nvml => (NVML_ERROR_UNINITIALIZED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_UNKNOWN),
+    };
     catch_unwind(AssertUnwindSafe(|| {
-        let Some(st) = state::get() else { return CUDA_ERROR_NOT_INITIALIZED };
-        let real = REAL[index].load(Relaxed);
+        let Some(st) = state::get() else { return uninitialised };
+        let mut real = REAL[index].load(Relaxed);
         if real == 0 {
-            return CUDA_ERROR_NOT_FOUND;
+            st.load(hook.lib(), None);
+            real = REAL[index].load(Relaxed);
+            if real == 0 {
+                return not_found;
+            }
         }
-        if st.broken() && !HOOKS[index].works_when_broken() {
-            return CUDA_ERROR_NOT_INITIALIZED;
+        if st.broken() && !hook.works_when_broken() {
+            return uninitialised;
         }
         body(st, real)
     }))
-    .unwrap_or(CUDA_ERROR_UNKNOWN)
+    .unwrap_or(unknown)
 }
 
 /// The hook whose exported name is `name`.
@@ -126,10 +145,12 @@ fn hook_by_name(name: &[u8]) -> Option<usize> {
     HOOKS.iter().position(|h| h.bare_name() == name)
 }
 
-/// Fills [`REAL`] from an opened driver.
-pub fn resolve_real(lib: &driver::Library) {
+/// Fills [`REAL`] for the hooks of `which` from the opened library.
+pub fn resolve_real(lib: &driver::Library, which: Lib) {
     for (hook, slot) in HOOKS.iter().zip(REAL.iter()) {
-        slot.store(driver::lookup(lib.handle, hook.symbol()) as usize, Relaxed);
+        if hook.lib() == which {
+            slot.store(driver::lookup(lib.handle, hook.symbol()) as usize, Relaxed);
+        }
     }
 }
 
@@ -137,7 +158,7 @@ pub fn resolve_real(lib: &driver::Library) {
 // dlsym
 
 /// The interposed `dlsym`. A trampoline: it asks [`dlsym_verdict`] whether the lookup needs the
-/// shim; if not (any name not of the driver, `RTLD_NEXT`, a function not hooked) it *jumps* to
+/// shim; if not (any name but `cu…`/`nvml…`, `RTLD_NEXT`, a function not hooked) it *jumps* to
 /// glibc's `dlsym` with the caller's registers and return address untouched, so glibc still
 /// resolves relative to the real caller (`RTLD_NEXT`, `RTLD_DEFAULT` from a local scope).
 #[cfg(target_arch = "x86_64")]
@@ -180,10 +201,15 @@ extern "C" fn dlsym_verdict(handle: *mut c_void, symbol: *const c_char) -> usize
     if symbol.is_null() || handle == libc::RTLD_NEXT {
         return 0;
     }
-    // SAFETY: `symbol` is non-NULL and, per dlsym's contract, NUL-terminated. The first two
-    // bytes are read separately so that a one-byte name is never read past its end.
-    let first = unsafe { *symbol } as u8;
-    if first != b'c' || unsafe { *symbol.add(1) } as u8 != b'u' {
+    // SAFETY: `symbol` is non-NULL and, per dlsym's contract, NUL-terminated. The bytes are
+    // read one by one, each only if the previous one was not the terminator.
+    let byte = |i: usize| unsafe { *symbol.add(i) } as u8;
+    let driver_name = match byte(0) {
+        b'c' => byte(1) == b'u',
+        b'n' => byte(1) == b'v' && byte(2) == b'm' && byte(3) == b'l',
+        _ => false,
+    };
+    if !driver_name {
         return 0;
     }
     // SAFETY: as above.
@@ -203,11 +229,12 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     let ours = HOOKS[index].hook.0 as usize;
     // The driver's own address tells which library the program uses; the shim's own export
     // (found through RTLD_DEFAULT) says nothing about that.
-    let hint = if found == ours { std::ptr::null() } else { found as *const c_void };
-    let Some(st) = state::get_with_hint(hint) else { return 0 };
+    let hint = (found != ours).then_some(found as *const c_void);
+    let Some(st) = state::get() else { return 0 };
     if st.passthrough() {
         return 0;
     }
+    st.load(HOOKS[index].lib(), hint);
     if found == ours || found == REAL[index].load(Relaxed) {
         return ours;
     }
@@ -259,7 +286,7 @@ mod tests {
     fn table_names_are_unique_and_nul_terminated() {
         for (i, h) in HOOKS.iter().enumerate() {
             assert!(h.name.ends_with('\0'), "{}", h.name);
-            assert!(h.bare_name().starts_with(b"cu"), "{}", h.name);
+            assert!(h.bare_name().starts_with(b"cu") || h.bare_name().starts_with(b"nvml"), "{}", h.name);
             assert_eq!(hook_by_name(h.bare_name()), Some(i), "duplicate {}", h.name);
         }
     }

@@ -16,3 +16,4 @@ mod memory;
 mod report;
 mod state;
 mod units;
+mod view;

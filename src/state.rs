@@ -1,20 +1,24 @@
-//! The shim's life cycle: nothing happens until the program first asks for a CUDA function;
-//! then the settings are read, the real driver opened and the budgets set up, once. That state
-//! is published with one atomic pointer, so every later call costs a single load to find it.
+//! The shim's life cycle: nothing happens until the program first asks for a CUDA or NVML
+//! function; then the settings are read, the device view applied and the budgets set up, once.
+//! That state is published with one atomic pointer, so every later call costs a single load to
+//! find it. The libraries themselves (`libcuda.so.1`, `libnvidia-ml.so.1`) are opened when the
+//! first function of each is needed, so `nvidia-smi` never loads the CUDA driver.
 //!
-//! A driver that cannot be opened is not remembered: the next call tries again. A broken
+//! A library that cannot be opened is not remembered: the next call tries again. A broken
 //! configuration is remembered (it is what the environment says), reported once, and makes
 //! CUDA initialisation fail: the program never runs unconstrained.
 
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::OnceLock;
 
 use crate::config::{self, Settings};
-use crate::driver::{self, Api};
+use crate::driver::{self, Api, Lib, NvmlApi};
 use crate::ffi::CUdevice;
 use crate::log::{self, log, Level};
 use crate::memory::{DeviceBudget, LiveMap, Refused, MAX_DEVICES};
+use crate::view::{self, Physical, View};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
@@ -29,7 +33,15 @@ pub enum Mode {
 pub struct State {
     pub mode: Mode,
     pub settings: Settings,
-    pub api: Api,
+    cuda: OnceLock<Api>,
+    nvml: OnceLock<NvmlApi>,
+    /// NVML's list of physical devices, when it could be read.
+    inventory: OnceLock<Option<Vec<Physical>>>,
+    /// The program's view in terms of the inventory; `None`: the driver's order, unchanged.
+    view: OnceLock<Option<View>>,
+    /// Whether the shim rewrote `CUDA_VISIBLE_DEVICES` (then the view is checked after `cuInit`).
+    view_applied: bool,
+    announced: AtomicBool,
     budgets: [DeviceBudget; MAX_DEVICES],
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
@@ -39,80 +51,78 @@ pub struct State {
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
 static CONFIG_ERROR_REPORTED: AtomicBool = AtomicBool::new(false);
-static DRIVER_ERROR_REPORTED: AtomicBool = AtomicBool::new(false);
+static LIBRARY_ERROR_REPORTED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
 thread_local! {
-    /// Set while this thread initialises: lookups the driver's own start-up makes are answered
-    /// without the shim instead of recursing into it.
+    /// Set while this thread initialises: lookups made meanwhile (by a library's own start-up)
+    /// are answered without the shim instead of recursing into it.
     static INITIALISING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The shim's state, initialising it on first use.
 #[inline]
 pub fn get() -> Option<&'static State> {
-    get_with_hint(std::ptr::null())
-}
-
-/// As [`get`]; `hint` is an address inside the driver the program already uses, to open that
-/// very library.
-#[inline]
-pub fn get_with_hint(hint: *const c_void) -> Option<&'static State> {
     let p = STATE.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: once published, the state is never freed or changed.
         return Some(unsafe { &*p });
     }
-    init(hint)
+    init()
+}
+
+/// The state if it was already initialised (never initialises: for the exit report).
+pub fn get_if_ready() -> Option<&'static State> {
+    let p = STATE.load(Ordering::Acquire);
+    // SAFETY: once published, the state is never freed or changed.
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 #[cold]
-fn init(hint: *const c_void) -> Option<&'static State> {
+fn init() -> Option<&'static State> {
     if INITIALISING.with(|f| f.replace(true)) {
         return None;
     }
-    let result = build((!hint.is_null()).then_some(hint)).map(publish);
+    let state = publish(build());
     INITIALISING.with(|f| f.set(false));
-    result
+    Some(state)
 }
 
-fn build(hint: Option<*const c_void>) -> Option<Box<State>> {
-    let (mode, settings) = match config::load().and_then(supported) {
-        Ok(s) => (if s.disable { Mode::Disabled } else { Mode::Active }, s),
-        Err(e) => {
-            if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
-                log::emit_plain(&e.to_string());
-            }
-            (Mode::Broken, Settings::default())
-        }
-    };
-    log::configure(settings.log_level, settings.log_file.as_deref());
-    let cuda = match driver::open(settings.driver_path.as_deref(), hint, c"libcuda.so.1") {
-        Ok(lib) => lib,
-        Err(e) => {
-            if !DRIVER_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
-                log!(Level::Error, "cannot load the CUDA driver: {e}");
-            }
-            return None;
-        }
-    };
-    crate::intercept::resolve_real(&cuda);
-    let api = Api::load(&cuda);
-    if let (Mode::Active, Some(target)) = (mode, &settings.report) {
-        crate::report::arm(target);
-    }
-    for warning in &settings.warnings {
-        log!(Level::Warn, "{warning}");
-    }
-    log!(Level::Debug, "driver {} opened; mode {:?}", cuda.path, mode);
-    Some(Box::new(State {
-        mode,
-        settings,
-        api,
+fn build() -> Box<State> {
+    let mut state = Box::new(State {
+        mode: Mode::Active,
+        settings: Settings::default(),
+        cuda: OnceLock::new(),
+        nvml: OnceLock::new(),
+        inventory: OnceLock::new(),
+        view: OnceLock::new(),
+        view_applied: false,
+        announced: AtomicBool::new(false),
         budgets: [const { DeviceBudget::new() }; MAX_DEVICES],
         live: LiveMap::new(),
         refusal_log: log::RateLimit::new(),
         pools: std::sync::Mutex::new(Vec::new()),
-    }))
+    });
+    match config::load().and_then(supported) {
+        Ok(s) => {
+            state.mode = if s.disable { Mode::Disabled } else { Mode::Active };
+            state.settings = s;
+        }
+        Err(e) => state.fail(e),
+    }
+    log::configure(state.settings.log_level, state.settings.log_file.as_deref());
+    if state.mode == Mode::Active {
+        if let Err(e) = state.apply_view() {
+            state.fail(e);
+        }
+    }
+    if let (Mode::Active, Some(target)) = (state.mode, &state.settings.report) {
+        crate::report::arm(target);
+    }
+    for warning in &state.settings.warnings {
+        log!(Level::Warn, "{warning}");
+    }
+    log!(Level::Debug, "initialised; mode {:?}", state.mode);
+    state
 }
 
 /// Settings this version cannot honour yet are configuration errors: running without them
@@ -127,16 +137,12 @@ fn supported(s: Settings) -> Result<Settings, config::ConfigError> {
             other => format!("{setting} ({other})"),
         };
         let value = match setting {
-            "visible_devices" => std::env::var(config::ENV_VISIBLE_DEVICES).unwrap_or_default(),
             "virtual_devices" => std::env::var(config::ENV_VIRTUAL_DEVICES).unwrap_or_default(),
             "memory_mode" => s.memory_mode.to_string(),
             _ => s.shared_quota.clone().unwrap_or_default(),
         };
         Err(config::ConfigError::new(name, value, format!("{what} is not available in this version of gpushim; unset it")))
     };
-    if s.visible_devices.is_some() {
-        return missing("visible_devices", "hiding and reordering devices");
-    }
     if !s.virtual_devices.is_empty() {
         return missing("virtual_devices", "splitting devices");
     }
@@ -165,14 +171,139 @@ fn publish(state: Box<State>) -> &'static State {
     }
 }
 
-/// The state if it was already initialised (never initialises: for the exit report).
-pub fn get_if_ready() -> Option<&'static State> {
-    let p = STATE.load(Ordering::Acquire);
-    // SAFETY: once published, the state is never freed or changed.
-    (!p.is_null()).then(|| unsafe { &*p })
-}
-
 impl State {
+    /// Records a configuration error: reported once, and CUDA initialisation will fail.
+    fn fail(&mut self, e: config::ConfigError) {
+        if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
+            log::emit_plain(&e.to_string());
+        }
+        self.mode = Mode::Broken;
+    }
+
+    /// Applies `GPUSHIM_VISIBLE_DEVICES` (see `view`): resolves the selectors against NVML's
+    /// inventory and what `CUDA_VISIBLE_DEVICES` already shows, then sets `CUDA_VISIBLE_DEVICES`
+    /// to the UUIDs of the view, before the driver initialises.
+    fn apply_view(&mut self) -> Result<(), config::ConfigError> {
+        let Some(selectors) = self.settings.visible_devices.clone() else { return Ok(()) };
+        let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok();
+        if cvd.is_some() && cvd == std::env::var(view::APPLIED_MARKER).ok() {
+            log!(Level::Debug, "device view already applied by a parent process: CUDA_VISIBLE_DEVICES={}", cvd.unwrap_or_default());
+            return Ok(());
+        }
+        let error = |reason: String| {
+            let written = || selectors.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+            let (setting, value) = match self.settings.source_of("visible_devices") {
+                config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_else(|_| written())),
+                other => (format!("visible_devices ({other})"), written()),
+            };
+            config::ConfigError::new(setting, value, reason)
+        };
+        let inventory = match self.inventory() {
+            Some(inv) => inv,
+            None => return Err(error("the devices could not be listed: NVML (libnvidia-ml.so.1) is not available".into())),
+        };
+        let selected = view::select(&selectors, cvd.as_deref(), inventory).map_err(error)?;
+        let value = selected.cuda_visible_devices(inventory);
+        log!(Level::Debug, "CUDA_VISIBLE_DEVICES={value} (was {cvd:?})");
+        std::env::set_var(view::CUDA_VISIBLE_DEVICES, &value);
+        std::env::set_var(view::APPLIED_MARKER, &value);
+        let _ = self.view.set(Some(selected));
+        self.view_applied = true;
+        Ok(())
+    }
+
+    /// NVML's inventory of physical devices (read once).
+    pub fn inventory(&self) -> Option<&Vec<Physical>> {
+        self.inventory
+            .get_or_init(|| {
+                let nvml = self.nvml_api()?;
+                nvml.inventory().map_err(|e| log!(Level::Warn, "cannot list the devices through NVML: {e}")).ok()
+            })
+            .as_ref()
+    }
+
+    /// The program's view for NVML: what the driver shows under `CUDA_VISIBLE_DEVICES`.
+    /// `None` when it is all devices in NVML's order.
+    pub fn view(&self) -> Option<&View> {
+        self.view
+            .get_or_init(|| {
+                let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok()?;
+                Some(view::driver_view(Some(&cvd), self.inventory()?))
+            })
+            .as_ref()
+    }
+
+    /// The driver functions the shim calls itself (none until the driver is opened).
+    pub fn api(&self) -> &Api {
+        static NONE: Api = Api::NONE;
+        self.cuda.get().unwrap_or(&NONE)
+    }
+
+    pub fn nvml_api(&self) -> Option<&NvmlApi> {
+        if self.nvml.get().is_none() {
+            self.load(Lib::Nvml, None);
+        }
+        self.nvml.get()
+    }
+
+    /// Opens `lib` (if not yet open) and fills its hooks' driver pointers. `hint`: an address
+    /// inside the copy the program uses. A failure is logged once and not remembered.
+    pub fn load(&self, lib: Lib, hint: Option<*const c_void>) {
+        let opened = match lib {
+            Lib::Cuda => self.cuda.get().is_some(),
+            Lib::Nvml => self.nvml.get().is_some(),
+        };
+        if opened {
+            return;
+        }
+        let explicit = match lib {
+            Lib::Cuda => self.settings.driver_path.as_deref(),
+            Lib::Nvml => self.settings.nvml_path.as_deref(),
+        };
+        match driver::open(lib, explicit, hint) {
+            Ok(library) => {
+                crate::intercept::resolve_real(&library, lib);
+                log!(Level::Debug, "{} opened", library.path);
+                match lib {
+                    Lib::Cuda => drop(self.cuda.set(Api::load(&library))),
+                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library))),
+                }
+            }
+            Err(e) => {
+                if !LIBRARY_ERROR_REPORTED[lib as usize].swap(true, Ordering::Relaxed) {
+                    let what = if lib == Lib::Cuda { "the CUDA driver" } else { "NVML" };
+                    log!(Level::Error, "cannot load {what}: {e}");
+                }
+            }
+        }
+    }
+
+    /// After the driver initialised: checks that it shows the view the shim asked for, and
+    /// says at `info` level which devices the program sees. An error means the view could not
+    /// be applied (the driver read `CUDA_VISIBLE_DEVICES` before the shim set it).
+    pub fn after_cuda_init(&self) -> Result<(), String> {
+        let devices = self.api().devices();
+        if self.view_applied {
+            if let (Some(view), Some(inv)) = (self.view.get().and_then(Option::as_ref), self.inventory.get().and_then(Option::as_ref)) {
+                let want: Vec<&str> = view.devices.iter().map(|&p| inv[p].uuid.as_str()).collect();
+                let got: Vec<String> = devices.iter().map(|(_, u)| driver::uuid_string(u)).collect();
+                if want != got {
+                    return Err(format!("the driver shows {got:?} instead of {want:?}: was CUDA initialised before gpushim was loaded?"));
+                }
+            }
+        }
+        if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {
+            for (i, (name, uuid)) in devices.iter().enumerate() {
+                let limit = self.limit(i as CUdevice).map_or("unknown".into(), |l| format!("{l} bytes"));
+                log!(Level::Info, "device {i}: {name} ({}), limit {limit}", driver::uuid_string(uuid));
+            }
+            for (setting, source) in &self.settings.sources {
+                log!(Level::Info, "{setting}: from {source}");
+            }
+        }
+        Ok(())
+    }
+
     /// Figures of every device the program touched, for the report.
     pub fn usage_rows(&self) -> Vec<crate::report::Row> {
         self.budgets
@@ -207,7 +338,7 @@ impl State {
         if let Some(l) = budget.limit() {
             return Some(l);
         }
-        let physical = self.api.physical_total(dev)?;
+        let physical = self.api().physical_total(dev)?;
         let configured = self.settings.limit_for(dev as u32);
         let limit = configured.resolve(physical);
         budget.set_limit(limit);

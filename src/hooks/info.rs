@@ -7,8 +7,17 @@ use std::ffi::c_uint;
 use crate::ffi::*;
 use crate::state::State;
 
-pub unsafe fn init(_: &State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
-    real(flags)
+/// `cuInit`: the device view was applied when the shim initialised (before this); once the
+/// driver is up, check it shows that view.
+pub unsafe fn init(st: &State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
+    let result = real(flags);
+    if result == CUDA_SUCCESS {
+        if let Err(e) = st.after_cuda_init() {
+            crate::log::log!(crate::log::Level::Error, "{e}");
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+    }
+    result
 }
 
 pub unsafe fn device_total_mem(st: &State, real: unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult, bytes: *mut usize, dev: CUdevice) -> CUresult {
@@ -58,7 +67,7 @@ pub unsafe fn mem_get_info_v1(st: &State, real: unsafe extern "C" fn(*mut c_uint
 }
 
 fn clamp(st: &State, free: u64, total: u64) -> (u64, u64) {
-    match st.api.current_device() {
+    match st.api().current_device() {
         Some(dev) => st.clamp_mem_info(dev, free, total),
         None => (free, total),
     }

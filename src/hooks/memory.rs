@@ -18,21 +18,21 @@ pub unsafe fn alloc(st: &State, real: Alloc, dptr: *mut CUdeviceptr, bytes: usiz
     if dptr.is_null() {
         return real(dptr, bytes);
     }
-    st.counted("cuMemAlloc", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
+    st.counted("cuMemAlloc", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
 }
 
 pub unsafe fn alloc_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult, dptr: *mut CUdeviceptr_v1, bytes: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes);
     }
-    st.counted("cuMemAlloc", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
+    st.counted("cuMemAlloc", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
 }
 
 pub unsafe fn alloc_managed(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes, flags);
     }
-    st.counted("cuMemAllocManaged", st.api.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
+    st.counted("cuMemAllocManaged", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
 }
 
 /// The pitch the driver will choose is not known before the call: reserve for the usual
@@ -53,7 +53,7 @@ pub unsafe fn alloc_pitch(
         return real(dptr, pitch, width, height, elem);
     }
     let estimate = (width as u64).div_ceil(PITCH_ALIGN).saturating_mul(PITCH_ALIGN).saturating_mul(height as u64);
-    let dev = st.api.current_device();
+    let dev = st.api().current_device();
     let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr, (*pitch as u64).saturating_mul(height as u64));
@@ -74,7 +74,7 @@ pub unsafe fn alloc_pitch_v1(
         return real(dptr, pitch, width, height, elem);
     }
     let estimate = (width as u64).div_ceil(PITCH_ALIGN) * PITCH_ALIGN * height as u64;
-    let dev = st.api.current_device();
+    let dev = st.api().current_device();
     let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr as u64));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr as u64, *pitch as u64 * height as u64);
@@ -120,7 +120,7 @@ pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdevicept
     if dptr.is_null() {
         return real(dptr, bytes, stream);
     }
-    st.counted("cuMemAllocAsync", st.api.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
+    st.counted("cuMemAllocAsync", st.api().stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
 }
 
 pub unsafe fn alloc_from_pool_async(
@@ -134,7 +134,7 @@ pub unsafe fn alloc_from_pool_async(
     if dptr.is_null() {
         return real(dptr, bytes, pool, stream);
     }
-    let dev = pool_device(st, pool).or_else(|| st.api.stream_device(stream));
+    let dev = pool_device(st, pool).or_else(|| st.api().stream_device(stream));
     st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr))
 }
 
@@ -217,7 +217,7 @@ pub unsafe fn array_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, 
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, 1, d.NumChannels, d.Format);
-    st.counted("cuArrayCreate", st.api.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArrayCreate", st.api().current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
@@ -226,7 +226,7 @@ pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, d.Depth, d.NumChannels, d.Format);
-    st.counted("cuArray3DCreate", st.api.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArray3DCreate", st.api().current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array_destroy(st: &State, real: unsafe extern "C" fn(CUarray) -> CUresult, array: CUarray) -> CUresult {
@@ -244,7 +244,7 @@ pub unsafe fn mipmapped_create(
         return real(array, desc, levels);
     }
     let bytes = mipmapped_bytes(&*desc, levels);
-    st.counted("cuMipmappedArrayCreate", st.api.current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
+    st.counted("cuMipmappedArrayCreate", st.api().current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
 }
 
 pub unsafe fn mipmapped_destroy(st: &State, real: unsafe extern "C" fn(CUmipmappedArray) -> CUresult, array: CUmipmappedArray) -> CUresult {

@@ -7,12 +7,15 @@
 
 mod info;
 mod memory;
+mod nvml;
 mod procaddr;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
+use crate::driver::NvmlDevice;
 use crate::ffi::*;
 use crate::intercept::hook_table;
+use nvml::{NvmlMemory, NvmlMemoryV2};
 
 hook_table! {
     // exported symbol        = base name               @ since  [ptsz] (C arguments)                                                          => body
@@ -55,4 +58,17 @@ hook_table! {
     cuArrayDestroy            = "cuArrayDestroy"        @ 2000  (array: CUarray)                                                             => memory::array_destroy;
     cuMipmappedArrayCreate    = "cuMipmappedArrayCreate" @ 5000 (array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => memory::mipmapped_create;
     cuMipmappedArrayDestroy   = "cuMipmappedArrayDestroy" @ 5000 (array: CUmipmappedArray)                                               => memory::mipmapped_destroy;
+
+    // NVML (the base and version columns only matter for cuGetProcAddress).
+    nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;
+    nvmlDeviceGetCount_v2     = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;
+    nvmlDeviceGetHandleByIndex = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                                  => nvml::handle_by_index;
+    nvmlDeviceGetHandleByIndex_v2 = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                               => nvml::handle_by_index;
+    nvmlDeviceGetHandleByUUID = "nvmlDeviceGetHandleByUUID" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                              => nvml::handle_by_key;
+    nvmlDeviceGetHandleByPciBusId = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                       => nvml::handle_by_key;
+    nvmlDeviceGetHandleByPciBusId_v2 = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                    => nvml::handle_by_key;
+    nvmlDeviceGetHandleBySerial = "nvmlDeviceGetHandleBySerial" @ 0 (serial: *const c_char, dev: *mut NvmlDevice)                        => nvml::handle_by_key;
+    nvmlDeviceGetIndex        = "nvmlDeviceGetIndex"    @ 0 (dev: NvmlDevice, index: *mut c_uint)                                            => nvml::get_index;
+    nvmlDeviceGetMemoryInfo   = "nvmlDeviceGetMemoryInfo" @ 0 (dev: NvmlDevice, memory: *mut NvmlMemory)                                 => nvml::memory_info;
+    nvmlDeviceGetMemoryInfo_v2 = "nvmlDeviceGetMemoryInfo" @ 0 (dev: NvmlDevice, memory: *mut NvmlMemoryV2)                              => nvml::memory_info_v2;
 }

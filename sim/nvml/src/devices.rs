@@ -94,7 +94,9 @@ static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
 pub fn all() -> &'static [Device] {
     DEVICES.get_or_init(|| {
         let c = config::get();
-        (0..c.devices).map(|i| Device::new(i, c.memory[i])).collect()
+        (0..c.devices)
+            .map(|i| Device::new(i, c.memory[i]))
+            .collect()
     })
 }
 
@@ -108,7 +110,8 @@ pub fn from_handle(h: nvmlDevice_t) -> Res<&'static Device> {
 
 /// The device whose UUID is exactly `s` (any case).
 pub fn by_uuid(devs: &'static [Device], s: &str) -> Option<&'static Device> {
-    devs.iter().find(|d| d.uuid_str.eq_ignore_ascii_case(s.trim()))
+    devs.iter()
+        .find(|d| d.uuid_str.eq_ignore_ascii_case(s.trim()))
 }
 
 /// A PCI bus id in one of the forms `nvmlDeviceGetHandleByPciBusId` accepts (all numbers hex,
@@ -151,7 +154,12 @@ mod tests {
     use super::*;
 
     fn leak(n: usize) -> &'static [Device] {
-        Box::leak((0..n).map(|i| Device::new(i, 1 << 30)).collect::<Vec<_>>().into_boxed_slice())
+        Box::leak(
+            (0..n)
+                .map(|i| Device::new(i, 1 << 30))
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+        )
     }
 
     #[test]
@@ -197,10 +205,22 @@ mod tests {
         assert_eq!(by_bus_id(devs, "0000:20:00.0").map(|d| d.index), Ok(1));
         assert_eq!(by_bus_id(devs, "00000000:30:00.0").map(|d| d.index), Ok(2));
         assert_eq!(by_bus_id(devs, "10:00.0").map(|d| d.index), Ok(0));
-        assert_eq!(by_bus_id(devs, "0000:40:00.0").map(|d| d.index), Err(NVML_ERROR_NOT_FOUND));
-        assert_eq!(by_bus_id(devs, "0000:10:00.1").map(|d| d.index), Err(NVML_ERROR_NOT_FOUND));
-        assert_eq!(by_bus_id(devs, "0001:10:00.0").map(|d| d.index), Err(NVML_ERROR_NOT_FOUND));
-        assert_eq!(by_bus_id(devs, "bogus").map(|d| d.index), Err(NVML_ERROR_INVALID_ARGUMENT));
+        assert_eq!(
+            by_bus_id(devs, "0000:40:00.0").map(|d| d.index),
+            Err(NVML_ERROR_NOT_FOUND)
+        );
+        assert_eq!(
+            by_bus_id(devs, "0000:10:00.1").map(|d| d.index),
+            Err(NVML_ERROR_NOT_FOUND)
+        );
+        assert_eq!(
+            by_bus_id(devs, "0001:10:00.0").map(|d| d.index),
+            Err(NVML_ERROR_NOT_FOUND)
+        );
+        assert_eq!(
+            by_bus_id(devs, "bogus").map(|d| d.index),
+            Err(NVML_ERROR_INVALID_ARGUMENT)
+        );
     }
 
     #[test]
@@ -209,7 +229,10 @@ mod tests {
         let u = "GPU-20212223-2425-2627-2829-2a2b2c2d2e2f";
         assert_eq!(by_uuid(devs, u).map(|d| d.index), Some(1));
         assert_eq!(by_uuid(devs, &u.to_uppercase()).map(|d| d.index), Some(1));
-        assert_eq!(by_uuid(devs, "gpu-10111213-1415-1617-1819-1a1b1c1d1e1f").map(|d| d.index), Some(0));
+        assert_eq!(
+            by_uuid(devs, "gpu-10111213-1415-1617-1819-1a1b1c1d1e1f").map(|d| d.index),
+            Some(0)
+        );
         // only the exact full UUID: no prefixes, unlike CUDA_VISIBLE_DEVICES
         assert!(by_uuid(devs, "GPU-2021").is_none());
         assert!(by_uuid(devs, "GPU-20212223-2425-2627-2829-2a2b2c2d2e2").is_none());

@@ -172,8 +172,14 @@ mod tests {
     fn strings_into_buffers() {
         let mut buf = [0x7f as c_char; 8];
         unsafe {
-            assert_eq!(put_str(buf.as_mut_ptr(), 8, "abcdefgh"), Err(NVML_ERROR_INSUFFICIENT_SIZE));
-            assert_eq!(put_str(std::ptr::null_mut(), 8, "a"), Err(NVML_ERROR_INVALID_ARGUMENT));
+            assert_eq!(
+                put_str(buf.as_mut_ptr(), 8, "abcdefgh"),
+                Err(NVML_ERROR_INSUFFICIENT_SIZE)
+            );
+            assert_eq!(
+                put_str(std::ptr::null_mut(), 8, "a"),
+                Err(NVML_ERROR_INVALID_ARGUMENT)
+            );
             assert_eq!(put_str(buf.as_mut_ptr(), 8, "abcdefg"), Ok(()));
             assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "abcdefg");
         }

@@ -1,1 +1,31 @@
-// simulated NVML: see sim/nvml/README.md
+//! gpusim-nvml: a simulated NVML (`libnvidia-ml.so.1`) for testing gpushim without a GPU.
+//! It describes the same physical devices as the simulated CUDA driver (`sim/cuda`), from the
+//! same environment, and reports the memory that driver has allocated in the same process.
+//! See README.md for the environment variables, device identities and what is simulated.
+
+#![allow(non_snake_case)]
+
+#[macro_use]
+mod ffi;
+
+mod api;
+mod config;
+mod cuda_link;
+mod devices;
+mod registry;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+/// Load-time constructor: reads the configuration, so that `GPUSIM_NVML_REPORT` is registered
+/// (and a report written at exit) for every process that loads the library.
+extern "C" fn on_load() {
+    ffi::guard_value((), || {
+        config::get();
+    })
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

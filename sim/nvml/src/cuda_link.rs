@@ -1,0 +1,69 @@
+//! Memory in use, from the simulated CUDA driver loaded in the same process.
+//!
+//! If `libcuda.so.1` is already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`: never loads it) and
+//! exports the simulator's hook `int gpusim_stats(int physical, uint64_t *used, uint64_t *peak,
+//! uint64_t *total)`, `used(p)` is what it reports for physical device `p`; otherwise 0. Once
+//! found, the hook's address is kept, and so is the `dlopen` reference that keeps the driver
+//! loaded; until then every call looks again (the driver may be loaded later).
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+type StatsFn = unsafe extern "C" fn(c_int, *mut u64, *mut u64, *mut u64) -> c_int;
+
+static STATS: AtomicUsize = AtomicUsize::new(0);
+
+fn stats_fn() -> Option<StatsFn> {
+    let cached = STATS.load(Ordering::Acquire);
+    if cached != 0 {
+        // SAFETY: only ever set from a non-NULL `dlsym` of `gpusim_stats`, whose library stays
+        // loaded (we keep our reference).
+        return Some(unsafe { std::mem::transmute::<usize, StatsFn>(cached) });
+    }
+    // SAFETY: plain libdl calls with NUL-terminated names.
+    unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return None;
+        }
+        let f: *mut c_void = libc::dlsym(h, c"gpusim_stats".as_ptr());
+        if f.is_null() {
+            // A libcuda.so.1 without the hook (not the simulator): nothing to ask.
+            libc::dlclose(h);
+            return None;
+        }
+        STATS.store(f as usize, Ordering::Release);
+        Some(std::mem::transmute::<*mut c_void, StatsFn>(f))
+    }
+}
+
+/// Bytes the simulated driver in this process has allocated on physical device `p` (0 if no
+/// simulated driver is loaded or it does not know `p`).
+pub fn used(p: usize) -> u64 {
+    let Some(f) = stats_fn() else { return 0 };
+    let mut used = 0u64;
+    // SAFETY: `f` is the simulator's `gpusim_stats`; NULL out-pointers are skipped by it.
+    let rc = unsafe {
+        f(
+            p as c_int,
+            &mut used,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc == 0 {
+        used
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn no_driver_means_nothing_used() {
+        // The unit-test binary never loads libcuda.so.1.
+        assert_eq!(super::used(0), 0);
+        assert_eq!(super::used(99), 0);
+    }
+}

@@ -1,0 +1,158 @@
+//! Every exported NVML entry point, in one list: it gives each a call counter (for
+//! `gpusim_nvml_call_count` and the exit report). `nvml_api!` refers to `Id::<name>`, so a
+//! function missing here does not compile, and `addresses` refers to every name here, so a
+//! name without a function does not compile either.
+//!
+//! Test hooks (not counted):
+//! ```c
+//! uint64_t gpusim_nvml_call_count(const char *name); /* calls of that nvml* entry point; 0 if unknown */
+//! ```
+//! Exit report: with `GPUSIM_NVML_REPORT=path`, `{"calls":{"nvmlInitWithFlags":1,…}}` (every
+//! entry point called at least once) is written there at exit.
+
+#![allow(non_camel_case_types)]
+
+use crate::api::*;
+use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! exports {
+    ($($name:ident),* $(,)?) => {
+        /// Index of an exported entry point.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        #[allow(clippy::enum_variant_names)]
+        pub enum Id { $($name),* }
+
+        pub static NAMES: &[&str] = &[$(stringify!($name)),*];
+
+        const N: usize = [$(stringify!($name)),*].len();
+
+        /// Call counters, by `Id`.
+        pub static COUNTS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+
+        #[allow(dead_code)]
+        pub fn addresses() -> Vec<usize> {
+            vec![$($name as *const () as usize),*]
+        }
+    };
+}
+
+exports! {
+    // init and system
+    nvmlInit, nvmlInit_v2, nvmlInitWithFlags, nvmlShutdown, nvmlErrorString,
+    nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion,
+    nvmlSystemGetCudaDriverVersion_v2,
+    // enumeration and handles
+    nvmlDeviceGetCount, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex,
+    nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByUUID, nvmlDeviceGetHandleByUUIDV,
+    nvmlDeviceGetHandleByPciBusId, nvmlDeviceGetHandleByPciBusId_v2, nvmlDeviceGetHandleBySerial,
+    // identity
+    nvmlDeviceGetIndex, nvmlDeviceGetName, nvmlDeviceGetUUID, nvmlDeviceGetSerial,
+    nvmlDeviceGetMinorNumber, nvmlDeviceGetPciInfo, nvmlDeviceGetPciInfo_v2,
+    nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfoExt, nvmlDeviceGetCudaComputeCapability,
+    nvmlDeviceGetBrand, nvmlDeviceGetArchitecture,
+    // memory
+    nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetBAR1MemoryInfo,
+    // state
+    nvmlDeviceGetComputeMode, nvmlDeviceGetPersistenceMode, nvmlDeviceGetUtilizationRates,
+    nvmlDeviceGetTemperature, nvmlDeviceGetPowerUsage, nvmlDeviceGetClockInfo,
+    nvmlDeviceGetMaxClockInfo, nvmlDeviceGetMigMode,
+    // processes
+    nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses_v2,
+    nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses,
+    nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v3,
+    // topology
+    nvmlDeviceGetP2PStatus, nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceOnSameBoard,
+}
+
+#[inline]
+pub fn hit(id: Id) {
+    COUNTS[id as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn count_of(name: &str) -> u64 {
+    NAMES
+        .iter()
+        .position(|n| *n == name)
+        .map_or(0, |i| COUNTS[i].load(Ordering::Relaxed))
+}
+
+/// `uint64_t gpusim_nvml_call_count(const char *name)`: calls of that exported entry point so
+/// far (0 for NULL or an unknown name).
+///
+/// # Safety
+/// A non-NULL `name` must be a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpusim_nvml_call_count(name: *const c_char) -> u64 {
+    crate::ffi::guard_value(0, || {
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let n = unsafe { CStr::from_ptr(name) };
+        n.to_str().map_or(0, count_of)
+    })
+}
+
+// ---- the report ------------------------------------------------------------------------------
+
+pub fn register_report_at_exit() {
+    extern "C" fn at_exit() {
+        crate::ffi::guard_value((), || {
+            if let Some(path) = crate::config::get().report.as_deref() {
+                if let Err(e) = std::fs::write(path, report_json()) {
+                    crate::ffi::trace_line(&format!(
+                        "gpusim-nvml: cannot write GPUSIM_NVML_REPORT={path}: {e}\n"
+                    ));
+                }
+            }
+        })
+    }
+    // SAFETY: registering a plain function with libc.
+    unsafe {
+        libc::atexit(at_exit);
+    }
+}
+
+/// `{"calls":{"nvmlInitWithFlags":1,…}}`: every entry point called at least once, in
+/// registry order (names need no JSON escaping).
+pub fn report_json() -> String {
+    let calls: Vec<String> = NAMES
+        .iter()
+        .zip(COUNTS.iter())
+        .map(|(n, c)| (n, c.load(Ordering::Relaxed)))
+        .filter(|&(_, c)| c > 0)
+        .map(|(n, c)| format!("\"{n}\":{c}"))
+        .collect();
+    format!("{{\"calls\":{{{}}}}}\n", calls.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_nvml() {
+        let mut seen = std::collections::HashSet::new();
+        for n in NAMES {
+            assert!(n.starts_with("nvml"), "{n}");
+            assert!(seen.insert(*n), "duplicate {n}");
+        }
+        let a = addresses();
+        assert_eq!(a.len(), NAMES.len());
+        assert!(a.iter().all(|&x| x != 0));
+    }
+
+    #[test]
+    fn report_shape() {
+        hit(Id::nvmlDeviceGetMaxClockInfo);
+        let r = report_json();
+        assert!(r.starts_with("{\"calls\":{"), "{r}");
+        assert!(r.contains("\"nvmlDeviceGetMaxClockInfo\":"), "{r}");
+        assert!(count_of("nvmlDeviceGetMaxClockInfo") >= 1);
+        assert_eq!(count_of("cuInit"), 0);
+        assert_eq!(unsafe { gpusim_nvml_call_count(std::ptr::null()) }, 0);
+        assert!(unsafe { gpusim_nvml_call_count(c"nvmlDeviceGetMaxClockInfo".as_ptr()) } >= 1);
+    }
+}

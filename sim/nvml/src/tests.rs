@@ -1,0 +1,418 @@
+//! The exported functions called as C would call them. The init count is process-wide, so
+//! every test that touches it holds `LOCK`; the device list is whatever the environment says
+//! (2 devices of 16 GiB unless `GPUSIM_DEVICES` / `GPUSIM_MEMORY` are set).
+
+use crate::api::*;
+use crate::devices;
+use crate::registry::count_of;
+use crate::types::*;
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ptr::{null, null_mut};
+use std::sync::Mutex;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn handle(i: u32) -> nvmlDevice_t {
+    let mut h = null_mut();
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(i, &mut h) },
+        NVML_SUCCESS
+    );
+    h
+}
+
+fn text(buf: &[c_char]) -> String {
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn init_is_reference_counted() {
+    let _g = lock();
+    unsafe {
+        let mut n = 0u32;
+        // balance whatever other tests left (they always shut down what they start)
+        assert_eq!(nvmlDeviceGetCount_v2(&mut n), NVML_ERROR_UNINITIALIZED);
+        assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+        let mut h = null_mut();
+        assert_eq!(
+            nvmlDeviceGetHandleByIndex(0, &mut h),
+            NVML_ERROR_UNINITIALIZED
+        );
+        let mut v = [0 as c_char; 80];
+        assert_eq!(
+            nvmlSystemGetDriverVersion(v.as_mut_ptr(), 80),
+            NVML_ERROR_UNINITIALIZED
+        );
+        // these need no init
+        assert_eq!(nvmlSystemGetNVMLVersion(v.as_mut_ptr(), 80), NVML_SUCCESS);
+        let mut cv = 0;
+        assert_eq!(nvmlSystemGetCudaDriverVersion_v2(&mut cv), NVML_SUCCESS);
+        assert!(cv > 0);
+
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        assert_eq!(nvmlInitWithFlags(0), NVML_SUCCESS);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+        assert_eq!(nvmlDeviceGetCount_v2(&mut n), NVML_SUCCESS);
+        assert_eq!(n as usize, devices::all().len());
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+        assert_eq!(nvmlDeviceGetCount_v2(&mut n), NVML_ERROR_UNINITIALIZED);
+        assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+    }
+}
+
+#[test]
+fn handles_and_identities() {
+    let _g = lock();
+    unsafe {
+        assert_eq!(nvmlInit(), NVML_SUCCESS);
+        let n = devices::all().len() as u32;
+        let mut count = 0;
+        assert_eq!(nvmlDeviceGetCount(&mut count), NVML_SUCCESS);
+        assert_eq!(count, n);
+        assert_eq!(nvmlDeviceGetCount(null_mut()), NVML_ERROR_INVALID_ARGUMENT);
+        let mut h = null_mut();
+        assert_eq!(
+            nvmlDeviceGetHandleByIndex_v2(n, &mut h),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByIndex_v2(0, null_mut()),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        for i in 0..n {
+            let h = handle(i);
+            assert_eq!(h, handle(i), "stable handles");
+            let mut idx = 99;
+            assert_eq!(nvmlDeviceGetIndex(h, &mut idx), NVML_SUCCESS);
+            assert_eq!(idx, i);
+            let mut minor = 99;
+            assert_eq!(nvmlDeviceGetMinorNumber(h, &mut minor), NVML_SUCCESS);
+            assert_eq!(minor, i);
+
+            let mut name = [0 as c_char; 96];
+            assert_eq!(nvmlDeviceGetName(h, name.as_mut_ptr(), 96), NVML_SUCCESS);
+            assert_eq!(text(&name), format!("gpusim device {i}"));
+            assert_eq!(
+                nvmlDeviceGetName(h, name.as_mut_ptr(), 4),
+                NVML_ERROR_INSUFFICIENT_SIZE
+            );
+
+            let mut uuid = [0 as c_char; 96];
+            assert_eq!(nvmlDeviceGetUUID(h, uuid.as_mut_ptr(), 96), NVML_SUCCESS);
+            let u = text(&uuid);
+            let b = 0x10 * (i + 1);
+            assert!(
+                u.starts_with(&format!("GPU-{:02x}{:02x}", b as u8, (b + 1) as u8)),
+                "{u}"
+            );
+            assert_eq!(
+                nvmlDeviceGetUUID(h, uuid.as_mut_ptr(), 40),
+                NVML_ERROR_INSUFFICIENT_SIZE
+            );
+            assert_eq!(nvmlDeviceGetUUID(h, uuid.as_mut_ptr(), 41), NVML_SUCCESS);
+
+            let mut by = null_mut();
+            let cu = std::ffi::CString::new(u.to_uppercase().replace("GPU-", "gpu-")).unwrap();
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(cu.as_ptr(), &mut by),
+                NVML_SUCCESS
+            );
+            assert_eq!(by, h);
+
+            let mut v = nvmlUUID_v1_t {
+                version: NVML_UUID_V1,
+                type_: NVML_UUID_TYPE_BINARY,
+                value: nvmlUUIDValue_t {
+                    bytes: devices::all()[i as usize].uuid,
+                },
+            };
+            let mut by = null_mut();
+            assert_eq!(nvmlDeviceGetHandleByUUIDV(&v, &mut by), NVML_SUCCESS);
+            assert_eq!(by, h);
+            v.version = 1;
+            assert_eq!(
+                nvmlDeviceGetHandleByUUIDV(&v, &mut by),
+                NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            );
+
+            let mut serial = [0 as c_char; 30];
+            assert_eq!(
+                nvmlDeviceGetSerial(h, serial.as_mut_ptr(), 30),
+                NVML_SUCCESS
+            );
+            assert_eq!(text(&serial), format!("GPUSIM-{i}"));
+            let mut by = null_mut();
+            assert_eq!(
+                nvmlDeviceGetHandleBySerial(serial.as_ptr(), &mut by),
+                NVML_SUCCESS
+            );
+            assert_eq!(by, h);
+
+            let mut pci: nvmlPciInfo_t = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetPciInfo_v3(h, &mut pci), NVML_SUCCESS);
+            assert_eq!((pci.domain, pci.bus, pci.device), (0, b, 0));
+            assert_eq!(text(&pci.busId), format!("00000000:{b:02X}:00.0"));
+            assert_eq!(text(&pci.busIdLegacy), format!("0000:{b:02X}:00.0"));
+            for id in [
+                text(&pci.busId),
+                text(&pci.busIdLegacy),
+                text(&pci.busId).to_lowercase(),
+            ] {
+                let c = std::ffi::CString::new(id).unwrap();
+                let mut by = null_mut();
+                assert_eq!(
+                    nvmlDeviceGetHandleByPciBusId_v2(c.as_ptr(), &mut by),
+                    NVML_SUCCESS
+                );
+                assert_eq!(by, h);
+                assert_eq!(
+                    nvmlDeviceGetHandleByPciBusId(c.as_ptr(), &mut by),
+                    NVML_SUCCESS
+                );
+                assert_eq!(by, h);
+            }
+            // v1/v2 write the 52-byte legacy layout only
+            let mut pci2: nvmlPciInfo_t = std::mem::zeroed();
+            pci2.busId[16] = 0x55;
+            assert_eq!(nvmlDeviceGetPciInfo(h, &mut pci2), NVML_SUCCESS);
+            assert_eq!(text(&pci2.busIdLegacy), format!("0000:{b:02X}:00.0"));
+            assert_eq!(pci2.pciSubSystemId, pci.pciSubSystemId);
+            assert_eq!(pci2.busId[16], 0x55);
+
+            let mut ext: nvmlPciInfoExt_v1_t = std::mem::zeroed();
+            assert_eq!(
+                nvmlDeviceGetPciInfoExt(h, &mut ext),
+                NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            );
+            ext.version = NVML_PCI_INFO_EXT_V1;
+            assert_eq!(nvmlDeviceGetPciInfoExt(h, &mut ext), NVML_SUCCESS);
+            assert_eq!(text(&ext.busId), text(&pci.busId));
+
+            let (mut ma, mut mi): (c_int, c_int) = (0, 0);
+            assert_eq!(
+                nvmlDeviceGetCudaComputeCapability(h, &mut ma, &mut mi),
+                NVML_SUCCESS
+            );
+            assert_eq!((ma, mi), (9, 0));
+            assert_eq!(
+                nvmlDeviceGetCudaComputeCapability(h, &mut ma, null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+        }
+
+        let mut by = null_mut();
+        for bad in [
+            c"GPU-1011",
+            c"",
+            c"GPU-10111213-1415-1617-1819-1a1b1c1d1e1f0",
+        ] {
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(bad.as_ptr(), &mut by),
+                NVML_ERROR_NOT_FOUND
+            );
+        }
+        assert_eq!(
+            nvmlDeviceGetHandleByUUID(null(), &mut by),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleBySerial(c"GPUSIM-99".as_ptr(), &mut by),
+            NVML_ERROR_NOT_FOUND
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByPciBusId_v2(c"0000:ff:00.0".as_ptr(), &mut by),
+            NVML_ERROR_NOT_FOUND
+        );
+        assert_eq!(
+            nvmlDeviceGetHandleByPciBusId_v2(c"what".as_ptr(), &mut by),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        // a pointer that is no handle is never dereferenced
+        let mut x = 0u32;
+        let fake = &mut x as *mut u32 as nvmlDevice_t;
+        let mut idx = 0;
+        assert_eq!(
+            nvmlDeviceGetIndex(fake, &mut idx),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetIndex(null_mut(), &mut idx),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvmlDeviceGetIndex(handle(0), null_mut()),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}
+
+#[test]
+fn memory_and_state() {
+    let _g = lock();
+    unsafe {
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        let h = handle(0);
+        let total = devices::all()[0].total;
+        let mut m = nvmlMemory_t::default();
+        assert_eq!(nvmlDeviceGetMemoryInfo(h, &mut m), NVML_SUCCESS);
+        assert_eq!(
+            m,
+            nvmlMemory_t {
+                total,
+                free: total,
+                used: 0
+            }
+        );
+        assert_eq!(
+            nvmlDeviceGetMemoryInfo(h, null_mut()),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        let mut m2 = nvmlMemory_v2_t::default();
+        assert_eq!(
+            nvmlDeviceGetMemoryInfo_v2(h, &mut m2),
+            NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        );
+        m2.version = 0x0200_0028;
+        assert_eq!(nvmlDeviceGetMemoryInfo_v2(h, &mut m2), NVML_SUCCESS);
+        assert_eq!(
+            m2,
+            nvmlMemory_v2_t {
+                version: 0x0200_0028,
+                total,
+                reserved: 0,
+                free: total,
+                used: 0
+            }
+        );
+
+        let mut bar1 = nvmlBAR1Memory_t::default();
+        assert_eq!(nvmlDeviceGetBAR1MemoryInfo(h, &mut bar1), NVML_SUCCESS);
+        assert_eq!(bar1.bar1Total, bar1.bar1Free + bar1.bar1Used);
+
+        let mut u = 7;
+        assert_eq!(nvmlDeviceGetComputeMode(h, &mut u), NVML_SUCCESS);
+        assert_eq!(u, 0);
+        assert_eq!(nvmlDeviceGetPersistenceMode(h, &mut u), NVML_SUCCESS);
+        assert_eq!(nvmlDeviceGetBrand(h, &mut u), NVML_SUCCESS);
+        assert_eq!(u, 14);
+        assert_eq!(nvmlDeviceGetArchitecture(h, &mut u), NVML_SUCCESS);
+        assert_eq!(u, 9);
+        assert_eq!(nvmlDeviceGetTemperature(h, 0, &mut u), NVML_SUCCESS);
+        assert_eq!(u, 40);
+        assert_eq!(
+            nvmlDeviceGetTemperature(h, 1, &mut u),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(nvmlDeviceGetPowerUsage(h, &mut u), NVML_SUCCESS);
+        assert_eq!(nvmlDeviceGetClockInfo(h, 1, &mut u), NVML_SUCCESS);
+        assert_eq!(
+            nvmlDeviceGetMaxClockInfo(h, 4, &mut u),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+        let mut util = nvmlUtilization_t { gpu: 5, memory: 5 };
+        assert_eq!(nvmlDeviceGetUtilizationRates(h, &mut util), NVML_SUCCESS);
+        assert_eq!(util, nvmlUtilization_t::default());
+        let (mut cur, mut pend) = (0, 0);
+        assert_eq!(
+            nvmlDeviceGetMigMode(h, &mut cur, &mut pend),
+            NVML_ERROR_NOT_SUPPORTED
+        );
+
+        let mut c: c_uint = 5;
+        assert_eq!(
+            nvmlDeviceGetComputeRunningProcesses_v3(h, &mut c, null_mut()),
+            NVML_SUCCESS
+        );
+        assert_eq!(c, 0);
+        c = 5;
+        assert_eq!(
+            nvmlDeviceGetComputeRunningProcesses(h, &mut c, null_mut()),
+            NVML_SUCCESS
+        );
+        assert_eq!(c, 0);
+        assert_eq!(
+            nvmlDeviceGetGraphicsRunningProcesses_v3(h, null_mut(), null_mut()),
+            NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        let mut v = [0 as c_char; 80];
+        assert_eq!(nvmlSystemGetDriverVersion(v.as_mut_ptr(), 80), NVML_SUCCESS);
+        assert_eq!(text(&v), DRIVER_VERSION);
+        assert_eq!(
+            nvmlSystemGetDriverVersion(v.as_mut_ptr(), 3),
+            NVML_ERROR_INSUFFICIENT_SIZE
+        );
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}
+
+#[test]
+fn topology() {
+    let _g = lock();
+    unsafe {
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        if devices::all().len() >= 2 {
+            let (a, b) = (handle(0), handle(1));
+            let mut s = 9;
+            assert_eq!(nvmlDeviceGetP2PStatus(a, b, 0, &mut s), NVML_SUCCESS);
+            assert_eq!(s, NVML_P2P_STATUS_OK);
+            assert_eq!(nvmlDeviceGetP2PStatus(a, a, 0, &mut s), NVML_SUCCESS);
+            assert_eq!(s, NVML_P2P_STATUS_NOT_SUPPORTED);
+            assert_eq!(
+                nvmlDeviceGetP2PStatus(a, b, 9, &mut s),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetTopologyCommonAncestor(a, b, &mut s),
+                NVML_SUCCESS
+            );
+            assert_eq!(s, NVML_TOPOLOGY_HOSTBRIDGE);
+            let mut same = 9;
+            assert_eq!(nvmlDeviceOnSameBoard(a, b, &mut same), NVML_SUCCESS);
+            assert_eq!(same, 0);
+            assert_eq!(
+                nvmlDeviceOnSameBoard(a, null_mut(), &mut same),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+        }
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}
+
+#[test]
+fn error_strings_and_counts() {
+    let s = |r| {
+        unsafe { CStr::from_ptr(nvmlErrorString(r)) }
+            .to_str()
+            .unwrap()
+    };
+    assert_eq!(s(0), "Success");
+    assert_eq!(s(1), "Uninitialized");
+    assert_eq!(s(25), "Argument version mismatch");
+    assert_eq!(s(999), "Unknown Error");
+    assert_eq!(s(-5), "Unknown Error");
+    assert!(count_of("nvmlErrorString") >= 5);
+    let mut cv = 0;
+    let before = count_of("nvmlSystemGetCudaDriverVersion");
+    assert_eq!(
+        unsafe { nvmlSystemGetCudaDriverVersion(&mut cv) },
+        NVML_SUCCESS
+    );
+    assert_eq!(
+        unsafe { nvmlSystemGetCudaDriverVersion(null_mut()) },
+        NVML_ERROR_INVALID_ARGUMENT
+    );
+    assert!(count_of("nvmlSystemGetCudaDriverVersion") >= before + 2);
+}
