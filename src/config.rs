@@ -100,6 +100,8 @@ pub const ENV_SHARED_QUOTA: &str = "GPUSHIM_SHARED_QUOTA";
 pub const ENV_DISABLE: &str = "GPUSHIM_DISABLE";
 pub const ENV_DRIVER_PATH: &str = "GPUSHIM_DRIVER_PATH";
 pub const ENV_NVML_PATH: &str = "GPUSHIM_NVML_PATH";
+/// Set by the shim itself for child processes (see `view`), never by users.
+pub const ENV_VIEW_APPLIED: &str = "GPUSHIM_VIEW_APPLIED";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT`.
 pub const ENV_ALIAS_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT_<i>`.
@@ -119,6 +121,7 @@ pub const KNOWN_ENV: &[&str] = &[
     ENV_DISABLE,
     ENV_DRIVER_PATH,
     ENV_NVML_PATH,
+    ENV_VIEW_APPLIED,
 ];
 
 /// Every key of the config file. These are also the setting names used in [`Settings::sources`]
@@ -1739,7 +1742,8 @@ mod tests {
 
     #[test]
     fn empty_values_are_errors_except_disable() {
-        for var in KNOWN_ENV.iter().filter(|v| **v != ENV_DISABLE) {
+        // The view marker is the shim's own bookkeeping (empty = the view `none`), not a setting.
+        for var in KNOWN_ENV.iter().filter(|v| **v != ENV_DISABLE && **v != ENV_VIEW_APPLIED) {
             for empty in ["", " \t"] {
                 let e = err(&[(var, empty)]);
                 assert!(
@@ -1749,6 +1753,7 @@ mod tests {
             }
         }
         assert!(!ok(&[("GPUSHIM_DISABLE", "")]).disable);
+        assert!(ok(&[(ENV_VIEW_APPLIED, "")]).warnings.is_empty());
     }
 
     #[test]

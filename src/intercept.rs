@@ -126,7 +126,7 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         let Some(st) = state::get() else { return uninitialised };
         let mut real = REAL[index].load(Relaxed);
         if real == 0 {
-            st.load(hook.lib(), None);
+            st.load(hook.lib(), None, true);
             real = REAL[index].load(Relaxed);
             if real == 0 {
                 return not_found;
@@ -234,7 +234,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     if st.passthrough() {
         return 0;
     }
-    st.load(HOOKS[index].lib(), hint);
+    st.load(HOOKS[index].lib(), hint, true);
     if found == ours || found == REAL[index].load(Relaxed) {
         return ours;
     }

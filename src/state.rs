@@ -39,8 +39,8 @@ pub struct State {
     inventory: OnceLock<Option<Vec<Physical>>>,
     /// The program's view in terms of the inventory; `None`: the driver's order, unchanged.
     view: OnceLock<Option<View>>,
-    /// Whether the shim rewrote `CUDA_VISIBLE_DEVICES` (then the view is checked after `cuInit`).
-    view_applied: bool,
+    /// How many devices the driver must show once initialised, when the shim set the view.
+    expected_devices: Option<usize>,
     announced: AtomicBool,
     budgets: [DeviceBudget; MAX_DEVICES],
     pub live: LiveMap,
@@ -95,7 +95,7 @@ fn build() -> Box<State> {
         nvml: OnceLock::new(),
         inventory: OnceLock::new(),
         view: OnceLock::new(),
-        view_applied: false,
+        expected_devices: None,
         announced: AtomicBool::new(false),
         budgets: [const { DeviceBudget::new() }; MAX_DEVICES],
         live: LiveMap::new(),
@@ -186,37 +186,48 @@ impl State {
     fn apply_view(&mut self) -> Result<(), config::ConfigError> {
         let Some(selectors) = self.settings.visible_devices.clone() else { return Ok(()) };
         let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok();
-        if cvd.is_some() && cvd == std::env::var(view::APPLIED_MARKER).ok() {
-            log!(Level::Debug, "device view already applied by a parent process: CUDA_VISIBLE_DEVICES={}", cvd.unwrap_or_default());
-            return Ok(());
-        }
-        let error = |reason: String| {
-            let written = || selectors.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
-            let (setting, value) = match self.settings.source_of("visible_devices") {
-                config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_else(|_| written())),
-                other => (format!("visible_devices ({other})"), written()),
-            };
-            config::ConfigError::new(setting, value, reason)
+        let parent = std::env::var(view::APPLIED_MARKER).ok();
+        let entries: Vec<String> = match (&parent, &cvd) {
+            (Some(p), Some(c)) if p == c => {
+                log!(Level::Debug, "device view already applied by a parent process: CUDA_VISIBLE_DEVICES={c}");
+                self.expected_devices = Some(view::narrow(p, c).len());
+                return Ok(());
+            }
+            (Some(p), Some(c)) => view::narrow(p, c),
+            _ => {
+                let error = |reason: String| {
+                    let written = || selectors.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+                    let (setting, value) = match self.settings.source_of("visible_devices") {
+                        config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_else(|_| written())),
+                        other => (format!("visible_devices ({other})"), written()),
+                    };
+                    config::ConfigError::new(setting, value, reason)
+                };
+                match self.inventory() {
+                    Some(inventory) => {
+                        view::select(&selectors, cvd.as_deref(), inventory).map_err(error)?.uuids(inventory)
+                    }
+                    None => view::select_without_inventory(&selectors, cvd.as_deref()).map_err(error)?,
+                }
+            }
         };
-        let inventory = match self.inventory() {
-            Some(inv) => inv,
-            None => return Err(error("the devices could not be listed: NVML (libnvidia-ml.so.1) is not available".into())),
-        };
-        let selected = view::select(&selectors, cvd.as_deref(), inventory).map_err(error)?;
-        let value = selected.cuda_visible_devices(inventory);
+        let value = entries.join(",");
         log!(Level::Debug, "CUDA_VISIBLE_DEVICES={value} (was {cvd:?})");
         std::env::set_var(view::CUDA_VISIBLE_DEVICES, &value);
         std::env::set_var(view::APPLIED_MARKER, &value);
-        let _ = self.view.set(Some(selected));
-        self.view_applied = true;
+        self.expected_devices = Some(entries.len());
         Ok(())
     }
 
-    /// NVML's inventory of physical devices (read once).
+    /// NVML's inventory of physical devices (read once). A missing NVML is not logged here:
+    /// without it the view is applied by position, and what needs NVML says so itself.
     pub fn inventory(&self) -> Option<&Vec<Physical>> {
         self.inventory
             .get_or_init(|| {
-                let nvml = self.nvml_api()?;
+                if self.nvml.get().is_none() {
+                    self.load(Lib::Nvml, None, false);
+                }
+                let nvml = self.nvml.get()?;
                 nvml.inventory().map_err(|e| log!(Level::Warn, "cannot list the devices through NVML: {e}")).ok()
             })
             .as_ref()
@@ -241,14 +252,15 @@ impl State {
 
     pub fn nvml_api(&self) -> Option<&NvmlApi> {
         if self.nvml.get().is_none() {
-            self.load(Lib::Nvml, None);
+            self.load(Lib::Nvml, None, true);
         }
         self.nvml.get()
     }
 
     /// Opens `lib` (if not yet open) and fills its hooks' driver pointers. `hint`: an address
-    /// inside the copy the program uses. A failure is logged once and not remembered.
-    pub fn load(&self, lib: Lib, hint: Option<*const c_void>) {
+    /// inside the copy the program uses. A failure is logged once (if `report`) and not
+    /// remembered.
+    pub fn load(&self, lib: Lib, hint: Option<*const c_void>, report: bool) {
         let opened = match lib {
             Lib::Cuda => self.cuda.get().is_some(),
             Lib::Nvml => self.nvml.get().is_some(),
@@ -270,7 +282,7 @@ impl State {
                 }
             }
             Err(e) => {
-                if !LIBRARY_ERROR_REPORTED[lib as usize].swap(true, Ordering::Relaxed) {
+                if report && !LIBRARY_ERROR_REPORTED[lib as usize].swap(true, Ordering::Relaxed) {
                     let what = if lib == Lib::Cuda { "the CUDA driver" } else { "NVML" };
                     log!(Level::Error, "cannot load {what}: {e}");
                 }
@@ -283,13 +295,19 @@ impl State {
     /// be applied (the driver read `CUDA_VISIBLE_DEVICES` before the shim set it).
     pub fn after_cuda_init(&self) -> Result<(), String> {
         let devices = self.api().devices();
-        if self.view_applied {
-            if let (Some(view), Some(inv)) = (self.view.get().and_then(Option::as_ref), self.inventory.get().and_then(Option::as_ref)) {
-                let want: Vec<&str> = view.devices.iter().map(|&p| inv[p].uuid.as_str()).collect();
-                let got: Vec<String> = devices.iter().map(|(_, u)| driver::uuid_string(u)).collect();
-                if want != got {
-                    return Err(format!("the driver shows {got:?} instead of {want:?}: was CUDA initialised before gpushim was loaded?"));
-                }
+        if let Some(expected) = self.expected_devices {
+            let shown: Vec<String> = devices.iter().map(|(_, u)| driver::uuid_string(u)).collect();
+            let wanted = std::env::var(view::APPLIED_MARKER).unwrap_or_default();
+            let same_uuids = match self.view() {
+                Some(view) => self.inventory().is_some_and(|inv| view.devices.iter().map(|&p| &inv[p].uuid).eq(shown.iter())),
+                None => true,
+            };
+            if shown.len() != expected || !same_uuids {
+                return Err(format!(
+                    "the driver shows {shown:?}, not the devices gpushim selected (CUDA_VISIBLE_DEVICES={wanted}): \
+                     CUDA_VISIBLE_DEVICES was changed after gpushim applied GPUSHIM_VISIBLE_DEVICES, or CUDA was \
+                     initialised before gpushim was loaded"
+                ));
             }
         }
         if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {

@@ -20,7 +20,7 @@
 use crate::config::Selector;
 
 /// Set to the value the shim gave `CUDA_VISIBLE_DEVICES`.
-pub const APPLIED_MARKER: &str = "GPUSHIM_VIEW_APPLIED";
+pub const APPLIED_MARKER: &str = crate::config::ENV_VIEW_APPLIED;
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 
 /// One physical device as NVML lists it.
@@ -39,9 +39,9 @@ pub struct View {
 }
 
 impl View {
-    /// The `CUDA_VISIBLE_DEVICES` value that gives this view: the UUIDs, in order.
-    pub fn cuda_visible_devices(&self, inventory: &[Physical]) -> String {
-        self.devices.iter().map(|&p| inventory[p].uuid.as_str()).collect::<Vec<_>>().join(",")
+    /// The UUIDs of the view, in order: the entries of the `CUDA_VISIBLE_DEVICES` that gives it.
+    pub fn uuids(&self, inventory: &[Physical]) -> Vec<String> {
+        self.devices.iter().map(|&p| inventory[p].uuid.clone()).collect()
     }
 }
 
@@ -115,6 +115,61 @@ pub fn select(selectors: &[Selector], cvd: Option<&str>, inventory: &[Physical])
     Ok(View { devices })
 }
 
+/// Without NVML's inventory (a container given only the driver's compute libraries): ordinals
+/// compose with `CUDA_VISIBLE_DEVICES` by position, UUIDs pass through to the driver when
+/// nothing else hides devices; PCI bus ids cannot be resolved. Returns the entries of the new
+/// `CUDA_VISIBLE_DEVICES`.
+pub fn select_without_inventory(selectors: &[Selector], cvd: Option<&str>) -> Result<Vec<String>, String> {
+    let base: Option<Vec<&str>> = cvd.map(|c| c.split(',').map(str::trim).take_while(|e| !e.is_empty()).collect());
+    let mut out: Vec<String> = Vec::with_capacity(selectors.len());
+    for sel in selectors {
+        let entry = match (sel, &base) {
+            (Selector::Ordinal(i), Some(base)) => base.get(*i as usize).map(|e| e.to_string()).ok_or_else(|| {
+                format!("there is no device {i}: {} visible (CUDA_VISIBLE_DEVICES={})", base.len(), cvd.unwrap_or(""))
+            })?,
+            (Selector::Ordinal(i), None) => i.to_string(),
+            (Selector::Uuid(u), None) => u.clone(),
+            (Selector::Uuid(_), Some(_)) => {
+                return Err("selecting by UUID together with CUDA_VISIBLE_DEVICES needs NVML (libnvidia-ml.so.1), which is not available".into())
+            }
+            (Selector::PciBusId(_), _) => return Err("selecting by PCI bus id needs NVML (libnvidia-ml.so.1), which is not available".into()),
+        };
+        if out.contains(&entry) {
+            return Err(format!("{entry} is selected twice"));
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}
+
+/// A child given its own `CUDA_VISIBLE_DEVICES` under a view its parent applied: its entries
+/// (indices or UUID prefixes) are read within the parent's view, as the driver reads them
+/// within all devices — so a launcher that gives each worker `CUDA_VISIBLE_DEVICES=<i>` hands it
+/// device `<i>` of the view it was given itself.
+pub fn narrow(parent: &str, cvd: &str) -> Vec<String> {
+    let parent: Vec<&str> = parent.split(',').filter(|e| !e.is_empty()).collect();
+    let mut out: Vec<String> = Vec::new();
+    for entry in cvd.split(',').map(str::trim) {
+        let found = if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
+            entry.parse::<usize>().ok().and_then(|i| parent.get(i))
+        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
+            let prefix = format!("GPU-{}", entry[4..].to_ascii_lowercase());
+            let mut hits = parent.iter().filter(|p| p.to_ascii_lowercase().replacen("gpu-", "GPU-", 1).starts_with(&prefix));
+            match (hits.next(), hits.next()) {
+                (Some(p), None) => Some(p),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        match found {
+            Some(p) if !out.iter().any(|o| o == p) => out.push(p.to_string()),
+            _ => break,
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +214,7 @@ mod tests {
         assert_eq!(select(&sel(&["0000:20:00.0"]), None, &inv).unwrap().devices, vec![1]);
         assert_eq!(select(&[], None, &inv).unwrap().devices, Vec::<usize>::new());
         let v = select(&sel(&["2", "0"]), None, &inv).unwrap();
-        assert_eq!(v.cuda_visible_devices(&inv), "GPU-32aa-2,GPU-10aa-0");
+        assert_eq!(v.uuids(&inv).join(","), "GPU-32aa-2,GPU-10aa-0");
     }
 
     #[test]
@@ -172,6 +227,28 @@ mod tests {
             select(&sel(&["2"]), Some("1,2"), &inv).unwrap_err(),
             "there is no device 2: 2 devices are visible (CUDA_VISIBLE_DEVICES=1,2)"
         );
+    }
+
+    #[test]
+    fn without_inventory() {
+        assert_eq!(select_without_inventory(&sel(&["2", "0"]), None).unwrap(), vec!["2", "0"]);
+        assert_eq!(select_without_inventory(&sel(&["1"]), Some("2,1")).unwrap(), vec!["1"]);
+        assert_eq!(select_without_inventory(&sel(&["GPU-3"]), None).unwrap(), vec!["GPU-3"]);
+        assert!(select_without_inventory(&sel(&["GPU-3"]), Some("0")).is_err());
+        assert!(select_without_inventory(&sel(&["0000:10:00.0"]), None).is_err());
+        assert_eq!(select_without_inventory(&sel(&["3"]), Some("2,1")).unwrap_err(), "there is no device 3: 2 visible (CUDA_VISIBLE_DEVICES=2,1)");
+        assert_eq!(select_without_inventory(&sel(&["0", "0"]), None).unwrap_err(), "0 is selected twice");
+    }
+
+    #[test]
+    fn children_narrow_the_parents_view() {
+        let parent = "GPU-32aa-2,GPU-10aa-0";
+        assert_eq!(narrow(parent, "1"), vec!["GPU-10aa-0"]);
+        assert_eq!(narrow(parent, "1,0"), vec!["GPU-10aa-0", "GPU-32aa-2"]);
+        assert_eq!(narrow(parent, "GPU-3"), vec!["GPU-32aa-2"]);
+        assert_eq!(narrow(parent, "GPU-2"), Vec::<String>::new());
+        assert_eq!(narrow(parent, "2"), Vec::<String>::new());
+        assert_eq!(narrow(parent, ""), Vec::<String>::new());
     }
 
     #[test]

@@ -65,6 +65,8 @@ hook_table! {
     nvmlDeviceGetHandleByIndex = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                                  => nvml::handle_by_index;
     nvmlDeviceGetHandleByIndex_v2 = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                               => nvml::handle_by_index;
     nvmlDeviceGetHandleByUUID = "nvmlDeviceGetHandleByUUID" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                              => nvml::handle_by_key;
+    // (nvmlUUID_t is passed by pointer: the same ABI as a string.)
+    nvmlDeviceGetHandleByUUIDV = "nvmlDeviceGetHandleByUUIDV" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                           => nvml::handle_by_key;
     nvmlDeviceGetHandleByPciBusId = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                       => nvml::handle_by_key;
     nvmlDeviceGetHandleByPciBusId_v2 = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                    => nvml::handle_by_key;
     nvmlDeviceGetHandleBySerial = "nvmlDeviceGetHandleBySerial" @ 0 (serial: *const c_char, dev: *mut NvmlDevice)                        => nvml::handle_by_key;

@@ -8,6 +8,9 @@
  *
  * Operations (see scenario.h), after the automatic init (cuInit, device count, context on 0):
  *   dev=N  alloc=API:BYTES  free=K  memfree=K (plain cuMemFree)  info  infonull  totalmem  v1info  v1total  ident  gpaflags
+ *   ids          identity of every device: ids.count, devD.{rc,name,uuid,uuid1,pci,pcibus,total}
+ *   bypci=BUSID  cuDeviceGetByPCIBusId -> opI.rc, opI.dev
+ *   get=N        cuDeviceGet(N) -> opI.rc, opI.dev
  * APIs: mem v1 pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
  * BYTES must be a multiple of 2 MiB for vmm and of 256 KiB for the array APIs.
  */
@@ -83,6 +86,21 @@ static const char *const export_names[] = {
 #undef NAME
 };
 
+/* Device identity queries, kept out of API_TABLE so that `ident` lists the same names as before.
+ * X(field, cuda.h symbol, export name, base name, version) */
+#define ID_TABLE(X)                                                                               \
+    X(DeviceGetName, cuDeviceGetName, "cuDeviceGetName", "cuDeviceGetName", 2000)                 \
+    X(DeviceGetUuid, cuDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid", 11040)             \
+    X(DeviceGetPCIBusId, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", 4010) \
+    X(DeviceGetByPCIBusId, cuDeviceGetByPCIBusId, "cuDeviceGetByPCIBusId", "cuDeviceGetByPCIBusId", 4010) \
+    X(DeviceGetAttribute, cuDeviceGetAttribute, "cuDeviceGetAttribute", "cuDeviceGetAttribute", 2000)
+
+static struct {
+#define ID_FIELD(field, sym, name, base, ver) __typeof__(&sym) field;
+    ID_TABLE(ID_FIELD)
+#undef ID_FIELD
+} id_api;
+
 static void *(*sim_symbol)(const char *);
 
 #if defined(MODE_LINK)
@@ -90,11 +108,17 @@ static void *(*sim_symbol)(const char *);
 #define WEAK(field, sym, name, ptsz_name, base, ver) extern __typeof__(sym) sym __attribute__((weak));
 API_TABLE(WEAK)
 #undef WEAK
+#define ID_WEAK(field, sym, name, base, ver) extern __typeof__(sym) sym __attribute__((weak));
+ID_TABLE(ID_WEAK)
+#undef ID_WEAK
 static const char *mode_name = PTSZ ? "link-ptsz" : "link";
 static void resolve_api(void) {
 #define LINK(field, sym, name, ptsz_name, base, ver) api.field = &sym;
     API_TABLE(LINK)
 #undef LINK
+#define ID_LINK(field, sym, name, base, ver) id_api.field = &sym;
+    ID_TABLE(ID_LINK)
+#undef ID_LINK
     sim_symbol = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "gpusim_symbol");
 }
 #else
@@ -117,6 +141,9 @@ static void resolve_api(void) {
     api.field = (__typeof__(api.field))dlsym(driver, PTSZ ? ptsz_name : name);
     API_TABLE(DLSYM)
 #undef DLSYM
+#define ID_DLSYM(field, sym, name, base, ver) id_api.field = (__typeof__(id_api.field))dlsym(driver, name);
+    ID_TABLE(ID_DLSYM)
+#undef ID_DLSYM
 }
 #endif
 
@@ -157,6 +184,9 @@ static void resolve_api(void) {
     api.field = (__typeof__(api.field))gpa(base, ver, gpa_flags, &rc);
     API_TABLE(GPA)
 #undef GPA
+#define ID_GPA(field, sym, name, base, ver) id_api.field = (__typeof__(id_api.field))gpa(base, ver, gpa_flags, &rc);
+    ID_TABLE(ID_GPA)
+#undef ID_GPA
 }
 #endif
 
@@ -191,6 +221,9 @@ static void *need_v1(const char *name) {
 /* Call a table function; a missing one is reported and ends the program (exit 66). */
 #define CALL(field, ...) \
     (api.field ? api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
+
+#define ID_CALL(field, ...) \
+    (id_api.field ? id_api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
 
 /* ---- devices, contexts, streams ---- */
 
@@ -482,6 +515,79 @@ static void do_gpaflags(void) {
 }
 #endif
 
+/* ---- identity ---- */
+
+typedef CUresult (*device_get_uuid_v1_t)(CUuuid *, CUdevice);
+
+static void *resolve_versioned(const char *export_name, const char *base, int version) {
+#if defined(MODE_LINK)
+    (void)base, (void)version;
+    return dlsym(RTLD_DEFAULT, export_name);
+#elif defined(MODE_DLSYM)
+    (void)base, (void)version;
+    return dlsym(driver, export_name);
+#else
+    (void)export_name;
+    CUresult rc;
+    return gpa(base, version, gpa_flags, &rc);
+#endif
+}
+
+static void uuid_string(char *out, size_t len, const unsigned char *u) {
+    snprintf(out, len,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+static void do_ids(void) {
+    int n = -1;
+    kv("ids.count.rc=%d", (int)CALL(DeviceGetCount, &n));
+    kv("ids.count=%d", n);
+    device_get_uuid_v1_t uuid_v1 = (device_get_uuid_v1_t)resolve_versioned("cuDeviceGetUuid", "cuDeviceGetUuid", 9020);
+    for (int d = 0; d < n && d < 64; d++) {
+        CUdevice dev = -1;
+        char name[256] = "", uuid[64] = "", pci[64] = "";
+        CUuuid u;
+        int bus = -1;
+        size_t total = 0;
+        CUresult rc = CALL(DeviceGet, &dev, d);
+        kv("dev%d.rc=%d", d, (int)rc);
+        if (rc != CUDA_SUCCESS) continue;
+        kv("dev%d.name.rc=%d", d, (int)ID_CALL(DeviceGetName, name, sizeof name, dev));
+        kv("dev%d.name=%s", d, name);
+        memset(&u, 0, sizeof u);
+        kv("dev%d.uuid.rc=%d", d, (int)ID_CALL(DeviceGetUuid, &u, dev));
+        uuid_string(uuid, sizeof uuid, (const unsigned char *)u.bytes);
+        kv("dev%d.uuid=%s", d, uuid);
+        if (uuid_v1) {
+            memset(&u, 0, sizeof u);
+            kv("dev%d.uuid1.rc=%d", d, (int)uuid_v1(&u, dev));
+            uuid_string(uuid, sizeof uuid, (const unsigned char *)u.bytes);
+            kv("dev%d.uuid1=%s", d, uuid);
+        }
+        kv("dev%d.pci.rc=%d", d, (int)ID_CALL(DeviceGetPCIBusId, pci, sizeof pci, dev));
+        kv("dev%d.pci=%s", d, pci);
+        kv("dev%d.pcibus.rc=%d", d,
+           (int)ID_CALL(DeviceGetAttribute, &bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev));
+        kv("dev%d.pcibus=%d", d, bus);
+        kv("dev%d.total.rc=%d", d, (int)CALL(DeviceTotalMem, &total, dev));
+        kv("dev%d.total=%zu", d, total);
+    }
+}
+
+static void do_bypci(int i, const char *bus_id) {
+    CUdevice dev = -1;
+    kv("op%d.rc=%d", i, (int)ID_CALL(DeviceGetByPCIBusId, &dev, bus_id));
+    kv("op%d.dev=%d", i, (int)dev);
+}
+
+static void do_get(int i, int ordinal) {
+    CUdevice dev = -1;
+    kv("op%d.rc=%d", i, (int)CALL(DeviceGet, &dev, ordinal));
+    kv("op%d.dev=%d", i, (int)dev);
+}
+
 int main(int argc, char **argv) {
     kv("mode=%s", mode_name);
     resolve_api();
@@ -527,6 +633,12 @@ int main(int argc, char **argv) {
             do_v1info(i);
         } else if (!strcmp(arg, "v1total")) {
             do_v1total(i);
+        } else if (!strcmp(arg, "ids")) {
+            do_ids();
+        } else if (starts_with(arg, "bypci=")) {
+            do_bypci(i, arg + 6);
+        } else if (starts_with(arg, "get=")) {
+            do_get(i, atoi(arg + 4));
         } else if (!strcmp(arg, "ident")) {
             do_ident();
 #if defined(MODE_GPA)

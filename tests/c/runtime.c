@@ -5,12 +5,20 @@
  *
  * Operations (see scenario.h), after the automatic init (cudaGetDeviceCount, device 0):
  *   dev=N  alloc=API:BYTES  free=K  info  props
+ *   ids           identity of every device: ids.count, devD.{rc,name,uuid,pci,pcibus,total}
+ *   bypci=BUSID   cudaDeviceGetByPCIBusId -> opI.rc, opI.dev
+ *   spawn=CMD     run `/bin/sh -c CMD` (popen, inheriting the environment as it is now);
+ *                 each `key=value` line of its stdout is printed as `opI.key=value`, then opI.status
+ *   nvml          dlopen libnvidia-ml.so.1 and list what it shows (nvml_ops.h), keys opI.*
  * APIs: malloc pitch managed async pool array host
  * BYTES must be a multiple of 16 KiB for array and of 1 KiB for pitch.
  */
 #include <cuda_runtime_api.h>
 
 #include "scenario.h"
+#include "nvml_ops.h"
+
+#include <sys/wait.h>
 
 enum kind { K_NONE, K_DEV, K_ASYNC, K_ARRAY, K_HOST };
 
@@ -127,6 +135,57 @@ static void do_props(int i) {
     }
 }
 
+static void uuid_string(char *out, size_t len, const unsigned char *u) {
+    snprintf(out, len,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+static void do_ids(void) {
+    int n = -1;
+    kv("ids.count.rc=%d", (int)cudaGetDeviceCount(&n));
+    kv("ids.count=%d", n);
+    for (int d = 0; d < n && d < 64; d++) {
+        struct cudaDeviceProp prop;
+        char uuid[64], pci[64] = "";
+        memset(&prop, 0, sizeof prop);
+        cudaError_t rc = cudaGetDeviceProperties(&prop, d);
+        kv("dev%d.rc=%d", d, (int)rc);
+        kv("dev%d.name=%s", d, prop.name);
+        uuid_string(uuid, sizeof uuid, (const unsigned char *)prop.uuid.bytes);
+        kv("dev%d.uuid=%s", d, uuid);
+        kv("dev%d.pcibus=%d", d, prop.pciBusID);
+        kv("dev%d.total=%zu", d, prop.totalGlobalMem);
+        kv("dev%d.pci.rc=%d", d, (int)cudaDeviceGetPCIBusId(pci, sizeof pci, d));
+        kv("dev%d.pci=%s", d, pci);
+    }
+}
+
+static void do_bypci(int i, const char *bus_id) {
+    int dev = -1;
+    cudaError_t rc = cudaDeviceGetByPCIBusId(&dev, bus_id);
+    kv("op%d.rc=%d", i, (int)rc);
+    kv("op%d.dev=%d", i, dev);
+    if (rc != cudaSuccess) cudaGetLastError();
+}
+
+static void do_spawn(int i, const char *cmd) {
+    fflush(stdout);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        kv("op%d.status=-1", i);
+        return;
+    }
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strchr(line, '=')) kv("op%d.%s", i, line);
+    }
+    int status = pclose(f);
+    kv("op%d.status=%d", i, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
 int main(int argc, char **argv) {
     int version = 0;
     cudaRuntimeGetVersion(&version);
@@ -156,6 +215,16 @@ int main(int argc, char **argv) {
             do_info(i);
         } else if (!strcmp(arg, "props")) {
             do_props(i);
+        } else if (!strcmp(arg, "ids")) {
+            do_ids();
+        } else if (starts_with(arg, "bypci=")) {
+            do_bypci(i, arg + 6);
+        } else if (starts_with(arg, "spawn=")) {
+            do_spawn(i, arg + 6);
+        } else if (!strcmp(arg, "nvml")) {
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "op%d.", i);
+            nvml_list(prefix);
         } else {
             usage_error(arg);
         }

@@ -8,7 +8,10 @@
 //! * [`profile_dir`], [`shim_path`], [`sim_dir`], [`cuda_deps`]: where the built pieces are;
 //! * [`program`]: the C programs, compiled once per test process into [`work_dir`];
 //! * [`Run`]: one run of a program with a clean environment, giving a [`RunOutput`] with
-//!   the `key=value` lines, the gpushim stderr lines and the simulator's [`SimReport`].
+//!   the `key=value` lines, the gpushim stderr lines and the simulator's [`SimReport`];
+//! * [`nvml_sim_library`], [`python_run`]: the simulated NVML (`sim/nvml`, reached as
+//!   `libnvidia-ml.so.1` in [`sim_dir`]) and Python with pynvml (`.deps/python`);
+//! * [`phys_name`], [`phys_uuid`], [`phys_pci`]: the identity of a simulated physical device.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -96,22 +99,91 @@ pub fn sim_library() -> PathBuf {
     )
 }
 
-/// A directory with `libcuda.so.1` and `libcuda.so` → the simulator, for LD_LIBRARY_PATH
-/// and for `-lcuda`.
+/// The simulated NVML as cargo built it (`libnvidia_ml.so`, crate `gpusim-nvml`).
+pub fn nvml_sim_library() -> PathBuf {
+    require_built(
+        profile_dir().join("libnvidia_ml.so"),
+        "the simulated NVML libnvidia_ml.so (crate gpusim-nvml)",
+    )
+}
+
+/// A directory with `libcuda.so.1` and `libcuda.so` → the simulated driver and
+/// `libnvidia-ml.so.1` and `libnvidia-ml.so` → the simulated NVML, for LD_LIBRARY_PATH and
+/// for `-lcuda` / `-lnvidia-ml`. (The NVML links are made even before that library is
+/// built; tests that use NVML call [`nvml_sim_library`] first.)
 pub fn sim_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let lib = sim_library();
+        let nvml = profile_dir().join("libnvidia_ml.so");
         let dir = work_dir().join("driver");
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libcuda.so.1", "libcuda.so"] {
+        for (name, target) in [
+            ("libcuda.so.1", &lib),
+            ("libcuda.so", &lib),
+            ("libnvidia-ml.so.1", &nvml),
+            ("libnvidia-ml.so", &nvml),
+        ] {
             let link = dir.join(name);
             let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&lib, &link).unwrap();
+            std::os::unix::fs::symlink(target, &link).unwrap();
         }
         dir
     })
     .clone()
+}
+
+/// `.deps/python`, where `scripts/fetch-deps.sh` puts pynvml (nvidia-ml-py).
+pub fn python_deps() -> PathBuf {
+    let dir = workspace_root().join(".deps").join("python");
+    if !dir.join("pynvml.py").is_file() && !dir.join("pynvml").is_dir() {
+        panic!(
+            "pynvml (nvidia-ml-py) is not in {}; run `bash scripts/fetch-deps.sh` first",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// `python3 -c SCRIPT ARGS…` with `PYTHONPATH=.deps/python` (pynvml), the simulators on
+/// LD_LIBRARY_PATH like any other [`Run`].
+pub fn python_run(script: &str) -> Run {
+    Run::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env("PYTHONPATH", python_deps())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+}
+
+/// The name of simulated physical device `p` (`sim/cuda`, `sim/nvml`).
+pub fn phys_name(p: u32) -> String {
+    format!("gpusim device {p}")
+}
+
+/// The UUID of simulated physical device `p`: bytes `0x10*(p+1) + i`.
+pub fn phys_uuid(p: u32) -> String {
+    let b: Vec<String> = (0..16u32)
+        .map(|i| format!("{:02x}", ((0x10 * (p + 1) + i) & 0xff) as u8))
+        .collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        b[0..4].concat(),
+        b[4..6].concat(),
+        b[6..8].concat(),
+        b[8..10].concat(),
+        b[10..16].concat()
+    )
+}
+
+/// The PCI bus id of simulated physical device `p` as `cuDeviceGetPCIBusId` writes it
+/// (`0000:10:00.0`); compare case-insensitively with NVML's (`00000000:10:00.0`, upper case).
+pub fn phys_pci(p: u32) -> String {
+    format!("0000:{:02x}:00.0", 0x10 * (p + 1))
+}
+
+/// The PCI bus number of simulated physical device `p`.
+pub fn phys_bus(p: u32) -> u32 {
+    0x10 * (p + 1)
 }
 
 /// `.deps/cuda12` or `.deps/cuda13` (include/ and lib/ of the runtime wheel).
@@ -232,6 +304,21 @@ pub enum Program {
     },
     /// `tests/c/race.c`
     Race,
+    /// `tests/c/nvml.c`: NVML alone
+    Nvml(NvmlPath),
+}
+
+/// How `tests/c/nvml.c` reaches NVML.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NvmlPath {
+    /// linked with `-lnvidia-ml`
+    Link,
+    /// `dlopen("libnvidia-ml.so.1")` + `dlsym` (as pynvml and PyTorch)
+    Dlopen,
+}
+
+impl NvmlPath {
+    pub const ALL: [NvmlPath; 2] = [NvmlPath::Link, NvmlPath::Dlopen];
 }
 
 impl Program {
@@ -242,6 +329,7 @@ impl Program {
                 format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" })
             }
             Program::Race => "race".into(),
+            Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
     }
 
@@ -280,12 +368,24 @@ impl Program {
                 args.push(format!("-L{}", deps.join("lib").display()).into());
                 args.push(format!("-l:libcudart.so.{major}").into());
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
+                args.push("-ldl".into());
             }
             Program::Race => {
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
                 args.push(c.join("race.c").into());
                 link_cuda(&mut args);
                 args.push("-lpthread".into());
+            }
+            Program::Nvml(path) => {
+                args.push(c.join("nvml.c").into());
+                if path == NvmlPath::Link {
+                    nvml_sim_library();
+                    args.push("-DNVML_LINK".into());
+                    args.push(format!("-L{}", sim_dir().display()).into());
+                    args.push("-Wl,--no-as-needed".into());
+                    args.push("-lnvidia-ml".into());
+                }
+                args.push("-ldl".into());
             }
         }
         args

@@ -425,13 +425,20 @@ cu_api! {
     }
 
     /// No current context needed: the pointer says where the memory is.
+    /// Freeing NULL is a no-op, as on the real driver (`cudaFree(NULL)` relies on it).
     fn cuMemFree_v2(dptr: CUdeviceptr) {
         crate::devices::visible()?;
+        if dptr == 0 {
+            return Ok(());
+        }
         free(dptr as usize, is_device_kind).map(|_| ())
     }
 
     fn cuMemFree(dptr: u32) {
         crate::devices::visible()?;
+        if dptr == 0 {
+            return Ok(());
+        }
         free(dptr as usize, is_device_kind).map(|_| ())
     }
 

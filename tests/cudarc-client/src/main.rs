@@ -46,7 +46,7 @@ fn run(chunk: usize) -> Result<(), DriverError> {
     blocks.pop();
     // A small zeroed allocation too: cudarc's memset path on memory the shim counted.
     let zeros = stream.alloc_zeros::<u8>(4096)?;
-    println!("zeroed={}", stream.memcpy_dtov(&zeros)?.iter().all(|&b| b == 0));
+    println!("zeroed={}", stream.clone_dtoh(&zeros)?.iter().all(|&b| b == 0));
     drop(zeros);
     // SAFETY: as above.
     match unsafe { stream.alloc::<u8>(chunk) } {

@@ -1,0 +1,678 @@
+//! NVML under the shim: the devices NVML shows follow `GPUSHIM_VISIBLE_DEVICES` (count,
+//! indices, handles by index / UUID / PCI bus id / serial) and its memory totals follow the
+//! limits — for a C program linked with `-lnvidia-ml`, one that `dlopen`s
+//! `libnvidia-ml.so.1`, a CUDA program that also asks NVML, and pynvml. The simulated NVML
+//! (`sim/nvml`) ignores `CUDA_VISIBLE_DEVICES` and always lists every physical device, so every
+//! case also runs without the shim (3 devices, physical order, 16 GiB each).
+
+mod common;
+
+use common::*;
+
+/// NVML_ERROR_INVALID_ARGUMENT
+const NVML_INVALID_ARGUMENT: i64 = 2;
+/// NVML_ERROR_NOT_FOUND
+const NVML_NOT_FOUND: i64 = 6;
+
+const ALL: [u32; 3] = [0, 1, 2];
+
+/// 3 physical devices of 16 GiB; `env` on top.
+fn nvml_run(path: NvmlPath, env: &[(&str, &str)]) -> Run {
+    nvml_sim_library();
+    Run::program(Program::Nvml(path))
+        .env("GPUSIM_DEVICES", "3")
+        .env("GPUSIM_MEMORY", "16GiB")
+        .envs(env)
+}
+
+/// Identity and memory of one NVML handle (`nvml_describe` keys under `p`) against physical
+/// device `phys` with memory total `total`.
+fn assert_handle(out: &RunOutput, p: &str, phys: u32, total: u64, what: &str) {
+    let k = |f: &str| format!("{p}{f}");
+    for rc in [
+        "uuid.rc",
+        "name.rc",
+        "serial.rc",
+        "pci.rc",
+        "mem.rc",
+        "mem2.rc",
+    ] {
+        assert_eq!(out.num(&k(rc)), 0, "{what}: {p}{rc}\n{}", out.dump());
+    }
+    assert_eq!(
+        out.get(&k("uuid")),
+        phys_uuid(phys),
+        "{what}: {p}uuid\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        out.get(&k("name")),
+        phys_name(phys),
+        "{what}: {p}name\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        out.get(&k("serial")),
+        format!("GPUSIM-{phys}"),
+        "{what}: {p}serial\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        out.u64(&k("pcibus")),
+        phys_bus(phys) as u64,
+        "{what}: {p}pcibus\n{}",
+        out.dump()
+    );
+    let bus_tail = &phys_pci(phys)[4..]; // ":30:00.0"
+    for key in ["pci", "pcilegacy"] {
+        assert!(
+            out.get(&k(key)).to_ascii_lowercase().ends_with(bus_tail),
+            "{what}: {p}{key} must name bus {bus_tail}\n{}",
+            out.dump()
+        );
+    }
+    for (t, u, f) in [("total", "used", "free"), ("total2", "used2", "free2")] {
+        let (tv, uv, fv) = (out.u64(&k(t)), out.u64(&k(u)), out.u64(&k(f)));
+        assert_eq!(tv, total, "{what}: {p}{t}\n{}", out.dump());
+        assert!(uv <= tv, "{what}: {p}{u} > {t}\n{}", out.dump());
+        assert!(fv <= tv - uv, "{what}: {p}{f} > {t} - {u}\n{}", out.dump());
+    }
+}
+
+/// The `list` output under `prefix`: count (v2 and v1) and each index against `want`
+/// (physical device, memory total).
+fn assert_nvml_view(out: &RunOutput, prefix: &str, want: &[(u32, u64)], what: &str) {
+    let k = |f: &str| format!("{prefix}{f}");
+    assert_eq!(
+        out.num(&k("init.rc")),
+        0,
+        "{what}: nvmlInit\n{}",
+        out.dump()
+    );
+    assert_eq!(out.num(&k("count.rc")), 0, "{what}\n{}", out.dump());
+    let seen: Vec<String> = (0..out.u64(&k("count")))
+        .map(|i| {
+            out.kv
+                .get(&k(&format!("idx{i}.uuid")))
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    let wanted: Vec<String> = want.iter().map(|&(p, _)| phys_uuid(p)).collect();
+    assert_eq!(
+        seen,
+        wanted,
+        "{what}: the devices NVML shows, by index\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        out.u64(&k("count_v1")),
+        want.len() as u64,
+        "{what}: nvmlDeviceGetCount (v1)\n{}",
+        out.dump()
+    );
+    for (i, &(p, total)) in want.iter().enumerate() {
+        let ip = k(&format!("idx{i}."));
+        assert_eq!(out.num(&format!("{ip}rc")), 0, "{what}\n{}", out.dump());
+        assert_eq!(
+            out.u64(&format!("{ip}index")),
+            i as u64,
+            "{what}: nvmlDeviceGetIndex of index {i}\n{}",
+            out.dump()
+        );
+        assert_handle(out, &ip, p, total, what);
+    }
+}
+
+fn same_total(view: &[u32], total: u64) -> Vec<(u32, u64)> {
+    view.iter().map(|&p| (p, total)).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// NVML alone
+// ---------------------------------------------------------------------------------------
+
+/// `2,0` + 4 GiB: index 0 is physical 2, index 1 physical 0; hidden physical 1 cannot be found
+/// by UUID, PCI bus id (v1 and v2) or serial; physical 0's handle has index 1.
+#[test]
+fn nvml_follows_visible_devices() {
+    let args = [
+        "list".to_string(),
+        format!("uuid={}", phys_uuid(0)),                // 2
+        format!("uuid={}", phys_uuid(1)),                // 3: hidden
+        "pci=0000:20:00.0".to_string(),                  // 4: hidden
+        "pci=00000000:20:00.0".to_string(),              // 5: hidden
+        "serial=GPUSIM-1".to_string(),                   // 6: hidden
+        "pci=00000000:30:00.0".to_string(),              // 7
+        "serial=GPUSIM-2".to_string(),                   // 8
+        "index=2".to_string(),                           // 9: past the view
+        format!("uuid={}", phys_uuid(2).to_uppercase()), // 10
+        format!("uuidv={}", phys_uuid(1)), // 11: hidden, nvmlDeviceGetHandleByUUIDV (ASCII)
+        format!("uuidvbin={}", phys_uuid(1)), // 12: hidden, nvmlDeviceGetHandleByUUIDV (binary)
+        format!("uuidvbin={}", phys_uuid(0)), // 13
+        "index1=1".to_string(),            // 14: v1 nvmlDeviceGetHandleByIndex
+        "index1=2".to_string(),            // 15: past the view
+    ];
+    let env = [
+        ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+        ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+    ];
+    for path in NvmlPath::ALL {
+        for shim in [false, true] {
+            let what = format!("{path:?} shim={shim}");
+            let out = nvml_run(path, &env).args(&args).shim(shim).run();
+            out.assert_completed();
+            let (view, total) = if shim {
+                (&[2, 0][..], 4 * GIB)
+            } else {
+                (&ALL[..], 16 * GIB)
+            };
+            assert_nvml_view(&out, "", &same_total(view, total), &what);
+            let index_of = |phys: u32| view.iter().position(|&p| p == phys).unwrap() as u64;
+            // found: p0 by UUID, p2 by PCI id, serial and upper-case UUID
+            let index1 = if shim { 0 } else { 1 }; // index 1: physical 0 with the shim
+            for (op, phys) in [(2, 0), (7, 2), (8, 2), (10, 2), (13, 0), (14, index1)] {
+                assert_eq!(
+                    out.num(&format!("op{op}.rc")),
+                    0,
+                    "{what}: op{op}\n{}",
+                    out.dump()
+                );
+                assert_eq!(
+                    out.u64(&format!("op{op}.index")),
+                    index_of(phys),
+                    "{what}: nvmlDeviceGetIndex of physical {phys} (op{op})\n{}",
+                    out.dump()
+                );
+                assert_handle(&out, &format!("op{op}."), phys, total, &what);
+            }
+            assert_eq!(out.num("op7.rc_v1"), 0, "{what}\n{}", out.dump());
+            assert_eq!(
+                out.num("op7.same_v1"),
+                1,
+                "{what}: v1 and v2 give one handle\n{}",
+                out.dump()
+            );
+            if shim {
+                for op in [3, 4, 5, 6, 11, 12] {
+                    assert_eq!(
+                        out.num(&format!("op{op}.rc")),
+                        NVML_NOT_FOUND,
+                        "{what}: hidden physical 1 (op{op} {})\n{}",
+                        args[op - 1],
+                        out.dump()
+                    );
+                }
+                for op in [4, 5] {
+                    assert_eq!(
+                        out.num(&format!("op{op}.rc_v1")),
+                        NVML_NOT_FOUND,
+                        "{what}: v1, op{op}\n{}",
+                        out.dump()
+                    );
+                }
+                assert_eq!(
+                    out.num("op9.rc"),
+                    NVML_INVALID_ARGUMENT,
+                    "{what}: index 2 of 2\n{}",
+                    out.dump()
+                );
+                assert_eq!(
+                    out.num("op15.rc"),
+                    NVML_INVALID_ARGUMENT,
+                    "{what}: v1 index 2 of 2\n{}",
+                    out.dump()
+                );
+            } else {
+                for op in [3, 4, 5, 6, 11, 12] {
+                    assert_eq!(
+                        out.num(&format!("op{op}.rc")),
+                        0,
+                        "{what}: op{op}\n{}",
+                        out.dump()
+                    );
+                    assert_eq!(
+                        out.u64(&format!("op{op}.index")),
+                        1,
+                        "{what}: op{op}\n{}",
+                        out.dump()
+                    );
+                }
+                for op in [9, 15] {
+                    assert_eq!(
+                        out.num(&format!("op{op}.rc")),
+                        0,
+                        "{what}: op{op}\n{}",
+                        out.dump()
+                    );
+                    assert_handle(&out, &format!("op{op}."), 2, total, &what);
+                }
+                assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+            }
+            assert_eq!(out.num("shutdown.rc"), 0, "{what}\n{}", out.dump());
+        }
+    }
+}
+
+/// Memory totals: a fraction, per-device limits by the program's ordinals, no limit at all,
+/// and limits without hiding (all 3 devices, physical order, totals = the limit).
+#[test]
+fn nvml_totals_follow_the_limits() {
+    let cases: &[(&[(&str, &str)], &[(u32, u64)])] = &[
+        (
+            &[
+                ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT", "25%"),
+            ],
+            &[(2, 4 * GIB), (0, 4 * GIB)],
+        ),
+        (
+            &[("GPUSHIM_VISIBLE_DEVICES", "2,0")],
+            &[(2, 16 * GIB), (0, 16 * GIB)],
+        ),
+        (
+            &[
+                ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+                ("GPUSHIM_MEMORY_LIMIT_1", "1GiB"),
+            ],
+            &[(2, 4 * GIB), (0, GIB)],
+        ),
+        (
+            &[("GPUSHIM_MEMORY_LIMIT", "4GiB")],
+            &[(0, 4 * GIB), (1, 4 * GIB), (2, 4 * GIB)],
+        ),
+        (
+            &[
+                ("GPUSHIM_MEMORY_LIMIT", "0.25"),
+                ("GPUSHIM_MEMORY_LIMIT_2", "2GiB"),
+            ],
+            &[(0, 4 * GIB), (1, 4 * GIB), (2, 2 * GIB)],
+        ),
+        (
+            &[("GPUSHIM_MEMORY_LIMIT", "64GiB")],
+            &[(0, 16 * GIB), (1, 16 * GIB), (2, 16 * GIB)],
+        ),
+    ];
+    for path in NvmlPath::ALL {
+        for (env, want) in cases {
+            for shim in [false, true] {
+                let what = format!("{path:?} shim={shim} {env:?}");
+                let out = nvml_run(path, env).arg("list").shim(shim).run();
+                out.assert_completed();
+                let plain = same_total(&ALL, 16 * GIB);
+                assert_nvml_view(&out, "", if shim { want } else { &plain }, &what);
+                assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+            }
+        }
+    }
+}
+
+/// NVML shows what CUDA shows when `CUDA_VISIBLE_DEVICES` is set too: alone (the driver's
+/// view, with per-device limits by the program's ordinals) and composed with
+/// `GPUSHIM_VISIBLE_DEVICES`. Without the shim NVML ignores `CUDA_VISIBLE_DEVICES`.
+#[test]
+fn nvml_follows_cuda_visible_devices_too() {
+    let cases: &[(&[(&str, &str)], &[(u32, u64)])] = &[
+        (
+            &[
+                ("CUDA_VISIBLE_DEVICES", "1,2"),
+                ("GPUSHIM_VISIBLE_DEVICES", "1,0"),
+            ],
+            &[(2, 16 * GIB), (1, 16 * GIB)],
+        ),
+        (
+            &[
+                ("CUDA_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT_0", "1GiB"),
+            ],
+            &[(2, GIB), (0, 16 * GIB)],
+        ),
+        (
+            &[
+                ("CUDA_VISIBLE_DEVICES", "GPU-30,GPU-10"),
+                ("GPUSHIM_VISIBLE_DEVICES", "1"),
+                ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+            ],
+            &[(0, 4 * GIB)],
+        ),
+    ];
+    for path in NvmlPath::ALL {
+        for (env, want) in cases {
+            for shim in [false, true] {
+                let what = format!("{path:?} shim={shim} {env:?}");
+                let out = nvml_run(path, env)
+                    .args(["list".to_string(), format!("uuid={}", phys_uuid(want[0].0))])
+                    .shim(shim)
+                    .run();
+                out.assert_completed();
+                let plain = same_total(&ALL, 16 * GIB);
+                assert_nvml_view(&out, "", if shim { want } else { &plain }, &what);
+                assert_eq!(out.num("op2.rc"), 0, "{what}\n{}", out.dump());
+                let index = if shim { 0 } else { want[0].0 as u64 };
+                assert_eq!(out.u64("op2.index"), index, "{what}\n{}", out.dump());
+                assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+            }
+        }
+    }
+}
+
+/// `GPUSHIM_DISABLE=1`: NVML untouched, whatever else is set.
+#[test]
+fn nvml_untouched_when_disabled() {
+    for path in NvmlPath::ALL {
+        let out = nvml_run(
+            path,
+            &[
+                ("GPUSHIM_DISABLE", "1"),
+                ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+            ],
+        )
+        .args(["list".to_string(), format!("uuid={}", phys_uuid(1))])
+        .shim(true)
+        .run();
+        out.assert_completed();
+        assert_nvml_view(
+            &out,
+            "",
+            &same_total(&ALL, 16 * GIB),
+            &format!("{path:?} disabled"),
+        );
+        assert_eq!(out.num("op2.rc"), 0, "{path:?}\n{}", out.dump());
+        assert!(out.gpushim_lines().is_empty(), "{path:?}\n{}", out.dump());
+    }
+}
+
+/// `none`: NVML shows no device (or refuses to initialise); never a device CUDA cannot see.
+#[test]
+fn nvml_with_no_visible_device() {
+    for path in NvmlPath::ALL {
+        let out = nvml_run(path, &[("GPUSHIM_VISIBLE_DEVICES", "none")])
+            .args(["list", "index=0", "serial=GPUSIM-0"])
+            .shim(true)
+            .run();
+        out.assert_completed();
+        if out.num("init.rc") == 0 {
+            assert_eq!(out.u64("count"), 0, "{path:?}\n{}", out.dump());
+            assert_eq!(out.u64("count_v1"), 0, "{path:?}\n{}", out.dump());
+            assert_eq!(
+                out.num("op2.rc"),
+                NVML_INVALID_ARGUMENT,
+                "{path:?}: index 0\n{}",
+                out.dump()
+            );
+            assert_eq!(
+                out.num("op3.rc"),
+                NVML_NOT_FOUND,
+                "{path:?}: serial\n{}",
+                out.dump()
+            );
+        }
+        let plain = nvml_run(path, &[("GPUSHIM_VISIBLE_DEVICES", "none")])
+            .arg("list")
+            .run();
+        plain.assert_completed();
+        assert_nvml_view(
+            &plain,
+            "",
+            &same_total(&ALL, 16 * GIB),
+            &format!("{path:?} without the shim"),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A CUDA program that also asks NVML
+// ---------------------------------------------------------------------------------------
+
+/// After cudaMalloc of 1 GiB on program device 0 (physical 2), NVML index 0 reports it used,
+/// with the limit as total; index 1 (physical 0) holds nothing.
+#[test]
+fn nvml_in_a_cuda_program_sees_its_allocations() {
+    nvml_sim_library();
+    let env = [
+        ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+        ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+    ];
+    for major in [12, 13] {
+        let p = Program::Runtime { major, ptsz: false };
+        for shim in [false, true] {
+            let what = format!("cudart {major} shim={shim}");
+            let out = Run::program(p)
+                .env("GPUSIM_DEVICES", "3")
+                .env("GPUSIM_MEMORY", "16GiB")
+                .envs(&env)
+                .args([
+                    format!("alloc=malloc:{GIB}"),
+                    "nvml".to_string(),
+                    "free=1".to_string(),
+                    "nvml".to_string(),
+                ])
+                .shim(shim)
+                .run();
+            out.assert_completed();
+            assert_eq!(out.num("op1.rc"), 0, "{what}\n{}", out.dump());
+            let (view, total) = if shim {
+                (&[2, 0][..], 4 * GIB)
+            } else {
+                (&ALL[..], 16 * GIB)
+            };
+            assert_eq!(
+                out.u64("count"),
+                view.len() as u64,
+                "{what}: CUDA's count\n{}",
+                out.dump()
+            );
+            for op in [2, 4] {
+                assert_nvml_view(&out, &format!("op{op}."), &same_total(view, total), &what);
+            }
+            assert!(
+                out.u64("op2.idx0.used") >= GIB,
+                "{what}: NVML used of index 0 after 1 GiB\n{}",
+                out.dump()
+            );
+            assert!(
+                out.u64("op2.idx0.used2") >= GIB,
+                "{what}: v2\n{}",
+                out.dump()
+            );
+            assert!(
+                out.u64("op2.idx1.used") < GIB,
+                "{what}: index 1 holds nothing\n{}",
+                out.dump()
+            );
+            assert!(
+                out.u64("op4.idx0.used") < GIB,
+                "{what}: after the free\n{}",
+                out.dump()
+            );
+            if !shim {
+                assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+            }
+            assert_eq!(out.num("cleanup.failures"), 0, "{what}\n{}", out.dump());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// pynvml
+// ---------------------------------------------------------------------------------------
+
+const PYNVML: &str = r#"
+import sys
+import pynvml as n
+
+def s(x):
+    return x.decode() if isinstance(x, bytes) else x
+
+def call(f, *a):
+    try:
+        return 0, f(*a)
+    except n.NVMLError as e:
+        return e.value, None
+
+n.nvmlInit()
+print("init.rc=0")
+count = n.nvmlDeviceGetCount()
+print(f"count={count}")
+for i in range(count):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    print(f"idx{i}.uuid={s(n.nvmlDeviceGetUUID(h))}")
+    print(f"idx{i}.name={s(n.nvmlDeviceGetName(h))}")
+    print(f"idx{i}.index={n.nvmlDeviceGetIndex(h)}")
+    print(f"idx{i}.pci={s(n.nvmlDeviceGetPciInfo(h).busId)}")
+    m = n.nvmlDeviceGetMemoryInfo(h)
+    print(f"idx{i}.total={m.total}")
+    print(f"idx{i}.used={m.used}")
+    print(f"idx{i}.free={m.free}")
+    try:
+        m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+        print(f"idx{i}.total2={m2.total}")
+        print(f"idx{i}.used2={m2.used}")
+        print(f"idx{i}.free2={m2.free}")
+    except (TypeError, AttributeError):
+        print(f"idx{i}.v2=unsupported")
+for k, arg in enumerate(sys.argv[1:], start=1):
+    kind, value = arg.split("=", 1)
+    f = {"uuid": n.nvmlDeviceGetHandleByUUID,
+         "pci": n.nvmlDeviceGetHandleByPciBusId,
+         "serial": n.nvmlDeviceGetHandleBySerial}[kind]
+    rc, h = call(f, value)
+    print(f"op{k}.rc={rc}")
+    if rc == 0:
+        print(f"op{k}.index={n.nvmlDeviceGetIndex(h)}")
+n.nvmlShutdown()
+print("done=1")
+"#;
+
+#[test]
+fn pynvml_follows_visible_devices() {
+    nvml_sim_library();
+    let lookups = [
+        format!("uuid={}", phys_uuid(0)),   // 1
+        format!("uuid={}", phys_uuid(1)),   // 2: hidden
+        "pci=0000:20:00.0".to_string(),     // 3: hidden
+        "serial=GPUSIM-1".to_string(),      // 4: hidden
+        "pci=00000000:30:00.0".to_string(), // 5
+    ];
+    let cases: &[(&[(&str, &str)], &[(u32, u64)])] = &[
+        (
+            &[
+                ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT", "4GiB"),
+            ],
+            &[(2, 4 * GIB), (0, 4 * GIB)],
+        ),
+        (
+            &[
+                ("GPUSHIM_VISIBLE_DEVICES", "2,0"),
+                ("GPUSHIM_MEMORY_LIMIT", "25%"),
+            ],
+            &[(2, 4 * GIB), (0, 4 * GIB)],
+        ),
+        (
+            &[("GPUSHIM_MEMORY_LIMIT", "4GiB")],
+            &[(0, 4 * GIB), (1, 4 * GIB), (2, 4 * GIB)],
+        ),
+    ];
+    for (env, want) in cases {
+        for shim in [false, true] {
+            let what = format!("pynvml shim={shim} {env:?}");
+            let out = python_run(PYNVML)
+                .args(&lookups)
+                .env("GPUSIM_DEVICES", "3")
+                .env("GPUSIM_MEMORY", "16GiB")
+                .envs(*env)
+                .shim(shim)
+                .run();
+            out.assert_completed();
+            let plain = same_total(&ALL, 16 * GIB);
+            let want = if shim { *want } else { &plain[..] };
+            assert_eq!(
+                out.u64("count"),
+                want.len() as u64,
+                "{what}\n{}",
+                out.dump()
+            );
+            for (i, &(p, total)) in want.iter().enumerate() {
+                let k = |f: &str| format!("idx{i}.{f}");
+                assert_eq!(
+                    out.get(&k("uuid")),
+                    phys_uuid(p),
+                    "{what}: index {i}\n{}",
+                    out.dump()
+                );
+                assert_eq!(
+                    out.get(&k("name")),
+                    phys_name(p),
+                    "{what}: index {i}\n{}",
+                    out.dump()
+                );
+                assert_eq!(
+                    out.u64(&k("index")),
+                    i as u64,
+                    "{what}: index {i}\n{}",
+                    out.dump()
+                );
+                assert!(
+                    out.get(&k("pci"))
+                        .to_ascii_lowercase()
+                        .ends_with(&phys_pci(p)[4..]),
+                    "{what}: PCI bus id of index {i}\n{}",
+                    out.dump()
+                );
+                let mut triples = vec![("total", "used", "free")];
+                if !out.kv.contains_key(&k("v2")) {
+                    triples.push(("total2", "used2", "free2"));
+                }
+                for (t, u, f) in triples {
+                    let (tv, uv, fv) = (out.u64(&k(t)), out.u64(&k(u)), out.u64(&k(f)));
+                    assert_eq!(tv, total, "{what}: {t} of index {i}\n{}", out.dump());
+                    assert!(
+                        uv <= tv && fv <= tv - uv,
+                        "{what}: {u}/{f} of index {i}\n{}",
+                        out.dump()
+                    );
+                }
+            }
+            let hidden = shim && want.len() == 2;
+            let index_of = |phys: u32| want.iter().position(|&(p, _)| p == phys).unwrap() as u64;
+            for (op, phys) in [(1, 0), (5, 2)] {
+                assert_eq!(
+                    out.num(&format!("op{op}.rc")),
+                    0,
+                    "{what}: op{op}\n{}",
+                    out.dump()
+                );
+                assert_eq!(
+                    out.u64(&format!("op{op}.index")),
+                    index_of(phys),
+                    "{what}: op{op}\n{}",
+                    out.dump()
+                );
+            }
+            for op in [2, 3, 4] {
+                let rc = out.num(&format!("op{op}.rc"));
+                if hidden {
+                    assert_eq!(
+                        rc,
+                        NVML_NOT_FOUND,
+                        "{what}: hidden physical 1 ({})\n{}",
+                        lookups[op - 1],
+                        out.dump()
+                    );
+                } else {
+                    assert_eq!(rc, 0, "{what}: op{op}\n{}", out.dump());
+                    assert_eq!(
+                        out.u64(&format!("op{op}.index")),
+                        1,
+                        "{what}: op{op}\n{}",
+                        out.dump()
+                    );
+                }
+            }
+            assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+        }
+    }
+}
