@@ -309,7 +309,6 @@ pub struct NvmlApi {
     pub by_uuid: Option<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int>,
     pub uuid: Option<unsafe extern "C" fn(NvmlDevice, *mut c_char, u32) -> c_int>,
     pub pci: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlPciInfo) -> c_int>,
-    pub index: Option<unsafe extern "C" fn(NvmlDevice, *mut u32) -> c_int>,
 }
 
 impl NvmlApi {
@@ -322,7 +321,6 @@ impl NvmlApi {
             by_uuid: sym!(lib, c"nvmlDeviceGetHandleByUUID"),
             uuid: sym!(lib, c"nvmlDeviceGetUUID"),
             pci: sym!(lib, c"nvmlDeviceGetPciInfo_v3"),
-            index: sym!(lib, c"nvmlDeviceGetIndex"),
         }
     }
 

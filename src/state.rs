@@ -37,8 +37,10 @@ pub struct State {
     nvml: OnceLock<NvmlApi>,
     /// NVML's list of physical devices, when it could be read.
     inventory: OnceLock<Option<Vec<Physical>>>,
-    /// The program's view in terms of the inventory; `None`: the driver's order, unchanged.
+    /// The list NVML shows (see [`State::view`]).
     view: OnceLock<Option<View>>,
+    /// What `CUDA_VISIBLE_DEVICES` makes of NVML's devices (see [`State::cuda_ordinals`]).
+    cuda_ordinals: OnceLock<Option<View>>,
     /// How many devices the driver must show once initialised, when the shim set the view.
     expected_devices: Option<usize>,
     announced: AtomicBool,
@@ -95,6 +97,7 @@ fn build() -> Box<State> {
         nvml: OnceLock::new(),
         inventory: OnceLock::new(),
         view: OnceLock::new(),
+        cuda_ordinals: OnceLock::new(),
         expected_devices: None,
         announced: AtomicBool::new(false),
         budgets: [const { DeviceBudget::new() }; MAX_DEVICES],
@@ -233,13 +236,29 @@ impl State {
             .as_ref()
     }
 
-    /// The program's view for NVML: what the driver shows under `CUDA_VISIBLE_DEVICES`.
-    /// `None` when it is all devices in NVML's order.
+    /// The list NVML shows: the view the shim applied (its `CUDA_VISIBLE_DEVICES`, also when a
+    /// parent applied it). `None`: NVML's own list, as without the shim — a plain
+    /// `CUDA_VISIBLE_DEVICES` is not applied to NVML, because programs that use both (PyTorch's
+    /// NVML-based device count) apply it to NVML themselves.
     pub fn view(&self) -> Option<&View> {
         self.view
             .get_or_init(|| {
                 let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok()?;
+                if std::env::var(view::APPLIED_MARKER).ok().as_ref() != Some(&cvd) {
+                    return None;
+                }
                 Some(view::driver_view(Some(&cvd), self.inventory()?))
+            })
+            .as_ref()
+    }
+
+    /// The CUDA ordinals of NVML's devices (inventory index → CUDA ordinal), for the limits
+    /// NVML reports: under any `CUDA_VISIBLE_DEVICES`, a GPU's limit is that of its CUDA ordinal.
+    pub fn cuda_ordinals(&self) -> Option<&View> {
+        self.cuda_ordinals
+            .get_or_init(|| {
+                let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok();
+                Some(view::driver_view(cvd.as_deref(), self.inventory()?))
             })
             .as_ref()
     }

@@ -308,9 +308,8 @@ fn nvml_totals_follow_the_limits() {
     }
 }
 
-/// NVML shows what CUDA shows when `CUDA_VISIBLE_DEVICES` is set too: alone (the driver's
-/// view, with per-device limits by the program's ordinals) and composed with
-/// `GPUSHIM_VISIBLE_DEVICES`. Without the shim NVML ignores `CUDA_VISIBLE_DEVICES`.
+/// With `CUDA_VISIBLE_DEVICES` composed with `GPUSHIM_VISIBLE_DEVICES`, NVML shows the view the
+/// shim applied. Without the shim NVML ignores `CUDA_VISIBLE_DEVICES`.
 #[test]
 fn nvml_follows_cuda_visible_devices_too() {
     let cases: &[(&[(&str, &str)], &[(u32, u64)])] = &[
@@ -320,13 +319,6 @@ fn nvml_follows_cuda_visible_devices_too() {
                 ("GPUSHIM_VISIBLE_DEVICES", "1,0"),
             ],
             &[(2, 16 * GIB), (1, 16 * GIB)],
-        ),
-        (
-            &[
-                ("CUDA_VISIBLE_DEVICES", "2,0"),
-                ("GPUSHIM_MEMORY_LIMIT_0", "1GiB"),
-            ],
-            &[(2, GIB), (0, 16 * GIB)],
         ),
         (
             &[
@@ -353,6 +345,30 @@ fn nvml_follows_cuda_visible_devices_too() {
                 assert_eq!(out.u64("op2.index"), index, "{what}\n{}", out.dump());
                 assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
             }
+        }
+    }
+}
+
+/// A plain `CUDA_VISIBLE_DEVICES` (no `GPUSHIM_VISIBLE_DEVICES`) is not applied to NVML — it
+/// shows every device, as the real NVML does, because programs such as PyTorch apply
+/// `CUDA_VISIBLE_DEVICES` to NVML themselves — but each GPU's memory total is the limit of its
+/// CUDA ordinal: with `CUDA_VISIBLE_DEVICES=2,0`, `GPUSHIM_MEMORY_LIMIT_0` is physical 2's.
+/// A GPU CUDA does not show (physical 1) keeps its physical total.
+#[test]
+fn plain_cuda_visible_devices_limits_by_cuda_ordinal_in_nvml() {
+    let env: &[(&str, &str)] = &[("CUDA_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT_0", "1GiB")];
+    for path in NvmlPath::ALL {
+        for shim in [false, true] {
+            let what = format!("{path:?} shim={shim} {env:?}");
+            let out = nvml_run(path, env).args(["list"]).shim(shim).run();
+            out.assert_completed();
+            let want: &[(u32, u64)] = if shim {
+                &[(0, 16 * GIB), (1, 16 * GIB), (2, GIB)]
+            } else {
+                &[(0, 16 * GIB), (1, 16 * GIB), (2, 16 * GIB)]
+            };
+            assert_nvml_view(&out, "", want, &what);
+            assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
         }
     }
 }

@@ -34,8 +34,8 @@ static int check(cudaError_t rc, const char *what) {
     return 1;
 }
 
-/* Creates the primary context of device 0 (cudaFree(NULL) does; its rc is not used: the
- * simulated driver refuses cuMemFree(0), the real one does not). */
+/* Creates the primary context of device 0 (cudaFree(NULL) does; its rc is not relied on,
+ * the synchronisation says whether the context works). */
 static int start_context(void) {
     if (check(cudaSetDevice(0), "cudaSetDevice")) return 1;
     (void)cudaFree(NULL);

@@ -148,8 +148,8 @@ static void entry(int dev, unsigned long long chunk, unsigned long long cap) {
     void *a = NULL, *f = NULL;
     cudaError_t rc = cudaSetDevice(dev);
     if (rc == cudaSuccess) {
-        /* make the primary context current; the rc is not used: the simulated driver answers
-         * cuMemFree(0) with CUDA_ERROR_INVALID_VALUE where the real one succeeds */
+        /* make the primary context current (cudaFree(NULL)); its rc is not relied on, the
+         * synchronisation below says whether the context works */
         (void)cudaFree(NULL);
         (void)cudaGetLastError();
         rc = cudaDeviceSynchronize();

@@ -29,22 +29,22 @@ pub struct NvmlMemoryV2 {
     pub used: u64,
 }
 
-/// The program's ordinal of an NVML device handle: its place in the view, or NVML's own index
-/// when the view is all devices in NVML's order. `None`: a device hidden from the program.
-fn ordinal_of(st: &State, dev: NvmlDevice) -> Option<usize> {
-    let nvml = st.nvml_api()?;
-    match st.view() {
-        Some(view) => {
-            let uuid = nvml.uuid_of(dev)?;
-            let inventory = st.inventory()?;
-            view.devices.iter().position(|&p| inventory[p].uuid == uuid)
-        }
-        None => {
-            let mut i = 0u32;
-            // SAFETY: valid out-pointer; `dev` is the program's handle, passed on.
-            (unsafe { nvml.index?(dev, &mut i) } == NVML_SUCCESS).then_some(i as usize)
-        }
-    }
+/// The place of an NVML device handle in the list NVML shows the program. `None`: a device
+/// hidden from the program.
+fn index_of(st: &State, dev: NvmlDevice) -> Option<usize> {
+    position(st, st.view()?, dev)
+}
+
+/// The CUDA ordinal of an NVML device handle (whose limit NVML reports). `None`: a device
+/// CUDA does not show the program.
+fn cuda_ordinal_of(st: &State, dev: NvmlDevice) -> Option<usize> {
+    position(st, st.cuda_ordinals()?, dev)
+}
+
+fn position(st: &State, view: &crate::view::View, dev: NvmlDevice) -> Option<usize> {
+    let uuid = st.nvml_api()?.uuid_of(dev)?;
+    let inventory = st.inventory()?;
+    view.devices.iter().position(|&p| inventory[p].uuid == uuid)
 }
 
 pub unsafe fn get_count(st: &State, real: unsafe extern "C" fn(*mut c_uint) -> c_int, count: *mut c_uint) -> c_int {
@@ -74,7 +74,7 @@ pub unsafe fn handle_by_index(st: &State, real: unsafe extern "C" fn(c_uint, *mu
 /// The lookups by UUID, PCI bus id and serial: the driver's answer, unless it is hidden.
 pub unsafe fn handle_by_key(st: &State, real: unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int, key: *const c_char, dev: *mut NvmlDevice) -> c_int {
     let result = real(key, dev);
-    if result == NVML_SUCCESS && !dev.is_null() && st.view().is_some() && ordinal_of(st, *dev).is_none() {
+    if result == NVML_SUCCESS && !dev.is_null() && st.view().is_some() && index_of(st, *dev).is_none() {
         *dev = std::ptr::null_mut();
         return NVML_ERROR_NOT_FOUND;
     }
@@ -85,7 +85,7 @@ pub unsafe fn get_index(st: &State, real: unsafe extern "C" fn(NvmlDevice, *mut 
     if st.view().is_none() || index.is_null() {
         return real(dev, index);
     }
-    match ordinal_of(st, dev) {
+    match index_of(st, dev) {
         Some(i) => {
             *index = i as c_uint;
             NVML_SUCCESS
@@ -96,7 +96,7 @@ pub unsafe fn get_index(st: &State, real: unsafe extern "C" fn(NvmlDevice, *mut 
 
 /// (total, used, free) within the device's limit: used never above it, free never below 0.
 fn clamp(st: &State, dev: NvmlDevice, total: u64, used: u64, free: u64) -> (u64, u64, u64) {
-    let Some(ordinal) = ordinal_of(st, dev) else { return (total, used, free) };
+    let Some(ordinal) = cuda_ordinal_of(st, dev) else { return (total, used, free) };
     let limit = st.settings.limit_for(ordinal as u32).resolve(total);
     let used = used.min(limit);
     (limit, used, (limit - used).min(free))
