@@ -1,7 +1,7 @@
 //! Finding and opening the real driver, the real `dlsym`, and the handful of unhooked driver
 //! functions the shim itself calls (typed once, at start-up).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use crate::ffi::*;
@@ -159,6 +159,10 @@ fn dlerror() -> String {
 
 /// Driver functions the shim calls for its own purposes and does not hook.
 pub struct Api {
+    pub device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult>,
+    pub ctx_create: Option<unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult>,
+    pub primary_ctx_retain: Option<unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult>,
+    pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> CUresult>,
     pub device_get_count: Option<unsafe extern "C" fn(*mut c_int) -> CUresult>,
     pub device_get_name: Option<unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult>,
     pub device_get_uuid: Option<unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult>,
@@ -183,6 +187,10 @@ macro_rules! sym {
 impl Api {
     /// No driver: every function absent.
     pub const NONE: Api = Api {
+        device_get_attribute: None,
+        ctx_create: None,
+        primary_ctx_retain: None,
+        driver_get_version: None,
         device_get_count: None,
         device_get_name: None,
         device_get_uuid: None,
@@ -196,6 +204,10 @@ impl Api {
 
     pub fn load(lib: &Library) -> Api {
         Api {
+            device_get_attribute: sym!(lib, c"cuDeviceGetAttribute"),
+            ctx_create: sym!(lib, c"cuCtxCreate_v2"),
+            primary_ctx_retain: sym!(lib, c"cuDevicePrimaryCtxRetain"),
+            driver_get_version: sym!(lib, c"cuDriverGetVersion"),
             device_get_count: sym!(lib, c"cuDeviceGetCount"),
             device_get_name: sym!(lib, c"cuDeviceGetName"),
             device_get_uuid: sym!(lib, c"cuDeviceGetUuid"),
@@ -280,6 +292,16 @@ impl Api {
     }
 }
 
+impl Api {
+    /// An integer attribute of a driver device.
+    pub fn attribute(&self, attr: c_int, dev: CUdevice) -> Option<c_int> {
+        let f = self.device_get_attribute?;
+        let mut v: c_int = 0;
+        // SAFETY: valid out-pointer.
+        (unsafe { f(&mut v, attr, dev) } == CUDA_SUCCESS).then_some(v)
+    }
+}
+
 /// Formats 16 UUID bytes the way CUDA_VISIBLE_DEVICES and NVML write them.
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
@@ -309,6 +331,8 @@ pub struct NvmlApi {
     pub by_uuid: Option<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int>,
     pub uuid: Option<unsafe extern "C" fn(NvmlDevice, *mut c_char, u32) -> c_int>,
     pub pci: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlPciInfo) -> c_int>,
+    /// `nvmlDeviceGetMemoryInfo` (`nvmlMemory_t`: total, free, used).
+    pub memory: Option<unsafe extern "C" fn(NvmlDevice, *mut [u64; 3]) -> c_int>,
 }
 
 impl NvmlApi {
@@ -321,6 +345,7 @@ impl NvmlApi {
             by_uuid: sym!(lib, c"nvmlDeviceGetHandleByUUID"),
             uuid: sym!(lib, c"nvmlDeviceGetUUID"),
             pci: sym!(lib, c"nvmlDeviceGetPciInfo_v3"),
+            memory: sym!(lib, c"nvmlDeviceGetMemoryInfo"),
         }
     }
 
@@ -344,10 +369,11 @@ impl NvmlApi {
     /// Every physical device, in NVML's order (PCI bus order). Initialises NVML for the time
     /// of the call (NVML counts initialisations, so a program's own stays untouched).
     pub fn inventory(&self) -> Result<Vec<crate::view::Physical>, String> {
-        let (init, shutdown, count, by_index, pci) = match (self.init, self.shutdown, self.count, self.by_index, self.pci) {
-            (Some(a), Some(b), Some(c), Some(d), Some(e)) => (a, b, c, d, e),
-            _ => return Err("the NVML library lacks functions the shim needs".into()),
-        };
+        let (init, shutdown, count, by_index, pci, memory) =
+            match (self.init, self.shutdown, self.count, self.by_index, self.pci, self.memory) {
+                (Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)) => (a, b, c, d, e, f),
+                _ => return Err("the NVML library lacks functions the shim needs".into()),
+            };
         // SAFETY: plain NVML calls with valid out-pointers; init and shutdown are paired.
         unsafe {
             let r = init();
@@ -360,7 +386,8 @@ impl NvmlApi {
             for i in 0..n {
                 let mut dev: NvmlDevice = std::ptr::null_mut();
                 let mut info: NvmlPciInfo = std::mem::zeroed();
-                if failed || by_index(i, &mut dev) != 0 || pci(dev, &mut info) != 0 {
+                let mut mem = [0u64; 3];
+                if failed || by_index(i, &mut dev) != 0 || pci(dev, &mut info) != 0 || memory(dev, &mut mem) != 0 {
                     failed = true;
                     break;
                 }
@@ -369,7 +396,7 @@ impl NvmlApi {
                     break;
                 };
                 let pci = format!("{:04x}:{:02x}:{:02x}.0", info.domain, info.bus, info.device);
-                out.push(crate::view::Physical { uuid, pci });
+                out.push(crate::view::Physical { uuid, pci, total: mem[0] });
             }
             shutdown();
             if failed {

@@ -38,6 +38,9 @@ pub struct HookInfo {
     pub since: c_int,
     /// Whether this is the per-thread default stream (`_ptsz`/`_ptds`) variant.
     pub per_thread: bool,
+    /// Hooked only while devices are split (`GPUSHIM_VIRTUAL_DEVICES`): otherwise the driver's
+    /// own function is handed out, at no cost.
+    pub split_only: bool,
     /// The shim's implementation.
     pub hook: FnAddr,
 }
@@ -65,7 +68,7 @@ impl HookInfo {
 
 /// Declares the hooked functions; see the module documentation.
 macro_rules! hook_table {
-    ($( $sym:ident = $base:literal @ $since:literal $($pt:ident)? ( $($arg:ident : $ty:ty),* $(,)? ) => $body:path ; )*) => {
+    ($( $sym:ident = $base:literal @ $since:literal $($flag:ident)* ( $($arg:ident : $ty:ty),* $(,)? ) => $body:path ; )*) => {
         /// Index of each hook in [`HOOKS`] and [`REAL`].
         #[allow(non_camel_case_types, dead_code, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -79,7 +82,8 @@ macro_rules! hook_table {
                 name: concat!(stringify!($sym), "\0"),
                 base: $base,
                 since: $since,
-                per_thread: $crate::intercept::hook_table!(@per_thread $($pt)?),
+                per_thread: $crate::intercept::hook_table!(@flags $($flag)*).0,
+                split_only: $crate::intercept::hook_table!(@flags $($flag)*).1,
                 hook: $crate::intercept::FnAddr($sym as *const ()),
             },
         )*];
@@ -108,8 +112,10 @@ macro_rules! hook_table {
             }
         )*
     };
-    (@per_thread ptsz) => { true };
-    (@per_thread) => { false };
+    (@flags) => { (false, false) };
+    (@flags ptsz) => { (true, false) };
+    (@flags split) => { (false, true) };
+    (@flags ptsz split) => { (true, true) };
 }
 pub(crate) use hook_table;
 
@@ -231,7 +237,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     // (found through RTLD_DEFAULT) says nothing about that.
     let hint = (found != ours).then_some(found as *const c_void);
     let Some(st) = state::get() else { return 0 };
-    if st.passthrough() {
+    if st.passthrough() || (HOOKS[index].split_only && !st.split_configured()) {
         return 0;
     }
     st.load(HOOKS[index].lib(), hint, true);
@@ -250,19 +256,21 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
 /// The variant is recognised by identity with the driver's exported functions; if the driver
 /// answers with an address that is not one of its exports, the version rules of the table
 /// (`since`, per-thread) pick the variant the caller's version and flags select.
-pub fn substitute(symbol: &CStr, version: c_int, flags: u64, found: *mut c_void) -> *mut c_void {
+pub fn substitute(st: &State, symbol: &CStr, version: c_int, flags: u64, found: *mut c_void) -> *mut c_void {
     if found.is_null() {
         return found;
     }
+    let split = st.split_configured();
+    let wanted = |h: &HookInfo| split || !h.split_only;
     let addr = found as usize;
     for i in 0..HOOK_COUNT {
         if REAL[i].load(Relaxed) == addr {
-            return HOOKS[i].hook.0 as *mut c_void;
+            return if wanted(&HOOKS[i]) { HOOKS[i].hook.0 as *mut c_void } else { found };
         }
     }
     let base = symbol.to_bytes();
     let per_thread = flags & PROC_ADDRESS_PER_THREAD != 0;
-    let candidates = || HOOKS.iter().filter(|h| h.base.as_bytes() == base && h.since <= version);
+    let candidates = || HOOKS.iter().filter(|h| h.base.as_bytes() == base && h.since <= version && wanted(h));
     let want_pt = per_thread && candidates().any(|h| h.per_thread);
     match candidates().filter(|h| h.per_thread == want_pt).max_by_key(|h| h.since) {
         Some(h) => {
@@ -294,8 +302,9 @@ mod tests {
     #[test]
     fn version_rules_pick_the_matching_variant() {
         let fake = 0x1234 as *mut c_void; // not a driver export: forces the rules
+        let st = crate::state::State::for_tests();
         let pick = |name: &CStr, v, f| {
-            let p = substitute(name, v, f, fake) as usize;
+            let p = substitute(&st, name, v, f, fake) as usize;
             HOOKS.iter().find(|h| h.hook.0 as usize == p).map(|h| h.bare_name())
         };
         assert_eq!(pick(c"cuMemAlloc", 3020, 0), Some(&b"cuMemAlloc_v2"[..]));

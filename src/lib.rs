@@ -7,7 +7,6 @@
 
 mod api;
 mod config;
-#[allow(dead_code)] // used by virtual devices, in progress
 mod devices;
 mod driver;
 mod ffi;

@@ -169,6 +169,11 @@ impl LiveMap {
         shard.insert(key, live);
     }
 
+    pub fn get(&self, kind: Kind, key: u64) -> Option<Live> {
+        let shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.get(&key).copied()
+    }
+
     pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
         let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
         shard.remove(&key)

@@ -30,6 +30,8 @@ pub struct Physical {
     pub uuid: String,
     /// `0000:3b:00.0`, lower case.
     pub pci: String,
+    /// Memory in bytes, as NVML counts it.
+    pub total: u64,
 }
 
 /// The devices of the program's view, in its order, as indices into the inventory.
@@ -176,7 +178,7 @@ mod tests {
 
     fn inv() -> Vec<Physical> {
         (0..3)
-            .map(|p| Physical { uuid: format!("gpu-{}{}aa-{p}", p + 1, p), pci: format!("0000:{}0:00.0", p + 1) })
+            .map(|p| Physical { uuid: format!("gpu-{}{}aa-{p}", p + 1, p), pci: format!("0000:{}0:00.0", p + 1), total: 1 << 34 })
             .map(|mut d| {
                 d.uuid = d.uuid.replacen("gpu-", "GPU-", 1);
                 d

@@ -13,7 +13,9 @@ pub unsafe fn init(st: &State, real: unsafe extern "C" fn(c_uint) -> CUresult, f
     let result = real(flags);
     if result == CUDA_SUCCESS {
         if let Err(e) = st.after_cuda_init() {
-            crate::log::log!(crate::log::Level::Error, "{e}");
+            if !e.is_empty() {
+                crate::log::log!(crate::log::Level::Error, "{e}");
+            }
             return CUDA_ERROR_NOT_INITIALIZED;
         }
     }
@@ -24,8 +26,9 @@ pub unsafe fn device_total_mem(st: &State, real: unsafe extern "C" fn(*mut usize
     if bytes.is_null() {
         return real(bytes, dev);
     }
+    let Some(driver) = st.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
     let mut physical: usize = 0;
-    let result = real(&mut physical, dev);
+    let result = real(&mut physical, driver);
     if result == CUDA_SUCCESS {
         *bytes = st.limit(dev).map_or(physical, |l| l.min(physical as u64) as usize);
     }
@@ -36,8 +39,9 @@ pub unsafe fn device_total_mem_v1(st: &State, real: unsafe extern "C" fn(*mut c_
     if bytes.is_null() {
         return real(bytes, dev);
     }
+    let Some(driver) = st.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
     let mut physical: c_uint = 0;
-    let result = real(&mut physical, dev);
+    let result = real(&mut physical, driver);
     if result == CUDA_SUCCESS {
         *bytes = st.limit(dev).map_or(physical, |l| l.min(physical as u64) as c_uint);
     }
@@ -67,7 +71,7 @@ pub unsafe fn mem_get_info_v1(st: &State, real: unsafe extern "C" fn(*mut c_uint
 }
 
 fn clamp(st: &State, free: u64, total: u64) -> (u64, u64) {
-    match st.api().current_device() {
+    match st.current_device() {
         Some(dev) => st.clamp_mem_info(dev, free, total),
         None => (free, total),
     }

@@ -18,21 +18,21 @@ pub unsafe fn alloc(st: &State, real: Alloc, dptr: *mut CUdeviceptr, bytes: usiz
     if dptr.is_null() {
         return real(dptr, bytes);
     }
-    st.counted("cuMemAlloc", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
+    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
 }
 
 pub unsafe fn alloc_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult, dptr: *mut CUdeviceptr_v1, bytes: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes);
     }
-    st.counted("cuMemAlloc", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
+    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
 }
 
 pub unsafe fn alloc_managed(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes, flags);
     }
-    st.counted("cuMemAllocManaged", st.api().current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
+    st.counted("cuMemAllocManaged", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
 }
 
 /// The pitch the driver will choose is not known before the call: reserve for the usual
@@ -53,7 +53,7 @@ pub unsafe fn alloc_pitch(
         return real(dptr, pitch, width, height, elem);
     }
     let estimate = (width as u64).div_ceil(PITCH_ALIGN).saturating_mul(PITCH_ALIGN).saturating_mul(height as u64);
-    let dev = st.api().current_device();
+    let dev = st.current_device();
     let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr, (*pitch as u64).saturating_mul(height as u64));
@@ -74,7 +74,7 @@ pub unsafe fn alloc_pitch_v1(
         return real(dptr, pitch, width, height, elem);
     }
     let estimate = (width as u64).div_ceil(PITCH_ALIGN) * PITCH_ALIGN * height as u64;
-    let dev = st.api().current_device();
+    let dev = st.current_device();
     let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr as u64));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr as u64, *pitch as u64 * height as u64);
@@ -120,7 +120,7 @@ pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdevicept
     if dptr.is_null() {
         return real(dptr, bytes, stream);
     }
-    st.counted("cuMemAllocAsync", st.api().stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
+    st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
 }
 
 pub unsafe fn alloc_from_pool_async(
@@ -134,7 +134,7 @@ pub unsafe fn alloc_from_pool_async(
     if dptr.is_null() {
         return real(dptr, bytes, pool, stream);
     }
-    let dev = pool_device(st, pool).or_else(|| st.api().stream_device(stream));
+    let dev = pool_device(st, pool).or_else(|| st.stream_device(stream));
     st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr))
 }
 
@@ -148,12 +148,32 @@ fn pool_device(st: &State, pool: CUmemoryPool) -> Option<CUdevice> {
 }
 
 pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult, pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix) -> CUresult {
-    let result = real(pool, props);
+    let result = match on_driver_pool_props(st, props) {
+        Err(e) => return e,
+        Ok(Some(copy)) => real(pool, copy.as_ptr().cast()),
+        Ok(None) => real(pool, props),
+    };
     if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() && (*props).location.type_ == MEM_LOCATION_TYPE_DEVICE {
         let mut pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools.push((*pool as usize, (*props).location.id));
     }
     result
+}
+
+/// `sizeof(CUmemPoolProps)` (unchanged since CUDA 11.2: the fields grew into its reserved bytes).
+const POOL_PROPS_SIZE: usize = 88;
+
+/// The pool properties with the location translated to the driver's ordinal, when devices are
+/// split and the pool lives on a device; `None`: pass the program's own.
+unsafe fn on_driver_pool_props(st: &State, props: *const CUmemPoolPropsPrefix) -> Result<Option<[u64; POOL_PROPS_SIZE / 8]>, CUresult> {
+    if props.is_null() || st.program_devices().is_none() || (*props).location.type_ != MEM_LOCATION_TYPE_DEVICE {
+        return Ok(None);
+    }
+    let driver = st.driver_of((*props).location.id).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    let mut copy = [0u64; POOL_PROPS_SIZE / 8];
+    std::ptr::copy_nonoverlapping(props.cast::<u8>(), copy.as_mut_ptr().cast::<u8>(), POOL_PROPS_SIZE);
+    (*copy.as_mut_ptr().cast::<CUmemPoolPropsPrefix>()).location.id = driver;
+    Ok(Some(copy))
 }
 
 pub unsafe fn pool_destroy(st: &State, real: unsafe extern "C" fn(CUmemoryPool) -> CUresult, pool: CUmemoryPool) -> CUresult {
@@ -174,8 +194,11 @@ pub unsafe fn vmm_create(
     if handle.is_null() || prop.is_null() || (*prop).location.type_ != MEM_LOCATION_TYPE_DEVICE {
         return real(handle, bytes, prop, flags);
     }
-    let dev = Some((*prop).location.id);
-    st.counted("cuMemCreate", dev, bytes as u64, Kind::VmmHandle, || (real(handle, bytes, prop, flags), *handle))
+    let dev = (*prop).location.id;
+    let Some(driver) = st.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
+    let mut on_driver = *prop;
+    on_driver.location.id = driver;
+    st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, || (real(handle, bytes, &on_driver, flags), *handle))
 }
 
 pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
@@ -217,7 +240,7 @@ pub unsafe fn array_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, 
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, 1, d.NumChannels, d.Format);
-    st.counted("cuArrayCreate", st.api().current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArrayCreate", st.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
@@ -226,7 +249,7 @@ pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, d.Depth, d.NumChannels, d.Format);
-    st.counted("cuArray3DCreate", st.api().current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArray3DCreate", st.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array_destroy(st: &State, real: unsafe extern "C" fn(CUarray) -> CUresult, array: CUarray) -> CUresult {
@@ -244,7 +267,7 @@ pub unsafe fn mipmapped_create(
         return real(array, desc, levels);
     }
     let bytes = mipmapped_bytes(&*desc, levels);
-    st.counted("cuMipmappedArrayCreate", st.api().current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
+    st.counted("cuMipmappedArrayCreate", st.current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
 }
 
 pub unsafe fn mipmapped_destroy(st: &State, real: unsafe extern "C" fn(CUmipmappedArray) -> CUresult, array: CUmipmappedArray) -> CUresult {

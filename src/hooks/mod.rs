@@ -5,6 +5,7 @@
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
 //! `cuGetProcAddress` callers ask with.
 
+mod devices;
 mod info;
 mod memory;
 mod nvml;
@@ -15,6 +16,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use crate::driver::NvmlDevice;
 use crate::ffi::*;
 use crate::intercept::hook_table;
+use devices::CUmemAccessDesc;
 use nvml::{NvmlMemory, NvmlMemoryV2};
 
 hook_table! {
@@ -58,6 +60,55 @@ hook_table! {
     cuArrayDestroy            = "cuArrayDestroy"        @ 2000  (array: CUarray)                                                             => memory::array_destroy;
     cuMipmappedArrayCreate    = "cuMipmappedArrayCreate" @ 5000 (array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => memory::mipmapped_create;
     cuMipmappedArrayDestroy   = "cuMipmappedArrayDestroy" @ 5000 (array: CUmipmappedArray)                                               => memory::mipmapped_destroy;
+
+    // Device ordinals while devices are split (`split`: handed out only then; hooks/devices.rs).
+    cuDeviceGetCount          = "cuDeviceGetCount"      @ 2000 split  (count: *mut c_int)                                                   => devices::get_count;
+    cuDeviceGet               = "cuDeviceGet"           @ 2000 split  (dev: *mut CUdevice, ordinal: c_int)                                  => devices::get;
+    cuDeviceGetName           = "cuDeviceGetName"       @ 2000 split  (name: *mut c_char, len: c_int, dev: CUdevice)                        => devices::get_name;
+    cuDeviceGetUuid           = "cuDeviceGetUuid"       @ 9020 split  (uuid: *mut [u8; 16], dev: CUdevice)                                  => devices::get_uuid;
+    cuDeviceGetUuid_v2        = "cuDeviceGetUuid"       @ 11040 split (uuid: *mut [u8; 16], dev: CUdevice)                                  => devices::get_uuid;
+    cuDeviceGetAttribute      = "cuDeviceGetAttribute"  @ 2000 split  (value: *mut c_int, attr: c_int, dev: CUdevice)                       => devices::get_attribute;
+    cuDeviceGetPCIBusId       = "cuDeviceGetPCIBusId"   @ 4010 split  (id: *mut c_char, len: c_int, dev: CUdevice)                          => devices::get_pci_bus_id;
+    cuDeviceGetByPCIBusId     = "cuDeviceGetByPCIBusId" @ 4010 split  (dev: *mut CUdevice, id: *const c_char)                              => devices::get_by_pci_bus_id;
+    cuDeviceCanAccessPeer     = "cuDeviceCanAccessPeer" @ 4000 split  (can: *mut c_int, dev: CUdevice, peer: CUdevice)                      => devices::can_access_peer;
+    cuDeviceGetP2PAttribute   = "cuDeviceGetP2PAttribute" @ 8000 split (value: *mut c_int, attr: c_int, src: CUdevice, dst: CUdevice)      => devices::get_p2p_attribute;
+    cuDeviceComputeCapability = "cuDeviceComputeCapability" @ 2000 split (major: *mut c_int, minor: *mut c_int, dev: CUdevice)              => devices::compute_capability;
+    cuDeviceGetLuid           = "cuDeviceGetLuid"       @ 10000 split (luid: *mut c_char, mask: *mut c_uint, dev: CUdevice)                 => devices::get_luid;
+    cuDeviceGetDefaultMemPool = "cuDeviceGetDefaultMemPool" @ 11020 split (pool: *mut CUmemoryPool, dev: CUdevice)                          => devices::get_mem_pool;
+    cuDeviceGetMemPool        = "cuDeviceGetMemPool"    @ 11020 split (pool: *mut CUmemoryPool, dev: CUdevice)                              => devices::get_mem_pool;
+    cuDeviceSetMemPool        = "cuDeviceSetMemPool"    @ 11020 split (dev: CUdevice, pool: CUmemoryPool)                                   => devices::set_mem_pool;
+    cuDeviceGetTexture1DLinearMaxWidth = "cuDeviceGetTexture1DLinearMaxWidth" @ 11010 split (max: *mut usize, format: c_int, channels: c_uint, dev: CUdevice) => devices::texture_1d_max_width;
+    cuDeviceGetExecAffinitySupport = "cuDeviceGetExecAffinitySupport" @ 11040 split (pi: *mut c_int, kind: c_int, dev: CUdevice)           => devices::exec_affinity_support;
+    cuDeviceGraphMemTrim      = "cuDeviceGraphMemTrim"  @ 11040 split (dev: CUdevice)                                                   => devices::graph_mem_trim;
+    cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
+    cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
+    cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
+    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split (dev: CUdevice)                                                    => devices::primary_release;
+    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split (dev: CUdevice)                                                => devices::primary_release;
+    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split (dev: CUdevice)                                                      => devices::primary_reset;
+    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split (dev: CUdevice)                                                    => devices::primary_reset;
+    cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000 split (dev: CUdevice, flags: *mut c_uint, active: *mut c_int)          => devices::primary_get_state;
+    cuDevicePrimaryCtxSetFlags = "cuDevicePrimaryCtxSetFlags" @ 7000 split (dev: CUdevice, flags: c_uint)                                   => devices::primary_set_flags;
+    cuDevicePrimaryCtxSetFlags_v2 = "cuDevicePrimaryCtxSetFlags" @ 11000 split (dev: CUdevice, flags: c_uint)                               => devices::primary_set_flags;
+    cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
+    cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
+    cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
+    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split  (ctx: CUcontext)                                                      => devices::ctx_destroy;
+    cuCtxGetDevice            = "cuCtxGetDevice"        @ 2000 split  (dev: *mut CUdevice)                                                  => devices::ctx_get_device;
+    cuCtxGetDevice_v2         = "cuCtxGetDevice"        @ 13000 split (dev: *mut CUdevice, ctx: CUcontext)                                  => devices::ctx_get_device_v2;
+    cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity" @ 10020 split (gran: *mut usize, prop: *const CUmemAllocationProp, option: c_int) => devices::allocation_granularity;
+    cuMemSetAccess            = "cuMemSetAccess"        @ 10020 split (ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) => devices::set_access;
+    cuMemGetAccess            = "cuMemGetAccess"        @ 10020 split (flags: *mut u64, location: *const CUmemLocation, ptr: CUdeviceptr)   => devices::get_access;
+    cuMemPoolSetAccess        = "cuMemPoolSetAccess"    @ 11020 split (pool: CUmemoryPool, desc: *const CUmemAccessDesc, count: usize)      => devices::pool_set_access;
+    cuMemPoolGetAccess        = "cuMemPoolGetAccess"    @ 11020 split (flags: *mut c_int, pool: CUmemoryPool, location: *const CUmemLocation) => devices::pool_get_access;
+    cuMemAdvise               = "cuMemAdvise"           @ 8000 split  (ptr: CUdeviceptr, count: usize, advice: c_int, dev: CUdevice)        => devices::advise;
+    cuMemAdvise_v2            = "cuMemAdvise"           @ 12020 split (ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) => devices::advise_v2;
+    cuMemPrefetchAsync        = "cuMemPrefetchAsync"    @ 8000 split  (ptr: CUdeviceptr, count: usize, dev: CUdevice, stream: CUstream)     => devices::prefetch;
+    cuMemPrefetchAsync_ptsz   = "cuMemPrefetchAsync"    @ 8000 ptsz split (ptr: CUdeviceptr, count: usize, dev: CUdevice, stream: CUstream) => devices::prefetch;
+    cuMemPrefetchAsync_v2     = "cuMemPrefetchAsync"    @ 12020 split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
+    cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
+    cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
+    cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;

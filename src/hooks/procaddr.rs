@@ -10,13 +10,13 @@ use crate::state::State;
 type V1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
 type V2 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
-pub unsafe fn get_proc_address(_: &State, real: V1, symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult {
+pub unsafe fn get_proc_address(st: &State, real: V1, symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult {
     let result = real(symbol, pfn, version, flags);
-    finish(result, symbol, pfn, version, flags)
+    finish(st, result, symbol, pfn, version, flags)
 }
 
 pub unsafe fn get_proc_address_v2(
-    _: &State,
+    st: &State,
     real: V2,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -25,14 +25,14 @@ pub unsafe fn get_proc_address_v2(
     status: *mut c_int,
 ) -> CUresult {
     let result = real(symbol, pfn, version, flags, status);
-    finish(result, symbol, pfn, version, flags)
+    finish(st, result, symbol, pfn, version, flags)
 }
 
 /// # Safety
 /// `pfn` and `symbol` are what the driver just accepted (checked for NULL here).
-unsafe fn finish(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult {
+unsafe fn finish(st: &State, result: CUresult, symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult {
     if result == CUDA_SUCCESS && !pfn.is_null() && !symbol.is_null() {
-        *pfn = substitute(CStr::from_ptr(symbol), version, flags, *pfn);
+        *pfn = substitute(st, CStr::from_ptr(symbol), version, flags, *pfn);
     }
     result
 }
