@@ -45,11 +45,6 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// Whether any device is split (else nothing needs translating).
-    pub fn split(&self) -> bool {
-        self.list.iter().any(|d| d.part.is_some())
-    }
-
     /// The program device `ordinal`.
     pub fn get(&self, ordinal: i32) -> Option<&ProgramDevice> {
         usize::try_from(ordinal).ok().and_then(|i| self.list.get(i))
@@ -161,13 +156,12 @@ mod tests {
                 ProgramDevice { driver: 1, part: None },
             ]
         );
-        assert!(d.split());
         assert_eq!(d.first_of(1), Some(2));
         assert_eq!(d.first_of(0), Some(0));
         let d = expand(&[split(Selector::Uuid("GPU-11".into()), &[GIB])], &two()).unwrap();
         assert_eq!(d.list.len(), 2);
         assert_eq!(d.list[1].part.map(|p| p.size), Some(GIB));
-        assert!(!expand(&[], &two()).unwrap().split());
+        assert!(expand(&[], &two()).unwrap().list.iter().all(|d| d.part.is_none()));
     }
 
     #[test]

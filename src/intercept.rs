@@ -220,7 +220,14 @@ extern "C" fn dlsym_verdict(handle: *mut c_void, symbol: *const c_char) -> usize
     }
     // SAFETY: as above.
     let name = unsafe { CStr::from_ptr(symbol) };
-    let Some(index) = hook_by_name(name.to_bytes()) else { return 0 };
+    let Some(index) = hook_by_name(name.to_bytes()) else {
+        // Functions that take an NVML device handle: while devices are split, a trampoline that
+        // turns virtual devices' handles into NVML's own (slow path: a lock, maybe allocation).
+        if crate::nvml_virtual::takes_device(name.to_bytes()) {
+            return catch_unwind(|| crate::nvml_virtual::lookup(handle, name)).unwrap_or(0);
+        }
+        return 0;
+    };
     catch_unwind(|| hooked_lookup(handle, name, index)).unwrap_or(0)
 }
 

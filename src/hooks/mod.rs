@@ -108,6 +108,8 @@ hook_table! {
     cuMemPrefetchAsync_v2     = "cuMemPrefetchAsync"    @ 12020 split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
+    // The runtime's private tables (src/private.rs): wrapped while splitting.
+    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::private::get_export_table;
     cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
@@ -115,13 +117,16 @@ hook_table! {
     nvmlDeviceGetCount_v2     = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;
     nvmlDeviceGetHandleByIndex = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                                  => nvml::handle_by_index;
     nvmlDeviceGetHandleByIndex_v2 = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                               => nvml::handle_by_index;
-    nvmlDeviceGetHandleByUUID = "nvmlDeviceGetHandleByUUID" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                              => nvml::handle_by_key;
+    nvmlDeviceGetHandleByUUID = "nvmlDeviceGetHandleByUUID" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                              => nvml::handle_by_uuid;
     // (nvmlUUID_t is passed by pointer: the same ABI as a string.)
-    nvmlDeviceGetHandleByUUIDV = "nvmlDeviceGetHandleByUUIDV" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                           => nvml::handle_by_key;
+    nvmlDeviceGetHandleByUUIDV = "nvmlDeviceGetHandleByUUIDV" @ 0 (uuid: *const c_char, dev: *mut NvmlDevice)                           => nvml::handle_by_uuidv;
     nvmlDeviceGetHandleByPciBusId = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                       => nvml::handle_by_key;
     nvmlDeviceGetHandleByPciBusId_v2 = "nvmlDeviceGetHandleByPciBusId" @ 0 (pci: *const c_char, dev: *mut NvmlDevice)                    => nvml::handle_by_key;
     nvmlDeviceGetHandleBySerial = "nvmlDeviceGetHandleBySerial" @ 0 (serial: *const c_char, dev: *mut NvmlDevice)                        => nvml::handle_by_key;
     nvmlDeviceGetIndex        = "nvmlDeviceGetIndex"    @ 0 (dev: NvmlDevice, index: *mut c_uint)                                            => nvml::get_index;
     nvmlDeviceGetMemoryInfo   = "nvmlDeviceGetMemoryInfo" @ 0 (dev: NvmlDevice, memory: *mut NvmlMemory)                                 => nvml::memory_info;
     nvmlDeviceGetMemoryInfo_v2 = "nvmlDeviceGetMemoryInfo" @ 0 (dev: NvmlDevice, memory: *mut NvmlMemoryV2)                              => nvml::memory_info_v2;
+    // Virtual devices (src/nvml_virtual.rs): a part's derived UUID. Every other function taking a
+    // device handle reaches the program through nvml_virtual's trampolines while splitting.
+    nvmlDeviceGetUUID         = "nvmlDeviceGetUUID"     @ 0 split (dev: NvmlDevice, uuid: *mut c_char, length: c_uint)                   => nvml::get_uuid;
 }

@@ -11,11 +11,37 @@
  *   ids          identity of every device: ids.count, devD.{rc,name,uuid,uuid1,pci,pcibus,total}
  *   bypci=BUSID  cuDeviceGetByPCIBusId -> opI.rc, opI.dev
  *   get=N        cuDeviceGet(N) -> opI.rc, opI.dev
+ * Virtual devices (GPUSHIM_VIRTUAL_DEVICES):
+ *   attrs        selected attributes of every device: devD.attrA (rc != 0 prints devD.attrA.rc)
+ *   ctxdev       cuCtxGetDevice of the current context -> opI.rc, opI.dev; with cuCtxGetDevice_v2:
+ *                opI.rc2, opI.dev2 (NULL context) and opI.ctxK.rc / opI.ctxK.dev for every retained
+ *                primary context K
+ *   ctxcreate=N  cuCtxCreate_v2(flags 0) on device N (ctxcreate4=N: cuCtxCreate_v4, no params), the
+ *                new context current -> opI.rc; ctxdev then also prints opI.created.rc/.dev
+ *   ctxdestroy   cuCtxDestroy_v2 of that context, then the primary context of the current device
+ *                is made current -> opI.rc, opI.back
+ *   ptrdev=K     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of slot K: cuPointerGetAttribute -> opI.rc,
+ *                opI.dev; cuPointerGetAttributes -> opI.rcs, opI.devs
+ *   peer=A,B     cuDeviceCanAccessPeer(A, B) -> opI.rc, opI.can
+ *   copy=K,L     fill slot K (cuMemcpyHtoD, at most 4 MiB), cuMemcpyPeer to slot L with the primary
+ *                contexts of their devices, read L back -> opI.fill, opI.rc, opI.back, opI.equal
+ *   copyasync=K,L  the same with cuMemcpyPeerAsync on the NULL stream, then cuCtxSynchronize
+ *   hammer=SEED:ITERS:D,D..  one thread per device D (its own primary context, set current in the
+ *                thread; all threads meet at a barrier every 50 steps) allocating random sizes
+ *                (cuMemAlloc, up to 1.25 GiB, now and then 4.5 GiB) and freeing at random, with
+ *                cuMemGetInfo after every step. Prints hammerD.{ctxrc,ok,refused,other,spurious,
+ *                infobad,left,maxheld,total,base}: spurious = refusals although base + held +
+ *                size <= total; infobad = steps where total - free != base + held or the total
+ *                changed; base = in use when the thread started
+ *   splitident   where the device-translating names resolve: splitident.dlsym.NAME (dlsym on the
+ *                driver's handle; link mode: the global scope) and, for cuGetProcAddress modes,
+ *                splitident.gpa.NAME: driver / other / null
  * APIs: mem v1 pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
  * BYTES must be a multiple of 2 MiB for vmm and of 256 KiB for the array APIs.
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "scenario.h"
@@ -101,6 +127,28 @@ static struct {
 #undef ID_FIELD
 } id_api;
 
+/* Contexts, pointers, peers and copies for the virtual-device operations (kept out of API_TABLE
+ * so that `ident` lists the same names as before).
+ * X(field, cuda.h symbol, export name, _ptsz export name, base name, version) */
+#define VD_TABLE(X)                                                                               \
+    X(CtxGetDevice, cuCtxGetDevice, "cuCtxGetDevice", "cuCtxGetDevice", "cuCtxGetDevice", 2000)   \
+    X(CtxGetDevice2, cuCtxGetDevice_v2, "cuCtxGetDevice_v2", "cuCtxGetDevice_v2", "cuCtxGetDevice", 13000) \
+    X(PointerGetAttribute, cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute", \
+      "cuPointerGetAttribute", 4000)                                                              \
+    X(PointerGetAttributes, cuPointerGetAttributes, "cuPointerGetAttributes", "cuPointerGetAttributes", \
+      "cuPointerGetAttributes", 7000)                                                             \
+    X(DeviceCanAccessPeer, cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer", \
+      "cuDeviceCanAccessPeer", 4000)                                                              \
+    X(MemcpyPeer, cuMemcpyPeer, "cuMemcpyPeer", "cuMemcpyPeer_ptds", "cuMemcpyPeer", 4000)        \
+    X(MemcpyPeerAsync, cuMemcpyPeerAsync, "cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz", "cuMemcpyPeerAsync", 4000) \
+    X(MemcpyDtoH, cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", "cuMemcpyDtoH", 3020)
+
+static struct {
+#define VD_FIELD(field, sym, name, ptsz_name, base, ver) __typeof__(&sym) field;
+    VD_TABLE(VD_FIELD)
+#undef VD_FIELD
+} vd_api;
+
 static void *(*sim_symbol)(const char *);
 
 #if defined(MODE_LINK)
@@ -111,6 +159,9 @@ API_TABLE(WEAK)
 #define ID_WEAK(field, sym, name, base, ver) extern __typeof__(sym) sym __attribute__((weak));
 ID_TABLE(ID_WEAK)
 #undef ID_WEAK
+#define VD_WEAK(field, sym, name, ptsz_name, base, ver) extern __typeof__(sym) sym __attribute__((weak));
+VD_TABLE(VD_WEAK)
+#undef VD_WEAK
 static const char *mode_name = PTSZ ? "link-ptsz" : "link";
 static void resolve_api(void) {
 #define LINK(field, sym, name, ptsz_name, base, ver) api.field = &sym;
@@ -119,6 +170,9 @@ static void resolve_api(void) {
 #define ID_LINK(field, sym, name, base, ver) id_api.field = &sym;
     ID_TABLE(ID_LINK)
 #undef ID_LINK
+#define VD_LINK(field, sym, name, ptsz_name, base, ver) vd_api.field = &sym;
+    VD_TABLE(VD_LINK)
+#undef VD_LINK
     sim_symbol = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "gpusim_symbol");
 }
 #else
@@ -144,6 +198,10 @@ static void resolve_api(void) {
 #define ID_DLSYM(field, sym, name, base, ver) id_api.field = (__typeof__(id_api.field))dlsym(driver, name);
     ID_TABLE(ID_DLSYM)
 #undef ID_DLSYM
+#define VD_DLSYM(field, sym, name, ptsz_name, base, ver) \
+    vd_api.field = (__typeof__(vd_api.field))dlsym(driver, PTSZ ? ptsz_name : name);
+    VD_TABLE(VD_DLSYM)
+#undef VD_DLSYM
 }
 #endif
 
@@ -187,6 +245,10 @@ static void resolve_api(void) {
 #define ID_GPA(field, sym, name, base, ver) id_api.field = (__typeof__(id_api.field))gpa(base, ver, gpa_flags, &rc);
     ID_TABLE(ID_GPA)
 #undef ID_GPA
+#define VD_GPA(field, sym, name, ptsz_name, base, ver) \
+    vd_api.field = (__typeof__(vd_api.field))gpa(base, ver, gpa_flags, &rc);
+    VD_TABLE(VD_GPA)
+#undef VD_GPA
 }
 #endif
 
@@ -224,6 +286,9 @@ static void *need_v1(const char *name) {
 
 #define ID_CALL(field, ...) \
     (id_api.field ? id_api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
+
+#define VD_CALL(field, ...) \
+    (vd_api.field ? vd_api.field(__VA_ARGS__) : (kv("missing=%s", #field), exit(66), CUDA_ERROR_NOT_FOUND))
 
 /* ---- devices, contexts, streams ---- */
 
@@ -588,6 +653,290 @@ static void do_get(int i, int ordinal) {
     kv("op%d.dev=%d", i, (int)dev);
 }
 
+/* ---- virtual devices ---- */
+
+static void do_attrs(void) {
+    static const int attrs[] = {1, 10, 16, 33, 34, 50, 75, 76, 83, 89, 102, 115};
+    int n = 0;
+    CALL(DeviceGetCount, &n);
+    for (int d = 0; d < n && d < 64; d++) {
+        CUdevice dev;
+        if (CALL(DeviceGet, &dev, d) != CUDA_SUCCESS) continue;
+        for (size_t k = 0; k < sizeof attrs / sizeof attrs[0]; k++) {
+            int v = -1;
+            CUresult rc = ID_CALL(DeviceGetAttribute, &v, (CUdevice_attribute)attrs[k], dev);
+            if (rc != CUDA_SUCCESS) kv("dev%d.attr%d.rc=%d", d, attrs[k], (int)rc);
+            kv("dev%d.attr%d=%d", d, attrs[k], v);
+        }
+    }
+}
+
+static CUcontext created_ctx;
+
+static void do_ctxdev(int i) {
+    CUdevice dev = -1;
+    kv("op%d.rc=%d", i, (int)VD_CALL(CtxGetDevice, &dev));
+    kv("op%d.dev=%d", i, (int)dev);
+    if (!vd_api.CtxGetDevice2) return;
+    dev = -1;
+    kv("op%d.rc2=%d", i, (int)vd_api.CtxGetDevice2(&dev, NULL));
+    kv("op%d.dev2=%d", i, (int)dev);
+    for (int k = 0; k < MAX_DEVICES; k++) {
+        if (!contexts[k]) continue;
+        dev = -1;
+        kv("op%d.ctx%d.rc=%d", i, k, (int)vd_api.CtxGetDevice2(&dev, contexts[k]));
+        kv("op%d.ctx%d.dev=%d", i, k, (int)dev);
+    }
+    if (created_ctx) {
+        dev = -1;
+        kv("op%d.created.rc=%d", i, (int)vd_api.CtxGetDevice2(&dev, created_ctx));
+        kv("op%d.created.dev=%d", i, (int)dev);
+    }
+}
+
+typedef CUresult (*ctx_create_v2_t)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*ctx_create_v4_t)(CUcontext *, void *, unsigned int, CUdevice);
+typedef CUresult (*ctx_destroy_t)(CUcontext);
+
+static void do_ctxcreate(int i, int n, int v4) {
+    CUdevice dev;
+    CUresult rc = CALL(DeviceGet, &dev, n);
+    if (rc == CUDA_SUCCESS) {
+        void *f = v4 ? resolve_versioned("cuCtxCreate_v4", "cuCtxCreate", 12050)
+                     : resolve_versioned("cuCtxCreate_v2", "cuCtxCreate", 3020);
+        if (!f) {
+            kv("missing=cuCtxCreate_v%d", v4 ? 4 : 2);
+            exit(66);
+        }
+        rc = v4 ? ((ctx_create_v4_t)f)(&created_ctx, NULL, 0, dev) : ((ctx_create_v2_t)f)(&created_ctx, 0, dev);
+    }
+    if (rc == CUDA_SUCCESS) current_device = n;
+    kv("op%d.rc=%d", i, (int)rc);
+}
+
+static void do_ctxdestroy(int i) {
+    ctx_destroy_t f = (ctx_destroy_t)resolve_versioned("cuCtxDestroy_v2", "cuCtxDestroy", 4000);
+    if (!f) {
+        kv("missing=cuCtxDestroy_v2");
+        exit(66);
+    }
+    kv("op%d.rc=%d", i, (int)f(created_ctx));
+    created_ctx = NULL;
+    kv("op%d.back=%d", i, (int)use_device(current_device));
+}
+
+static int dptr_slot(int k) {
+    return k > 0 && k < MAX_OPS && (slots[k].kind == K_DPTR || slots[k].kind == K_ASYNC);
+}
+
+static void do_ptrdev(int i, int k) {
+    if (!dptr_slot(k)) {
+        kv("op%d.error=slot %d holds no device pointer", i, k);
+        return;
+    }
+    int ord = -7;
+    kv("op%d.rc=%d", i, (int)VD_CALL(PointerGetAttribute, &ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, slots[k].dptr));
+    kv("op%d.dev=%d", i, ord);
+    CUpointer_attribute a = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+    int ord2 = -7;
+    void *data[1] = {&ord2};
+    kv("op%d.rcs=%d", i, (int)VD_CALL(PointerGetAttributes, 1, &a, data, slots[k].dptr));
+    kv("op%d.devs=%d", i, ord2);
+}
+
+static void do_peer(int i, const char *arg) {
+    int a = -1, b = -1, can = -1;
+    CUdevice da, db;
+    if (sscanf(arg, "%d,%d", &a, &b) != 2) usage_error(arg);
+    CUresult rc = CALL(DeviceGet, &da, a);
+    if (rc == CUDA_SUCCESS) rc = CALL(DeviceGet, &db, b);
+    if (rc == CUDA_SUCCESS) rc = VD_CALL(DeviceCanAccessPeer, &can, da, db);
+    kv("op%d.rc=%d", i, (int)rc);
+    kv("op%d.can=%d", i, can);
+}
+
+/* Fill slot k, copy it to slot l between their devices' primary contexts, read l back. */
+static void do_copy(int i, const char *arg, int async) {
+    int k = -1, l = -1;
+    if (sscanf(arg, "%d,%d", &k, &l) != 2 || !dptr_slot(k) || !dptr_slot(l)) {
+        kv("op%d.error=copy needs two device-pointer slots: '%s'", i, arg);
+        return;
+    }
+    size_t n = slots[k].bytes < slots[l].bytes ? slots[k].bytes : slots[l].bytes;
+    if (n > (4u << 20)) n = 4u << 20;
+    unsigned char *src = malloc(n), *back = malloc(n);
+    for (size_t j = 0; j < n; j++) src[j] = (unsigned char)(j * 7 + 13 * i + 1);
+    memset(back, 0, n);
+    int was = current_device;
+    use_device(slots[k].device);
+    use_device(slots[l].device);
+    use_device(slots[k].device);
+    kv("op%d.fill=%d", i, (int)CALL(MemcpyHtoD, slots[k].dptr, src, n));
+    CUresult rc;
+    if (async) {
+        rc = VD_CALL(MemcpyPeerAsync, slots[l].dptr, contexts[slots[l].device], slots[k].dptr,
+                     contexts[slots[k].device], n, (CUstream)0);
+        if (rc == CUDA_SUCCESS) rc = CALL(CtxSynchronize);
+    } else {
+        rc = VD_CALL(MemcpyPeer, slots[l].dptr, contexts[slots[l].device], slots[k].dptr,
+                     contexts[slots[k].device], n);
+    }
+    kv("op%d.rc=%d", i, (int)rc);
+    use_device(slots[l].device);
+    kv("op%d.back=%d", i, (int)VD_CALL(MemcpyDtoH, back, slots[l].dptr, n));
+    kv("op%d.bytes=%zu", i, n);
+    kv("op%d.equal=%d", i, memcmp(src, back, n) == 0);
+    use_device(was);
+    free(src);
+    free(back);
+}
+
+#define HAMMER_MAX_LIVE 256
+struct hammer {
+    int dev;
+    unsigned seed;
+    int iters;
+    pthread_barrier_t *start;
+    CUresult ctxrc;
+    long ok, refused, other, spurious, infobad, left;
+    unsigned long long maxheld, total, base;
+};
+
+static void *hammer_thread(void *arg) {
+    struct hammer *h = arg;
+    CUdeviceptr live[HAMMER_MAX_LIVE];
+    size_t sizes[HAMMER_MAX_LIVE];
+    int n = 0;
+    unsigned long long held = 0;
+    CUdevice dev;
+    CUcontext ctx = NULL;
+    CUresult rc = CALL(DeviceGet, &dev, h->dev);
+    if (rc == CUDA_SUCCESS) rc = CALL(DevicePrimaryCtxRetain, &ctx, dev);
+    if (rc == CUDA_SUCCESS) rc = CALL(CtxSetCurrent, ctx);
+    h->ctxrc = rc;
+    pthread_barrier_wait(h->start);
+    if (rc != CUDA_SUCCESS) {
+        /* keep meeting the others at the barrier, or they wait forever */
+        for (int it = 0; it < h->iters; it++)
+            if (it % 50 == 49) pthread_barrier_wait(h->start);
+        return NULL;
+    }
+    size_t f = 0, t = 0;
+    CALL(MemGetInfo, &f, &t);
+    h->total = t;
+    h->base = t - f; /* in use before the threads started (other slots of the program) */
+    for (int it = 0; it < h->iters; it++) {
+        /* meet the other threads now and then, so that all of them hold memory at once */
+        if (it % 50 == 49) pthread_barrier_wait(h->start);
+        unsigned r = (unsigned)rand_r(&h->seed);
+        if (n > 0 && (r % 3 == 0 || n == HAMMER_MAX_LIVE)) {
+            int j = (int)((unsigned)rand_r(&h->seed) % (unsigned)n);
+            if (CALL(MemFree, live[j]) == CUDA_SUCCESS) {
+                held -= sizes[j];
+            } else {
+                h->other++;
+            }
+            live[j] = live[n - 1];
+            sizes[j] = sizes[n - 1];
+            n--;
+        } else {
+            /* 1 MiB .. 1.25 GiB in MiB steps; one in 16 asks 4.5 GiB at once */
+            size_t size = (r % 16 == 1) ? (size_t)9 << 29
+                                        : (size_t)(1 + (unsigned)rand_r(&h->seed) % 1280) << 20;
+            CUdeviceptr p = 0;
+            rc = CALL(MemAlloc, &p, size);
+            if (rc == CUDA_SUCCESS) {
+                h->ok++;
+                live[n] = p;
+                sizes[n] = size;
+                n++;
+                held += size;
+                if (held > h->maxheld) h->maxheld = held;
+            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                h->refused++;
+                if (h->base + held + size <= h->total) h->spurious++;
+            } else {
+                h->other++;
+            }
+        }
+        f = t = 0;
+        rc = CALL(MemGetInfo, &f, &t);
+        if (rc != CUDA_SUCCESS || t != h->total || t - f != h->base + held) h->infobad++;
+    }
+    while (n > 0) {
+        n--;
+        if (CALL(MemFree, live[n]) != CUDA_SUCCESS) h->left++;
+    }
+    return NULL;
+}
+
+static void do_hammer(const char *arg) {
+    unsigned seed = 0;
+    int iters = 0, used = 0;
+    struct hammer h[MAX_DEVICES];
+    pthread_t th[MAX_DEVICES];
+    int nt = 0;
+    if (sscanf(arg, "%u:%d:%n", &seed, &iters, &used) < 2 || used == 0) usage_error(arg);
+    for (const char *p = arg + used; *p && nt < MAX_DEVICES;) {
+        memset(&h[nt], 0, sizeof h[nt]);
+        h[nt].dev = atoi(p);
+        h[nt].seed = seed * 7919u + (unsigned)h[nt].dev;
+        h[nt].iters = iters;
+        nt++;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nt);
+    for (int k = 0; k < nt; k++) {
+        h[k].start = &start;
+        pthread_create(&th[k], NULL, hammer_thread, &h[k]);
+    }
+    for (int k = 0; k < nt; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&start);
+    kv("hammer.threads=%d", nt);
+    for (int k = 0; k < nt; k++) {
+        int d = h[k].dev;
+        kv("hammer%d.ctxrc=%d", d, (int)h[k].ctxrc);
+        kv("hammer%d.ok=%ld", d, h[k].ok);
+        kv("hammer%d.refused=%ld", d, h[k].refused);
+        kv("hammer%d.other=%ld", d, h[k].other);
+        kv("hammer%d.spurious=%ld", d, h[k].spurious);
+        kv("hammer%d.infobad=%ld", d, h[k].infobad);
+        kv("hammer%d.left=%ld", d, h[k].left);
+        kv("hammer%d.maxheld=%llu", d, h[k].maxheld);
+        kv("hammer%d.total=%llu", d, h[k].total);
+        kv("hammer%d.base=%llu", d, h[k].base);
+    }
+}
+
+static void do_splitident(void) {
+    static const struct { const char *export_name, *base; int ver; } names[] = {
+        {"cuDeviceGet", "cuDeviceGet", 2000},
+        {"cuDeviceGetCount", "cuDeviceGetCount", 2000},
+        {"cuDeviceGetAttribute", "cuDeviceGetAttribute", 2000},
+        {"cuDeviceGetName", "cuDeviceGetName", 2000},
+        {"cuDeviceGetUuid_v2", "cuDeviceGetUuid", 11040},
+        {"cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", 4010},
+        {"cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer", 4000},
+        {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000},
+        {"cuCtxGetDevice", "cuCtxGetDevice", 2000},
+        {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+#if defined(MODE_LINK)
+        kv("splitident.dlsym.%s=%s", names[k].base, identity(dlsym(RTLD_DEFAULT, names[k].export_name), names[k].export_name));
+#else
+        kv("splitident.dlsym.%s=%s", names[k].base, identity(dlsym(driver, names[k].export_name), names[k].export_name));
+#endif
+#if defined(MODE_GPA)
+        CUresult rc;
+        kv("splitident.gpa.%s=%s", names[k].base, identity(gpa(names[k].base, names[k].ver, 0, &rc), names[k].export_name));
+#endif
+    }
+}
+
 int main(int argc, char **argv) {
     kv("mode=%s", mode_name);
     resolve_api();
@@ -641,6 +990,28 @@ int main(int argc, char **argv) {
             do_get(i, atoi(arg + 4));
         } else if (!strcmp(arg, "ident")) {
             do_ident();
+        } else if (!strcmp(arg, "attrs")) {
+            do_attrs();
+        } else if (starts_with(arg, "ctxcreate=")) {
+            do_ctxcreate(i, atoi(arg + 10), 0);
+        } else if (starts_with(arg, "ctxcreate4=")) {
+            do_ctxcreate(i, atoi(arg + 11), 1);
+        } else if (!strcmp(arg, "ctxdestroy")) {
+            do_ctxdestroy(i);
+        } else if (!strcmp(arg, "ctxdev")) {
+            do_ctxdev(i);
+        } else if (starts_with(arg, "ptrdev=")) {
+            do_ptrdev(i, atoi(arg + 7));
+        } else if (starts_with(arg, "peer=")) {
+            do_peer(i, arg + 5);
+        } else if (starts_with(arg, "copy=")) {
+            do_copy(i, arg + 5, 0);
+        } else if (starts_with(arg, "copyasync=")) {
+            do_copy(i, arg + 10, 1);
+        } else if (starts_with(arg, "hammer=")) {
+            do_hammer(arg + 7);
+        } else if (!strcmp(arg, "splitident")) {
+            do_splitident();
 #if defined(MODE_GPA)
         } else if (!strcmp(arg, "gpaflags")) {
             do_gpaflags();

@@ -10,7 +10,12 @@
  *   index1=N        nvmlDeviceGetHandleByIndex (v1)
  *   uuidv=UUID      nvmlDeviceGetHandleByUUIDV, ASCII
  *   uuidvbin=UUID   nvmlDeviceGetHandleByUUIDV, the 16 bytes
+ *   extra=N         unhooked functions on index N: opI.temp, opI.util.gpu, opI.power ... (nvml_extra)
+ *   pair=A,B        two-device functions on indices A and B: opI.p2p, opI.board, opI.ancestor
+ *   where=NAME      dlsym(libnvidia-ml.so.1, NAME): the file holding the answer -> opI.where
+ *                   (its base name, or "none")
  */
+#define _GNU_SOURCE /* dladdr */
 #include "nvml_ops.h"
 
 int main(int argc, char **argv) {
@@ -37,6 +42,19 @@ int main(int argc, char **argv) {
             memcpy(kind, arg, n);
             kind[n] = 0;
             nvml_lookup(prefix, kind, eq + 1);
+        } else if (starts_with(arg, "extra=")) {
+            nvml_extra(prefix, (unsigned int)atoi(arg + 6));
+        } else if (starts_with(arg, "pair=") && strchr(arg, ',')) {
+            nvml_pair(prefix, (unsigned int)atoi(arg + 5), (unsigned int)atoi(strchr(arg, ',') + 1));
+        } else if (starts_with(arg, "where=")) {
+            void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+            void *f = lib ? dlsym(lib, arg + 6) : NULL;
+            Dl_info info;
+            const char *where = "none";
+            if (f && dladdr(f, &info) && info.dli_fname) {
+                where = strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname;
+            }
+            kv("%swhere=%s", prefix, where);
         } else {
             usage_error(arg);
         }

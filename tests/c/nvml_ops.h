@@ -9,6 +9,9 @@
  * nvml_list(prefix) prints, for the devices NVML shows:
  *   PREFIXinit.rc PREFIXcount.rc PREFIXcount (nvmlDeviceGetCount_v2) PREFIXcount_v1
  *   PREFIXidxI.{rc,index,name,uuid,serial,pci,pcilegacy,mem.rc,total,free,used,mem2.rc,total2,free2,used2}
+ * nvml_extra(prefix, index) / nvml_pair(prefix, a, b): functions the shim does not hook, on one
+ * handle (temperature, utilisation, power, minor number) or two (P2P status, same board,
+ * common ancestor); see their comments for the keys.
  * nvml_lookup(prefix, kind, value) looks a device up by uuid / pci / serial / index, or
  * uuidv / uuidvbin (nvmlDeviceGetHandleByUUIDV, ASCII or binary) / index1 (the v1
  * nvmlDeviceGetHandleByIndex):
@@ -63,6 +66,11 @@ typedef struct {
     char busId[32];
 } nvmlPciInfo_t;
 
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
 /* X(field, exported name, parameter list) */
 #define NVML_TABLE(X)                                                                             \
     X(Init, nvmlInit_v2, (void))                                                      \
@@ -82,7 +90,14 @@ typedef struct {
     X(GetSerial, nvmlDeviceGetSerial, (nvmlDevice_t, char *, unsigned int))           \
     X(GetPci, nvmlDeviceGetPciInfo_v3, (nvmlDevice_t, nvmlPciInfo_t *))               \
     X(GetMem, nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))                \
-    X(GetMem2, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))
+    X(GetMem2, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))              \
+    X(GetTemp, nvmlDeviceGetTemperature, (nvmlDevice_t, int, unsigned int *))           \
+    X(GetUtil, nvmlDeviceGetUtilizationRates, (nvmlDevice_t, nvmlUtilization_t *))      \
+    X(GetPower, nvmlDeviceGetPowerUsage, (nvmlDevice_t, unsigned int *))                \
+    X(GetMinor, nvmlDeviceGetMinorNumber, (nvmlDevice_t, unsigned int *))               \
+    X(GetP2P, nvmlDeviceGetP2PStatus, (nvmlDevice_t, nvmlDevice_t, int, int *))         \
+    X(OnSameBoard, nvmlDeviceOnSameBoard, (nvmlDevice_t, nvmlDevice_t, int *))          \
+    X(GetAncestor, nvmlDeviceGetTopologyCommonAncestor, (nvmlDevice_t, nvmlDevice_t, int *))
 
 #define NVML_FN_TYPE(field, name, params) typedef nvmlReturn_t nvml_##field##_fn params;
 NVML_TABLE(NVML_FN_TYPE)
@@ -238,6 +253,53 @@ __attribute__((unused)) static void nvml_lookup(const char *p, const char *kind,
     }
     kv("%src=%d", p, rc);
     if (rc == 0) nvml_describe(p, h);
+}
+
+/* Functions the shim does not hook, on the handle of index `index` (keys PREFIX.*):
+ * temp.rc temp (GPU sensor) util.rc util.gpu util.mem power.rc power minor.rc minor */
+__attribute__((unused)) static void nvml_extra(const char *p, unsigned int index) {
+    int rc = nvml_open();
+    if (rc != 0) {
+        kv("%sinit.rc=%d", p, rc);
+        return;
+    }
+    nvmlDevice_t h = NULL;
+    rc = NVML_CALL(ByIndex, index, &h);
+    kv("%src=%d", p, rc);
+    if (rc != 0) return;
+    unsigned int temp = 0, power = 0, minor = 9999;
+    nvmlUtilization_t util = {999, 999};
+    kv("%stemp.rc=%d", p, NVML_CALL(GetTemp, h, 0, &temp));
+    kv("%stemp=%u", p, temp);
+    kv("%sutil.rc=%d", p, NVML_CALL(GetUtil, h, &util));
+    kv("%sutil.gpu=%u", p, util.gpu);
+    kv("%sutil.mem=%u", p, util.memory);
+    kv("%spower.rc=%d", p, NVML_CALL(GetPower, h, &power));
+    kv("%spower=%u", p, power);
+    kv("%sminor.rc=%d", p, NVML_CALL(GetMinor, h, &minor));
+    kv("%sminor=%u", p, minor);
+}
+
+/* Two-device functions on the handles of indices a and b (keys PREFIX.*):
+ * rc p2p.rc p2p (NVML_P2P_CAPS_INDEX_READ) board.rc board ancestor.rc ancestor */
+__attribute__((unused)) static void nvml_pair(const char *p, unsigned int a, unsigned int b) {
+    int rc = nvml_open();
+    if (rc != 0) {
+        kv("%sinit.rc=%d", p, rc);
+        return;
+    }
+    nvmlDevice_t ha = NULL, hb = NULL;
+    rc = NVML_CALL(ByIndex, a, &ha);
+    if (rc == 0) rc = NVML_CALL(ByIndex, b, &hb);
+    kv("%src=%d", p, rc);
+    if (rc != 0) return;
+    int p2p = -1, board = -1, ancestor = -1;
+    kv("%sp2p.rc=%d", p, NVML_CALL(GetP2P, ha, hb, 0, &p2p));
+    kv("%sp2p=%d", p, p2p);
+    kv("%sboard.rc=%d", p, NVML_CALL(OnSameBoard, ha, hb, &board));
+    kv("%sboard=%d", p, board);
+    kv("%sancestor.rc=%d", p, NVML_CALL(GetAncestor, ha, hb, &ancestor));
+    kv("%sancestor=%d", p, ancestor);
 }
 
 #endif

@@ -1,5 +1,9 @@
 //! MD2 (RFC 1319, with the published erratum to the checksum step) and the HMAC built on it
-//! that the runtime's integrity check uses.
+//! that the CUDA runtime's integrity check uses (NOTES-private-tables.md).
+//!
+//! One implementation for the shim (`private`, which answers the check for a split device view)
+//! and the simulated driver (`sim/cuda` includes this file with `#[path]`), so the two cannot
+//! drift apart; the RFC 1319 test vectors below pin it.
 
 /// The RFC 1319 substitution table ("random" permutation built from the digits of pi).
 const S: [u8; 256] = [
