@@ -161,6 +161,7 @@ fn dlerror() -> String {
 pub struct Api {
     pub device_get_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult>,
     pub ctx_create: Option<unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult>,
+    pub ctx_destroy: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
     pub primary_ctx_retain: Option<unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult>,
     pub driver_get_version: Option<unsafe extern "C" fn(*mut c_int) -> CUresult>,
     pub device_get_count: Option<unsafe extern "C" fn(*mut c_int) -> CUresult>,
@@ -189,6 +190,7 @@ impl Api {
     pub const NONE: Api = Api {
         device_get_attribute: None,
         ctx_create: None,
+        ctx_destroy: None,
         primary_ctx_retain: None,
         driver_get_version: None,
         device_get_count: None,
@@ -206,6 +208,7 @@ impl Api {
         Api {
             device_get_attribute: sym!(lib, c"cuDeviceGetAttribute"),
             ctx_create: sym!(lib, c"cuCtxCreate_v2"),
+            ctx_destroy: sym!(lib, c"cuCtxDestroy_v2"),
             primary_ctx_retain: sym!(lib, c"cuDevicePrimaryCtxRetain"),
             driver_get_version: sym!(lib, c"cuDriverGetVersion"),
             device_get_count: sym!(lib, c"cuDeviceGetCount"),

@@ -18,6 +18,7 @@ mod memory;
 mod private;
 mod nvml_virtual;
 mod report;
+mod split;
 mod state;
 mod units;
 mod view;

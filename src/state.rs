@@ -18,39 +18,8 @@ use crate::driver::{self, Api, Lib, NvmlApi};
 use crate::ffi::CUdevice;
 use crate::log::{self, log, Level};
 use crate::memory::{DeviceBudget, LiveMap, Refused, MAX_DEVICES};
-use crate::devices::{Devices, DriverDevice, Part};
-use crate::ffi::{CUcontext, CUresult, CUDA_ERROR_INVALID_DEVICE, CUDA_SUCCESS};
+use crate::split::{NvmlPart, Split};
 use crate::view::{self, Physical, View};
-
-/// The program's devices while split, with what the shim keeps for each.
-struct Split {
-    devices: Devices,
-    /// Per program device: UUID (derived for parts), PCI domain, bus, device.
-    facts: Vec<([u8; 16], i32, i32, i32)>,
-    /// The primary contexts of parts after the first (the driver has one per GPU, the first
-    /// part uses it): created on first retain, kept for the life of the process.
-    primaries: Vec<PartPrimary>,
-    /// Contexts the program created on a part, with the part's ordinal.
-    contexts: std::sync::Mutex<Vec<(usize, CUdevice)>>,
-}
-
-#[derive(Default)]
-struct PartPrimary {
-    ctx: std::sync::Mutex<usize>,
-    refs: std::sync::atomic::AtomicU32,
-    flags: std::sync::atomic::AtomicU32,
-}
-
-/// One device of the list NVML shows while devices are split.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NvmlPart {
-    /// The physical device (an index into NVML's inventory).
-    pub physical: usize,
-    /// Which part of it, for a split GPU.
-    pub part: Option<Part>,
-    /// The UUID shown: derived for a part, the physical one for a whole device.
-    pub uuid: String,
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
@@ -74,9 +43,9 @@ pub struct State {
     /// What `CUDA_VISIBLE_DEVICES` makes of NVML's devices (see [`State::cuda_ordinals`]).
     cuda_ordinals: OnceLock<Option<View>>,
     /// The list NVML shows while devices are split (see [`State::nvml_parts`]).
-    nvml_parts: OnceLock<Option<Vec<NvmlPart>>>,
-    /// The program's devices while split, built when the driver initialised.
-    split: OnceLock<Split>,
+    pub(crate) nvml_parts: OnceLock<Option<Vec<NvmlPart>>>,
+    /// The program's devices while split, built when the driver initialised (`split`).
+    pub(crate) split: OnceLock<Split>,
     /// How many devices the driver must show once initialised, when the shim set the view.
     expected_devices: Option<usize>,
     announced: AtomicBool,
@@ -176,6 +145,13 @@ fn supported(s: Settings) -> Result<Settings, config::ConfigError> {
     Ok(s)
 }
 
+/// Prints a configuration error, once per process (the first one found).
+pub(crate) fn report_config_error(message: &str) {
+    if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
+        log::emit_plain(message);
+    }
+}
+
 fn publish(state: Box<State>) -> &'static State {
     let fresh = Box::into_raw(state);
     match STATE.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
@@ -228,9 +204,7 @@ impl State {
 
     /// Records a configuration error: reported once, and CUDA initialisation will fail.
     fn fail(&mut self, e: config::ConfigError) {
-        if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
-            log::emit_plain(&e.to_string());
-        }
+        report_config_error(&e.to_string());
         self.mode = Mode::Broken;
     }
 
@@ -314,250 +288,6 @@ impl State {
             .as_ref()
     }
 
-    /// The list NVML shows while devices are split: each part of a split GPU, in the program's
-    /// order. `None` when nothing is split or NVML cannot list the devices. Built from NVML's
-    /// inventory (a program may use NVML without CUDA); the sizes were checked against NVML's
-    /// totals, and selectors that name no device leave the list `None` (CUDA reports the error).
-    pub fn nvml_parts(&self) -> Option<&Vec<NvmlPart>> {
-        self.nvml_parts
-            .get_or_init(|| {
-                if !self.split_configured() {
-                    return None;
-                }
-                let inventory = self.inventory()?;
-                let base: Vec<usize> = match self.view().or_else(|| self.cuda_ordinals()) {
-                    Some(v) => v.devices.clone(),
-                    None => (0..inventory.len()).collect(),
-                };
-                let driver: Vec<DriverDevice> = base
-                    .iter()
-                    .map(|&p| DriverDevice { uuid: inventory[p].uuid.clone(), pci: inventory[p].pci.clone(), total: inventory[p].total })
-                    .collect();
-                let devices = crate::devices::expand(&self.settings.virtual_devices, &driver).ok()?;
-                Some(
-                    devices
-                        .list
-                        .iter()
-                        .map(|d| {
-                            let physical = base[d.driver as usize];
-                            let uuid = match (d.part, crate::devices::parse_uuid(&inventory[physical].uuid)) {
-                                (Some(part), Some(bytes)) => driver::uuid_string(&crate::devices::part_uuid(&bytes, part.index)),
-                                _ => inventory[physical].uuid.clone(),
-                            };
-                            NvmlPart { physical, part: d.part, uuid }
-                        })
-                        .collect(),
-                )
-            })
-            .as_ref()
-    }
-
-    /// Splits the driver's devices once it initialised (`GPUSHIM_VIRTUAL_DEVICES`). An error is
-    /// a configuration error, reported once; CUDA initialisation then fails.
-    fn build_split(&self) -> Result<(), String> {
-        if !self.split_configured() || self.split.get().is_some() {
-            return Ok(());
-        }
-        let api = self.api();
-        let driver: Vec<(DriverDevice, [u8; 16], [i32; 3])> = api
-            .devices()
-            .into_iter()
-            .enumerate()
-            .map(|(d, (_, uuid))| {
-                let d = d as CUdevice;
-                let pci = [50, 33, 34].map(|a| api.attribute(a, d).unwrap_or(0));
-                let dev = DriverDevice {
-                    uuid: driver::uuid_string(&uuid),
-                    pci: format!("{:04x}:{:02x}:{:02x}.0", pci[0], pci[1], pci[2]),
-                    total: api.physical_total(d).unwrap_or(0),
-                };
-                (dev, uuid, pci)
-            })
-            .collect();
-        let list: Vec<DriverDevice> = driver.iter().map(|(d, _, _)| d.clone()).collect();
-        let devices = crate::devices::expand(&self.settings.virtual_devices, &list).map_err(|reason| {
-            let (setting, value) = match self.settings.source_of("virtual_devices") {
-                config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_default()),
-                other => (format!("virtual_devices ({other})"), String::new()),
-            };
-            config::ConfigError::new(setting, value, reason).to_string()
-        })?;
-        let facts = devices
-            .list
-            .iter()
-            .map(|d| {
-                let (_, uuid, pci) = &driver[d.driver as usize];
-                let uuid = d.part.map_or(*uuid, |p| crate::devices::part_uuid(uuid, p.index));
-                (uuid, pci[0], pci[1], pci[2])
-            })
-            .collect();
-        let primaries = devices.list.iter().map(|_| PartPrimary::default()).collect();
-        let _ = self.split.set(Split { devices, facts, primaries, contexts: std::sync::Mutex::new(Vec::new()) });
-        Ok(())
-    }
-
-    /// The program's devices, when split (else program ordinals are the driver's).
-    #[inline]
-    pub fn program_devices(&self) -> Option<&Devices> {
-        self.split.get().map(|s| &s.devices)
-    }
-
-    /// The driver ordinal of program device `dev` (itself when nothing is split); `None`: no
-    /// such device.
-    #[inline]
-    pub fn driver_of(&self, dev: CUdevice) -> Option<CUdevice> {
-        match self.program_devices() {
-            None => Some(dev),
-            Some(d) => d.get(dev).map(|p| p.driver),
-        }
-    }
-
-    /// The program device the driver's device `driver` is reported as (its first part).
-    pub fn program_of(&self, driver: CUdevice) -> CUdevice {
-        self.program_devices().and_then(|d| d.first_of(driver)).unwrap_or(driver)
-    }
-
-    /// Per program device: UUID, PCI domain, bus, device (for the runtime's integrity check).
-    pub fn program_devices_facts(&self) -> Option<Vec<([u8; 16], i32, i32, i32)>> {
-        self.split.get().map(|s| s.facts.clone())
-    }
-
-    /// The UUID of a part (derived), `None` for a whole device or when nothing is split.
-    pub fn part_uuid(&self, dev: CUdevice) -> Option<[u8; 16]> {
-        let s = self.split.get()?;
-        s.devices.get(dev)?.part?;
-        s.facts.get(dev as usize).map(|f| f.0)
-    }
-
-    /// The part a context belongs to: one the shim created for a part, or one the program
-    /// created on a part; `None` for the driver's own (primary) contexts.
-    pub fn part_of_context(&self, ctx: CUcontext) -> Option<CUdevice> {
-        let s = self.split.get()?;
-        if let Some(i) = s.primaries.iter().position(|p| *p.ctx.lock().unwrap_or_else(|e| e.into_inner()) == ctx as usize && !ctx.is_null()) {
-            return Some(i as CUdevice);
-        }
-        let contexts = s.contexts.lock().unwrap_or_else(|e| e.into_inner());
-        contexts.iter().find(|(c, _)| *c == ctx as usize).map(|&(_, d)| d)
-    }
-
-    /// The program device an allocation starting at `ptr` was counted on.
-    pub fn live_device(&self, ptr: crate::ffi::CUdeviceptr) -> Option<CUdevice> {
-        self.live.get(crate::memory::Kind::DevicePtr, ptr).map(|l| l.device as CUdevice)
-    }
-
-    pub fn remember_context(&self, ctx: CUcontext, dev: CUdevice) {
-        if let Some(s) = self.split.get() {
-            s.contexts.lock().unwrap_or_else(|e| e.into_inner()).push((ctx as usize, dev));
-        }
-    }
-
-    pub fn forget_context(&self, ctx: CUcontext) {
-        if let Some(s) = self.split.get() {
-            s.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|(c, _)| *c != ctx as usize);
-        }
-    }
-
-    /// The program device of the current context.
-    pub fn current_device(&self) -> Option<CUdevice> {
-        if self.split.get().is_none() {
-            return self.api().current_device();
-        }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        if let Some(get) = self.api().ctx_get_current {
-            // SAFETY: valid out-pointer.
-            unsafe { get(&mut ctx) };
-        }
-        self.context_device(ctx)
-    }
-
-    /// The program device of context `ctx`, which is current.
-    fn context_device(&self, ctx: CUcontext) -> Option<CUdevice> {
-        self.part_of_context(ctx).or_else(|| Some(self.program_of(self.api().current_device()?)))
-    }
-
-    /// The program device a stream's work runs on.
-    pub fn stream_device(&self, stream: crate::ffi::CUstream) -> Option<CUdevice> {
-        if self.split.get().is_none() {
-            return self.api().stream_device(stream);
-        }
-        let s = stream as usize;
-        if s == 0 || s == crate::ffi::STREAM_LEGACY || s == crate::ffi::STREAM_PER_THREAD {
-            return self.current_device();
-        }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        let get = self.api().stream_get_ctx?;
-        // SAFETY: valid out-pointer; the stream is the program's own.
-        if unsafe { get(stream, &mut ctx) } != CUDA_SUCCESS {
-            return self.current_device();
-        }
-        self.part_of_context(ctx).or_else(|| Some(self.program_of(self.api().stream_device(stream)?)))
-    }
-
-    /// Retains the primary context of program device `dev`: the driver's for a whole device and
-    /// a GPU's first part, the shim's own for the other parts.
-    pub fn retain_primary(&self, dev: CUdevice, out: *mut CUcontext) -> CUresult {
-        let api = self.api();
-        let Some(driver) = self.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
-        let part = self.program_devices().and_then(|d| d.get(dev)).and_then(|d| d.part);
-        let (Some(split), Some(part)) = (self.split.get(), part.filter(|p| p.index > 0)) else {
-            return match api.primary_ctx_retain {
-                // SAFETY: the caller's out-pointer, checked by the driver.
-                Some(f) => unsafe { f(out, driver) },
-                None => crate::ffi::CUDA_ERROR_NOT_INITIALIZED,
-            };
-        };
-        let _ = part;
-        if out.is_null() {
-            return crate::ffi::CUDA_ERROR_INVALID_VALUE;
-        }
-        let primary = &split.primaries[dev as usize];
-        let mut ctx = primary.ctx.lock().unwrap_or_else(|e| e.into_inner());
-        if *ctx == 0 {
-            let (Some(create), Some(pop)) = (api.ctx_create, api.ctx_pop_current) else {
-                return crate::ffi::CUDA_ERROR_NOT_INITIALIZED;
-            };
-            let mut made: CUcontext = std::ptr::null_mut();
-            // SAFETY: valid out-pointers; the new context is pushed by the driver and popped
-            // again at once, so the caller's current context is unchanged. The lock is held
-            // across these driver calls only for this part's first retain.
-            let r = unsafe { create(&mut made, primary.flags.load(Ordering::Relaxed), driver) };
-            if r != CUDA_SUCCESS {
-                return r;
-            }
-            let mut popped: CUcontext = std::ptr::null_mut();
-            unsafe { pop(&mut popped) };
-            *ctx = made as usize;
-        }
-        primary.refs.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: checked non-NULL above.
-        unsafe { *out = *ctx as CUcontext };
-        CUDA_SUCCESS
-    }
-
-    /// The state of a part's own primary context: `Some((flags, active))`; `None` when `dev` is
-    /// not a part the shim keeps a primary context for (the driver answers).
-    pub fn part_primary_state(&self, dev: CUdevice) -> Option<(u32, bool)> {
-        let p = self.part_primary(dev)?;
-        Some((p.flags.load(Ordering::Relaxed), p.refs.load(Ordering::Relaxed) > 0))
-    }
-
-    pub fn part_primary_release(&self, dev: CUdevice) -> Option<CUresult> {
-        let p = self.part_primary(dev)?;
-        let released = p.refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1)).is_ok();
-        Some(if released { CUDA_SUCCESS } else { crate::ffi::CUDA_ERROR_INVALID_CONTEXT })
-    }
-
-    pub fn part_primary_set_flags(&self, dev: CUdevice, flags: u32) -> Option<CUresult> {
-        self.part_primary(dev)?.flags.store(flags, Ordering::Relaxed);
-        Some(CUDA_SUCCESS)
-    }
-
-    fn part_primary(&self, dev: CUdevice) -> Option<&PartPrimary> {
-        let s = self.split.get()?;
-        s.devices.get(dev)?.part.filter(|p| p.index > 0)?;
-        s.primaries.get(dev as usize)
-    }
-
     /// The driver functions the shim calls itself (none until the driver is opened).
     pub fn api(&self) -> &Api {
         static NONE: Api = Api::NONE;
@@ -609,9 +339,7 @@ impl State {
     /// be applied (the driver read `CUDA_VISIBLE_DEVICES` before the shim set it).
     pub fn after_cuda_init(&self) -> Result<(), String> {
         if let Err(message) = self.build_split() {
-            if !CONFIG_ERROR_REPORTED.swap(true, Ordering::Relaxed) {
-                log::emit_plain(&message);
-            }
+            report_config_error(&message);
             return Err(String::new());
         }
         let devices = self.api().devices();

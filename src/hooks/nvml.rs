@@ -14,7 +14,8 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use crate::driver::NvmlDevice;
 use crate::nvml_virtual;
-use crate::state::{NvmlPart, State};
+use crate::split::NvmlPart;
+use crate::state::State;
 
 const NVML_SUCCESS: c_int = 0;
 const NVML_ERROR_INVALID_ARGUMENT: c_int = 2;
