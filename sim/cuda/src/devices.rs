@@ -1,11 +1,14 @@
 //! Physical devices, `CUDA_VISIBLE_DEVICES`, `cuInit` and the device queries.
 //!
 //! Identity of physical device `p` (independent of `CUDA_VISIBLE_DEVICES`):
-//! name `gpusim device <p>`, UUID bytes `0x10*(p+1) + i`, PCI `0000:<0x10*(p+1)>:00.0`.
+//! name `gpusim device <p>`, UUID bytes `0x10*(p+1) + i`, PCI `0000:<0x10*(p+1)>:00.0`
+//! (`gpusim_common::identity`, the same for `sim/nvml`).
 //! The `CUdevice` handles are the visible ordinals `0..n`.
 
 use crate::config;
 use crate::types::*;
+pub use gpusim_common::identity::uuid_string;
+use gpusim_common::identity::Identity;
 use std::ffi::c_char;
 use std::sync::OnceLock;
 
@@ -21,19 +24,17 @@ pub struct Phys {
 }
 
 impl Phys {
+    /// Physical device `index` with the identity of `gpusim_common::identity` (shared with
+    /// `sim/nvml`).
     pub fn new(index: usize, total: u64) -> Phys {
-        let base = (0x10 * (index + 1)) as u8;
-        let mut uuid = [0u8; 16];
-        for (i, b) in uuid.iter_mut().enumerate() {
-            *b = base.wrapping_add(i as u8);
-        }
+        let id = Identity::of(index);
         Phys {
             index,
-            name: format!("gpusim device {index}"),
-            uuid,
-            pci_domain: 0,
-            pci_bus: 0x10 * (index as i32 + 1),
-            pci_device: 0,
+            name: id.name,
+            uuid: id.uuid,
+            pci_domain: id.pci_domain as i32,
+            pci_bus: id.pci_bus as i32,
+            pci_device: id.pci_device as i32,
             total,
         }
     }
@@ -50,18 +51,6 @@ impl Phys {
             self.pci_domain, self.pci_bus, self.pci_device
         )
     }
-}
-
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
 }
 
 static PHYSICAL: OnceLock<Vec<Phys>> = OnceLock::new();

@@ -26,14 +26,6 @@ mod streams;
 mod types;
 mod vmm;
 
-/// Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
-/// report written at exit) for every process that loads the driver, even one that never calls it.
-extern "C" fn on_load() {
-    ffi::guard_value((), || {
-        config::get();
-    })
-}
-
-#[used]
-#[link_section = ".init_array"]
-static ON_LOAD: extern "C" fn() = on_load;
+// Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
+// report written at exit) for every process that loads the driver, even one that never calls it.
+gpusim_common::at_load!(config::get);

@@ -2,6 +2,8 @@
 //! `gpusim_call_count` and the report), its name and its address (for `cuGetProcAddress` and
 //! `gpusim_symbol`). `cu_api!` refers to `Id::<name>`, so a function missing here does not
 //! compile; `procaddr`'s tests check that every name here is reachable by `cuGetProcAddress`.
+//! `gpusim_common::exports!` (shared with `sim/nvml`) defines `Id`, `NAMES`, `COUNTS`,
+//! `addresses` and `hit` from the list.
 
 #![allow(non_camel_case_types)]
 
@@ -17,31 +19,9 @@ use crate::procaddr::*;
 use crate::streams::*;
 use crate::vmm::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-macro_rules! exports {
-    ($($name:ident),* $(,)?) => {
-        /// Index of an exported entry point.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        #[allow(clippy::enum_variant_names)]
-        pub enum Id { $($name),* }
-
-        pub static NAMES: &[&str] = &[$(stringify!($name)),*];
-
-        const N: usize = [$(stringify!($name)),*].len();
-
-        /// Call counters, by `Id`.
-        pub static COUNTS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
-
-        fn addresses() -> Vec<usize> {
-            vec![$($name as *const () as usize),*]
-        }
-    };
-}
-
-exports! {
+gpusim_common::exports! {
     // devices
     cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceTotalMem_v2,
     cuDeviceTotalMem, cuDeviceGetAttribute, cuDeviceGetUuid, cuDeviceGetUuid_v2, cuDeviceGetLuid,
@@ -102,32 +82,14 @@ exports! {
     cuGetProcAddress, cuGetProcAddress_v2
 }
 
-/// Counts one call.
-#[inline(always)]
-pub fn hit(id: Id) {
-    COUNTS[id as usize].fetch_add(1, Ordering::Relaxed);
-}
-
-fn index() -> &'static HashMap<&'static str, (usize, usize)> {
-    static INDEX: OnceLock<HashMap<&'static str, (usize, usize)>> = OnceLock::new();
-    INDEX.get_or_init(|| {
-        NAMES
-            .iter()
-            .zip(addresses())
-            .enumerate()
-            .map(|(i, (n, a))| (*n, (i, a)))
-            .collect()
-    })
-}
-
-/// The counter index of an exported name.
-pub fn id_of(name: &str) -> Option<usize> {
-    index().get(name).map(|&(i, _)| i)
+fn index() -> &'static HashMap<&'static str, usize> {
+    static INDEX: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    INDEX.get_or_init(|| NAMES.iter().copied().zip(addresses()).collect())
 }
 
 /// The address of an exported name, as `dlsym` gives it.
 pub fn address_of(name: &str) -> Option<usize> {
-    index().get(name).map(|&(_, a)| a)
+    index().get(name).copied()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use crate::devices::physical;
 use crate::registry;
 use crate::types::*;
+use gpusim_common::counters::{self, json_str};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -84,38 +85,8 @@ pub fn used(p: usize) -> u64 {
 
 // ---- the report ------------------------------------------------------------------------------
 
-pub fn register_report_at_exit() {
-    extern "C" fn at_exit() {
-        crate::ffi::guard_value((), || {
-            if let Some(path) = crate::config::get().report.as_deref() {
-                if let Err(e) = std::fs::write(path, report_json()) {
-                    crate::ffi::trace_line(&format!(
-                        "gpusim: cannot write GPUSIM_REPORT={path}: {e}\n"
-                    ));
-                }
-            }
-        })
-    }
-    // SAFETY: registering a plain function with libc.
-    unsafe {
-        libc::atexit(at_exit);
-    }
-}
-
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
+/// The `GPUSIM_REPORT` contents (written at exit by `gpusim_common::config::Settings`, see
+/// `config.rs`).
 pub fn report_json() -> String {
     let devs: Vec<String> = physical()
         .iter()
@@ -133,18 +104,11 @@ pub fn report_json() -> String {
             )
         })
         .collect();
-    let calls: Vec<String> = registry::NAMES
-        .iter()
-        .zip(registry::COUNTS.iter())
-        .map(|(n, c)| (n, c.load(Ordering::Relaxed)))
-        .filter(|&(_, c)| c > 0)
-        .map(|(n, c)| format!("{}:{}", json_str(n), c))
-        .collect();
     format!(
         "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}}}}\n",
         crate::config::get().driver_version,
         devs.join(","),
-        calls.join(",")
+        counters::calls_json(registry::NAMES, &registry::COUNTS)
     )
 }
 
@@ -176,11 +140,7 @@ pub unsafe extern "C" fn gpusim_stats(
 #[no_mangle]
 pub unsafe extern "C" fn gpusim_call_count(name: *const c_char) -> u64 {
     crate::ffi::guard_value(0, || {
-        if name.is_null() {
-            return 0;
-        }
-        let n = CStr::from_ptr(name).to_string_lossy();
-        registry::id_of(&n).map_or(0, |i| registry::COUNTS[i].load(Ordering::Relaxed))
+        counters::count_of_c(registry::NAMES, &registry::COUNTS, name)
     })
 }
 

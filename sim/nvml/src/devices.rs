@@ -1,8 +1,8 @@
 //! The physical devices as NVML shows them, and the handle (`nvmlDevice_t`) of each.
 //!
-//! Identities are those of `sim/cuda/src/devices.rs` (`Phys::new`, `uuid_string`, copied here):
-//! physical device `p` is named `gpusim device <p>`, has UUID bytes `0x10*(p+1) + i`, PCI domain
-//! 0, bus `0x10*(p+1)`, device 0; NVML adds the serial `GPUSIM-<p>` and minor number `p`.
+//! Identities are `gpusim_common::identity`'s, the same as `sim/cuda`'s: physical device `p` is
+//! named `gpusim device <p>`, has UUID bytes `0x10*(p+1) + i`, PCI domain 0, bus `0x10*(p+1)`,
+//! device 0 and serial `GPUSIM-<p>`; NVML adds the minor number `p`.
 //! NVML ignores `CUDA_VISIBLE_DEVICES` (as the real one does): index = physical index, always
 //! every device.
 //!
@@ -12,12 +12,11 @@
 
 use crate::config;
 use crate::types::*;
+use gpusim_common::identity::Identity;
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// PCI vendor 0x10de (NVIDIA), device 0x2330 (an H100 SXM5's id).
-pub const PCI_DEVICE_ID: u32 = 0x2330_10de;
-pub const PCI_SUBSYSTEM_ID: u32 = 0x16c1_10de;
+pub use gpusim_common::identity::{PCI_DEVICE_ID, PCI_SUBSYSTEM_ID};
 
 #[derive(Debug, Clone)]
 pub struct Device {
@@ -33,22 +32,19 @@ pub struct Device {
 }
 
 impl Device {
-    /// As `Phys::new` in `sim/cuda/src/devices.rs`.
+    /// Physical device `index` with the identity of `gpusim_common::identity` (as `Phys::new`
+    /// in `sim/cuda/src/devices.rs`).
     pub fn new(index: usize, total: u64) -> Device {
-        let base = (0x10 * (index + 1)) as u8;
-        let mut uuid = [0u8; 16];
-        for (i, b) in uuid.iter_mut().enumerate() {
-            *b = base.wrapping_add(i as u8);
-        }
+        let id = Identity::of(index);
         Device {
             index,
-            name: format!("gpusim device {index}"),
-            uuid,
-            uuid_str: uuid_string(&uuid),
-            serial: format!("GPUSIM-{index}"),
-            pci_domain: 0,
-            pci_bus: 0x10 * (index as u32 + 1),
-            pci_device: 0,
+            uuid_str: id.uuid_string(),
+            name: id.name,
+            uuid: id.uuid,
+            serial: id.serial,
+            pci_domain: id.pci_domain,
+            pci_bus: id.pci_bus,
+            pci_device: id.pci_device,
             total,
         }
     }
@@ -73,19 +69,6 @@ impl Device {
     pub fn handle(&'static self) -> nvmlDevice_t {
         self as *const Device as *mut c_void
     }
-}
-
-/// `GPU-10111213-1415-1617-1819-1a1b1c1d1e1f` (as `uuid_string` in `sim/cuda/src/devices.rs`).
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
 }
 
 static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();

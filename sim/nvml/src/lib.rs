@@ -18,14 +18,6 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-/// Load-time constructor: reads the configuration, so that `GPUSIM_NVML_REPORT` is registered
-/// (and a report written at exit) for every process that loads the library.
-extern "C" fn on_load() {
-    ffi::guard_value((), || {
-        config::get();
-    })
-}
-
-#[used]
-#[link_section = ".init_array"]
-static ON_LOAD: extern "C" fn() = on_load;
+// Load-time constructor: reads the configuration, so that `GPUSIM_NVML_REPORT` is registered (and a
+// report written at exit) for every process that loads the library.
+gpusim_common::at_load!(config::get);

@@ -1,7 +1,8 @@
 //! Every exported NVML entry point, in one list: it gives each a call counter (for
 //! `gpusim_nvml_call_count` and the exit report). `nvml_api!` refers to `Id::<name>`, so a
 //! function missing here does not compile, and `addresses` refers to every name here, so a
-//! name without a function does not compile either.
+//! name without a function does not compile either. `gpusim_common::exports!` (shared with
+//! `sim/cuda`) defines `Id`, `NAMES`, `COUNTS`, `addresses` and `hit` from the list.
 //!
 //! Test hooks (not counted):
 //! ```c
@@ -13,32 +14,10 @@
 #![allow(non_camel_case_types)]
 
 use crate::api::*;
-use std::ffi::{c_char, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use gpusim_common::counters;
+use std::ffi::c_char;
 
-macro_rules! exports {
-    ($($name:ident),* $(,)?) => {
-        /// Index of an exported entry point.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        #[allow(clippy::enum_variant_names)]
-        pub enum Id { $($name),* }
-
-        pub static NAMES: &[&str] = &[$(stringify!($name)),*];
-
-        const N: usize = [$(stringify!($name)),*].len();
-
-        /// Call counters, by `Id`.
-        pub static COUNTS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
-
-        #[allow(dead_code)]
-        pub fn addresses() -> Vec<usize> {
-            vec![$($name as *const () as usize),*]
-        }
-    };
-}
-
-exports! {
+gpusim_common::exports! {
     // init and system
     nvmlInit, nvmlInit_v2, nvmlInitWithFlags, nvmlShutdown, nvmlErrorString,
     nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion,
@@ -66,16 +45,9 @@ exports! {
     nvmlDeviceGetP2PStatus, nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceOnSameBoard,
 }
 
-#[inline]
-pub fn hit(id: Id) {
-    COUNTS[id as usize].fetch_add(1, Ordering::Relaxed);
-}
-
+#[cfg(test)]
 pub fn count_of(name: &str) -> u64 {
-    NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map_or(0, |i| COUNTS[i].load(Ordering::Relaxed))
+    counters::count_of(NAMES, &COUNTS, name)
 }
 
 /// `uint64_t gpusim_nvml_call_count(const char *name)`: calls of that exported entry point so
@@ -86,46 +58,21 @@ pub fn count_of(name: &str) -> u64 {
 #[no_mangle]
 pub unsafe extern "C" fn gpusim_nvml_call_count(name: *const c_char) -> u64 {
     crate::ffi::guard_value(0, || {
-        if name.is_null() {
-            return 0;
-        }
-        // SAFETY: the caller passes a NUL-terminated string.
-        let n = unsafe { CStr::from_ptr(name) };
-        n.to_str().map_or(0, count_of)
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        unsafe { counters::count_of_c(NAMES, &COUNTS, name) }
     })
 }
 
 // ---- the report ------------------------------------------------------------------------------
 
-pub fn register_report_at_exit() {
-    extern "C" fn at_exit() {
-        crate::ffi::guard_value((), || {
-            if let Some(path) = crate::config::get().report.as_deref() {
-                if let Err(e) = std::fs::write(path, report_json()) {
-                    crate::ffi::trace_line(&format!(
-                        "gpusim-nvml: cannot write GPUSIM_NVML_REPORT={path}: {e}\n"
-                    ));
-                }
-            }
-        })
-    }
-    // SAFETY: registering a plain function with libc.
-    unsafe {
-        libc::atexit(at_exit);
-    }
-}
-
 /// `{"calls":{"nvmlInitWithFlags":1,…}}`: every entry point called at least once, in
-/// registry order (names need no JSON escaping).
+/// registry order. Written at exit to `GPUSIM_NVML_REPORT` by `gpusim_common::config::Settings`
+/// (see `config.rs`).
 pub fn report_json() -> String {
-    let calls: Vec<String> = NAMES
-        .iter()
-        .zip(COUNTS.iter())
-        .map(|(n, c)| (n, c.load(Ordering::Relaxed)))
-        .filter(|&(_, c)| c > 0)
-        .map(|(n, c)| format!("\"{n}\":{c}"))
-        .collect();
-    format!("{{\"calls\":{{{}}}}}\n", calls.join(","))
+    format!(
+        "{{\"calls\":{{{}}}}}\n",
+        counters::calls_json(NAMES, &COUNTS)
+    )
 }
 
 #[cfg(test)]
