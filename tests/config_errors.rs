@@ -32,49 +32,17 @@ fn programs() -> Vec<Program> {
 /// Runs `p` with and without the shim; without it the program must initialise, with it
 /// initialisation must fail with exactly one gpushim line, which is returned.
 fn fails_closed(p: Program, env: &[(&str, &str)]) -> String {
-    let plain = Run::program(p).envs(env).run();
-    plain.assert_completed();
-    assert_eq!(
-        plain.num("init.rc"),
-        0,
-        "the program must work without the shim\n{}",
-        plain.dump()
-    );
-
-    let out = Run::program(p).envs(env).shim(true).run();
-    out.assert_completed();
-    assert_eq!(
-        out.num("init.rc"),
-        NOT_INITIALIZED,
-        "CUDA init must fail with 3 (env {env:?})\n{}",
-        out.dump()
-    );
-    assert!(
-        out.kv.get("count").map_or(true, |c| c == "0"),
-        "devices usable after a config error\n{}",
-        out.dump()
-    );
-    let lines = out.gpushim_lines();
-    assert_eq!(
-        lines.len(),
-        1,
-        "exactly one gpushim line (env {env:?})\n{}",
-        out.dump()
-    );
-    lines[0].clone()
+    check_fails_closed(|| Run::program(p).envs(env)).line
 }
 
 #[test]
 fn bad_memory_limit_in_the_environment() {
     for p in programs() {
         for value in BAD_VALUES {
-            let line = fails_closed(p, &[("GPUSHIM_MEMORY_LIMIT", value)]);
-            let prefix = format!("gpushim: GPUSHIM_MEMORY_LIMIT=\"{value}\": ");
-            assert!(
-                line.starts_with(&prefix),
-                "{p:?}: `{line}` does not start with `{prefix}`"
-            );
-            assert!(line.len() > prefix.len(), "`{line}` gives no reason");
+            let out = check_fails_closed(|| {
+                Run::program(p).env("GPUSHIM_MEMORY_LIMIT", value)
+            });
+            assert_fails_closed(&out.shim, "GPUSHIM_MEMORY_LIMIT", value);
         }
     }
 }
@@ -105,12 +73,8 @@ fn bad_per_device_limits_and_aliases() {
         },
     ] {
         for (name, value) in cases {
-            let line = fails_closed(p, &[(name, value)]);
-            let prefix = format!("gpushim: {name}=\"{value}\": ");
-            assert!(
-                line.starts_with(&prefix),
-                "`{line}` does not start with `{prefix}`"
-            );
+            let out = check_fails_closed(|| Run::program(p).env(name, value));
+            assert_fails_closed(&out.shim, name, value);
         }
     }
 }
@@ -180,12 +144,8 @@ fn missing_config_file() {
     let missing = scratch_path("does-not-exist.toml");
     let path = missing.to_str().unwrap();
     for p in programs() {
-        let line = fails_closed(p, &[("GPUSHIM_CONFIG", path)]);
-        let prefix = format!("gpushim: GPUSHIM_CONFIG=\"{path}\": ");
-        assert!(
-            line.starts_with(&prefix),
-            "`{line}` does not start with `{prefix}`"
-        );
+        let out = check_fails_closed(|| Run::program(p).env("GPUSHIM_CONFIG", path));
+        assert_fails_closed(&out.shim, "GPUSHIM_CONFIG", path);
     }
 }
 

@@ -19,6 +19,24 @@ fn driver_run(path: DriverPath, extra: &[(&str, &str)]) -> Run {
         .envs(extra)
 }
 
+/// Checks `scenario` through each of `paths`, without and with the shim, with `env` set.
+fn check_paths(scenario: &Scenario, paths: &[DriverPath], env: &[(&str, &str)]) {
+    for &path in paths {
+        for shim in [false, true] {
+            scenario.check(driver_run(path, env), shim);
+        }
+    }
+}
+
+/// Linked and through cuGetProcAddress, each with and without the per-thread default stream
+/// (dlsym of the `_ptsz` names).
+const MIXED_PATHS: [DriverPath; 4] = [
+    DriverPath::Link,
+    DriverPath::DlsymPtsz,
+    DriverPath::Gpa,
+    DriverPath::GpaPtsz,
+];
+
 /// Fill up to the limit, get refused, free, retry; memory info along the way.
 fn standard(api: &'static str) -> Scenario {
     Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
@@ -110,9 +128,7 @@ fn run_standard(path: DriverPath, api: &'static str) {
 
 fn run_per_device(path: DriverPath, api: &'static str) {
     let scenario = per_device(api);
-    for shim in [false, true] {
-        scenario.check(driver_run(path, PER_DEVICE_ENV), shim);
-    }
+    check_paths(&scenario, &[path], PER_DEVICE_ENV);
 }
 
 macro_rules! path_tests {
@@ -217,22 +233,16 @@ fn host_scenario(api: &'static str) -> Scenario {
 
 #[test]
 fn host_allocations_are_not_counted() {
-    for path in [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa] {
-        for api in ["host", "hostalloc"] {
-            for shim in [false, true] {
-                host_scenario(api).check(driver_run(path, LIMIT_ENV), shim);
-            }
-        }
+    for api in ["host", "hostalloc"] {
+        let paths = [DriverPath::Link, DriverPath::Dlsym, DriverPath::Gpa];
+        check_paths(&host_scenario(api), &paths, LIMIT_ENV);
     }
 }
 
 #[test]
 fn registered_host_memory_is_not_counted() {
-    for path in [DriverPath::Link, DriverPath::Gpa] {
-        for shim in [false, true] {
-            host_scenario("hostreg").check(driver_run(path, LIMIT_ENV), shim);
-        }
-    }
+    let paths = [DriverPath::Link, DriverPath::Gpa];
+    check_paths(&host_scenario("hostreg"), &paths, LIMIT_ENV);
 }
 
 /// Memory freed by a different context than the one it was allocated in goes back to the
@@ -248,11 +258,7 @@ fn frees_return_to_the_right_device() {
         .op(Op::Dev(0)) // 6
         .op(Op::Info) // 7: device 0 empty again
         .op(Op::Alloc("mem", LIMIT)); // 8
-    for path in [DriverPath::Link, DriverPath::Gpa] {
-        for shim in [false, true] {
-            scenario.check(driver_run(path, LIMIT_ENV), shim);
-        }
-    }
+    check_paths(&scenario, &[DriverPath::Link, DriverPath::Gpa], LIMIT_ENV);
 }
 
 /// Mixed APIs share one budget per device.
@@ -273,16 +279,7 @@ fn all_apis_share_one_budget() {
         .op(Op::Free(5)) // 14: the pool allocation
         .op(Op::Alloc("managed", 6 * MIB)) // 15
         .op(Op::Info); // 16: 0 free
-    for path in [
-        DriverPath::Link,
-        DriverPath::DlsymPtsz,
-        DriverPath::Gpa,
-        DriverPath::GpaPtsz,
-    ] {
-        for shim in [false, true] {
-            scenario.check(driver_run(path, LIMIT_ENV), shim);
-        }
-    }
+    check_paths(&scenario, &MIXED_PATHS, LIMIT_ENV);
 }
 
 /// cuDeviceTotalMem is the effective limit: min(limit, physical), per device.
@@ -526,16 +523,7 @@ fn stream_ordered_memory_freed_with_cu_mem_free() {
         .op(Op::MemFree(2)) // 5
         .op(Op::Info) // 6: all free
         .op(Op::Alloc("mem", LIMIT)); // 7
-    for path in [
-        DriverPath::Link,
-        DriverPath::DlsymPtsz,
-        DriverPath::Gpa,
-        DriverPath::GpaPtsz,
-    ] {
-        for shim in [false, true] {
-            scenario.check(driver_run(path, LIMIT_ENV), shim);
-        }
-    }
+    check_paths(&scenario, &MIXED_PATHS, LIMIT_ENV);
 }
 
 /// GPUSHIM_MEMORY_LIMIT_<i> names the ordinal the program sees: with CUDA_VISIBLE_DEVICES=1

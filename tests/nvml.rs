@@ -37,32 +37,12 @@ fn assert_handle(out: &RunOutput, p: &str, phys: u32, total: u64, what: &str) {
         "mem.rc",
         "mem2.rc",
     ] {
-        assert_eq!(out.num(&k(rc)), 0, "{what}: {p}{rc}\n{}", out.dump());
+        out.assert_num(&k(rc), 0, what);
     }
-    assert_eq!(
-        out.get(&k("uuid")),
-        phys_uuid(phys),
-        "{what}: {p}uuid\n{}",
-        out.dump()
-    );
-    assert_eq!(
-        out.get(&k("name")),
-        phys_name(phys),
-        "{what}: {p}name\n{}",
-        out.dump()
-    );
-    assert_eq!(
-        out.get(&k("serial")),
-        format!("GPUSIM-{phys}"),
-        "{what}: {p}serial\n{}",
-        out.dump()
-    );
-    assert_eq!(
-        out.u64(&k("pcibus")),
-        phys_bus(phys) as u64,
-        "{what}: {p}pcibus\n{}",
-        out.dump()
-    );
+    out.assert_str(&k("uuid"), &phys_uuid(phys), what);
+    out.assert_str(&k("name"), &phys_name(phys), what);
+    out.assert_str(&k("serial"), &format!("GPUSIM-{phys}"), what);
+    out.assert_u64(&k("pcibus"), phys_bus(phys) as u64, what);
     let bus_tail = &phys_pci(phys)[4..]; // ":30:00.0"
     for key in ["pci", "pcilegacy"] {
         assert!(
@@ -515,53 +495,6 @@ fn nvml_in_a_cuda_program_sees_its_allocations() {
 // pynvml
 // ---------------------------------------------------------------------------------------
 
-const PYNVML: &str = r#"
-import sys
-import pynvml as n
-
-def s(x):
-    return x.decode() if isinstance(x, bytes) else x
-
-def call(f, *a):
-    try:
-        return 0, f(*a)
-    except n.NVMLError as e:
-        return e.value, None
-
-n.nvmlInit()
-print("init.rc=0")
-count = n.nvmlDeviceGetCount()
-print(f"count={count}")
-for i in range(count):
-    h = n.nvmlDeviceGetHandleByIndex(i)
-    print(f"idx{i}.uuid={s(n.nvmlDeviceGetUUID(h))}")
-    print(f"idx{i}.name={s(n.nvmlDeviceGetName(h))}")
-    print(f"idx{i}.index={n.nvmlDeviceGetIndex(h)}")
-    print(f"idx{i}.pci={s(n.nvmlDeviceGetPciInfo(h).busId)}")
-    m = n.nvmlDeviceGetMemoryInfo(h)
-    print(f"idx{i}.total={m.total}")
-    print(f"idx{i}.used={m.used}")
-    print(f"idx{i}.free={m.free}")
-    try:
-        m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
-        print(f"idx{i}.total2={m2.total}")
-        print(f"idx{i}.used2={m2.used}")
-        print(f"idx{i}.free2={m2.free}")
-    except (TypeError, AttributeError):
-        print(f"idx{i}.v2=unsupported")
-for k, arg in enumerate(sys.argv[1:], start=1):
-    kind, value = arg.split("=", 1)
-    f = {"uuid": n.nvmlDeviceGetHandleByUUID,
-         "pci": n.nvmlDeviceGetHandleByPciBusId,
-         "serial": n.nvmlDeviceGetHandleBySerial}[kind]
-    rc, h = call(f, value)
-    print(f"op{k}.rc={rc}")
-    if rc == 0:
-        print(f"op{k}.index={n.nvmlDeviceGetIndex(h)}")
-n.nvmlShutdown()
-print("done=1")
-"#;
-
 #[test]
 fn pynvml_follows_visible_devices() {
     nvml_sim_library();
@@ -595,7 +528,7 @@ fn pynvml_follows_visible_devices() {
     for (env, want) in cases {
         for shim in [false, true] {
             let what = format!("pynvml shim={shim} {env:?}");
-            let out = python_run(PYNVML)
+            let out = python_run(PYNVML_LIST)
                 .args(&lookups)
                 .env("GPUSIM_DEVICES", "3")
                 .env("GPUSIM_MEMORY", "16GiB")
@@ -613,24 +546,9 @@ fn pynvml_follows_visible_devices() {
             );
             for (i, &(p, total)) in want.iter().enumerate() {
                 let k = |f: &str| format!("idx{i}.{f}");
-                assert_eq!(
-                    out.get(&k("uuid")),
-                    phys_uuid(p),
-                    "{what}: index {i}\n{}",
-                    out.dump()
-                );
-                assert_eq!(
-                    out.get(&k("name")),
-                    phys_name(p),
-                    "{what}: index {i}\n{}",
-                    out.dump()
-                );
-                assert_eq!(
-                    out.u64(&k("index")),
-                    i as u64,
-                    "{what}: index {i}\n{}",
-                    out.dump()
-                );
+                out.assert_str(&k("uuid"), &phys_uuid(p), &what);
+                out.assert_str(&k("name"), &phys_name(p), &what);
+                out.assert_u64(&k("index"), i as u64, &what);
                 assert!(
                     out.get(&k("pci"))
                         .to_ascii_lowercase()

@@ -312,55 +312,6 @@ fn nvml_parts_show_their_gpu_use_capped_at_their_total() {
 // pynvml
 // ---------------------------------------------------------------------------------------
 
-const PYNVML: &str = r#"
-import sys
-import pynvml as n
-
-def s(x):
-    return x.decode() if isinstance(x, bytes) else x
-
-def call(f, *a):
-    try:
-        return 0, f(*a)
-    except n.NVMLError as e:
-        return e.value, None
-
-n.nvmlInit()
-count = n.nvmlDeviceGetCount()
-print(f"count={count}")
-hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-for i, h in enumerate(hs):
-    print(f"idx{i}.uuid={s(n.nvmlDeviceGetUUID(h))}")
-    print(f"idx{i}.name={s(n.nvmlDeviceGetName(h))}")
-    print(f"idx{i}.serial={s(n.nvmlDeviceGetSerial(h))}")
-    print(f"idx{i}.index={n.nvmlDeviceGetIndex(h)}")
-    print(f"idx{i}.pci={s(n.nvmlDeviceGetPciInfo(h).busId)}")
-    print(f"idx{i}.temp={n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)}")
-    print(f"idx{i}.util={n.nvmlDeviceGetUtilizationRates(h).gpu}")
-    print(f"idx{i}.cc={n.nvmlDeviceGetCudaComputeCapability(h)[0]}")
-    print(f"idx{i}.procs={len(n.nvmlDeviceGetComputeRunningProcesses(h))}")
-    m = n.nvmlDeviceGetMemoryInfo(h)
-    print(f"idx{i}.total={m.total}")
-    print(f"idx{i}.used={m.used}")
-    print(f"idx{i}.free={m.free}")
-    for j, g in enumerate(hs):
-        # 0: NVML_P2P_CAPS_INDEX_READ (pynvml 13.615 defines that name as a tuple by mistake)
-        print(f"p2p{i}{j}={n.nvmlDeviceGetP2PStatus(h, g, 0)}")
-for k, arg in enumerate(sys.argv[1:], start=1):
-    kind, value = arg.split("=", 1)
-    f = {"uuid": n.nvmlDeviceGetHandleByUUID,
-         "pci": n.nvmlDeviceGetHandleByPciBusId,
-         "serial": n.nvmlDeviceGetHandleBySerial}[kind]
-    rc, h = call(f, value)
-    print(f"op{k}.rc={rc}")
-    if rc == 0:
-        print(f"op{k}.index={n.nvmlDeviceGetIndex(h)}")
-        print(f"op{k}.uuid={s(n.nvmlDeviceGetUUID(h))}")
-        print(f"op{k}.name={s(n.nvmlDeviceGetName(h))}")
-n.nvmlShutdown()
-print("done=1")
-"#;
-
 #[test]
 fn pynvml_shows_the_parts_of_a_split_gpu() {
     nvml_sim_library();
@@ -372,7 +323,7 @@ fn pynvml_shows_the_parts_of_a_split_gpu() {
     ];
     for shim in [false, true] {
         let what = format!("pynvml shim={shim}");
-        let out = python_run(PYNVML)
+        let out = python_run(PYNVML_LIST)
             .args(&lookups)
             .env("GPUSIM_DEVICES", "2")
             .env("GPUSIM_MEMORY", "16GiB")

@@ -99,6 +99,41 @@ fn assert_u64(out: &RunOutput, key: &str, want: u64, what: &str) {
     assert_eq!(out.u64(key), want, "{what}: `{key}`\n{}", out.dump());
 }
 
+/// `opN.rc` is 0 for every N of `ops`.
+fn assert_ok(out: &RunOutput, ops: impl IntoIterator<Item = u32>, what: &str) {
+    for op in ops {
+        assert_num(out, &format!("op{op}.rc"), 0, what);
+    }
+}
+
+/// `opN.rc` is 0 and `opN.KEY` is `want` for every (N, want) of `checks`.
+fn assert_ok_with(
+    out: &RunOutput,
+    key: &str,
+    checks: impl IntoIterator<Item = (u32, i64)>,
+    what: &str,
+) {
+    for (op, want) in checks {
+        assert_num(out, &format!("op{op}.rc"), 0, what);
+        assert_num(out, &format!("op{op}.{key}"), want, what);
+    }
+}
+
+/// `opN` (`info`) and the `dev=` before it succeeded; the device is empty with `total` bytes.
+fn assert_empty_info(out: &RunOutput, op: u32, total: u64, what: &str) {
+    assert_ok(out, [op - 1, op], what);
+    assert_u64(out, &format!("op{op}.total"), total, what);
+    assert_u64(out, &format!("op{op}.free"), total, what);
+}
+
+/// Nothing was left to free at the end and, with the shim, it printed nothing.
+fn assert_clean_end(out: &RunOutput, shim: bool, what: &str) {
+    assert_num(out, "cleanup.failures", 0, what);
+    if shim {
+        assert!(out.gpushim_lines().is_empty(), "{what}\n{}", out.dump());
+    }
+}
+
 /// The simulator's report: physical `p` peaked at `peak` and holds nothing at exit.
 fn assert_peak(out: &RunOutput, p: u64, peak: u64, what: &str) {
     let dev = out.report().device(p);
@@ -221,10 +256,7 @@ fn driver_api_sees_three_devices() {
         assert_attrs_as(&out, 2, &plain, 1, &w);
         assert_num(&out, "op3.rc", INVALID_DEVICE, &w);
         for (op, total) in [(5, PART), (7, PART), (9, PHYSICAL)] {
-            assert_num(&out, &format!("op{}.rc", op - 1), 0, &w);
-            assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            assert_u64(&out, &format!("op{op}.total"), total, &w);
-            assert_u64(&out, &format!("op{op}.free"), total, &w);
+            assert_empty_info(&out, op, total, &w);
         }
         for (d, total) in [PART, PART, PHYSICAL].iter().enumerate() {
             assert_num(&out, &format!("op10.rc{d}"), 0, &w);
@@ -291,10 +323,7 @@ fn runtime_sees_three_devices() {
         assert_attrs_as(&out, 2, &plain, 1, &w);
         assert_num(&out, "op4.rc", INVALID_DEVICE, &w);
         for (op, total) in [(6, PART), (8, PART), (10, PHYSICAL)] {
-            assert_num(&out, &format!("op{}.rc", op - 1), 0, &w);
-            assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            assert_u64(&out, &format!("op{op}.total"), total, &w);
-            assert_u64(&out, &format!("op{op}.free"), total, &w);
+            assert_empty_info(&out, op, total, &w);
         }
         assert!(
             out.gpushim_lines().is_empty(),
@@ -344,9 +373,7 @@ fn independent_limits(programs: &[Program]) {
             let w = what(p, shim, &[SPLIT]);
             let out = run2(p, &[SPLIT]).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
-            for op in [1, 2, 3, 4, 7, 8, 10] {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            }
+            assert_ok(&out, [1, 2, 3, 4, 7, 8, 10], &w);
             assert_num(&out, "cleanup.failures", 0, &w);
             if shim {
                 assert_num(&out, "op5.rc", OOM, &w);
@@ -414,9 +441,7 @@ fn other_allocation_apis_count_against_the_part() {
             let w = what(p, shim, &[SPLIT]);
             let out = run2(p, &[SPLIT]).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
-            for op in [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 14, 15] {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            }
+            assert_ok(&out, [1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 14, 15], &w);
             assert_num(&out, "op2.maprc", 0, &w);
             assert_num(&out, "cleanup.failures", 0, &w);
             if shim {
@@ -620,8 +645,7 @@ fn contexts_pointers_and_peers_driver_api() {
                 assert_num(&out, "op12.rc", INVALID_DEVICE, &w);
             }
             for (op, dev, retained) in ctx_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.dev"), dev, &w);
+                assert_ok_with(&out, "dev", [(op, dev)], &w);
                 assert_num(&out, &format!("op{op}.rc2"), 0, &w);
                 assert_num(&out, &format!("op{op}.dev2"), dev, &w);
                 for k in retained {
@@ -629,20 +653,13 @@ fn contexts_pointers_and_peers_driver_api() {
                     assert_num(&out, &format!("op{op}.ctx{k}.dev"), k, &w);
                 }
             }
+            assert_ok_with(&out, "dev", ptr_checks.iter().copied(), &w);
             for (op, dev) in ptr_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.dev"), dev, &w);
                 assert_num(&out, &format!("op{op}.rcs"), 0, &w);
                 assert_num(&out, &format!("op{op}.devs"), dev, &w);
             }
-            for op in peer_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.can"), 1, &w);
-            }
-            assert_num(&out, "cleanup.failures", 0, &w);
-            if shim {
-                assert!(out.gpushim_lines().is_empty(), "{w}\n{}", out.dump());
-            }
+            assert_ok_with(&out, "can", peer_checks.into_iter().map(|op| (op, 1)), &w);
+            assert_clean_end(&out, shim, &w);
         }
     }
 }
@@ -680,9 +697,7 @@ fn created_contexts_belong_to_their_part() {
             let w = what(p, shim, &[SPLIT]);
             let out = run2(p, &[SPLIT]).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
-            for op in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16] {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            }
+            assert_ok(&out, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16], &w);
             for op in [2, 12] {
                 assert_num(&out, &format!("op{op}.dev"), 1, &w);
                 assert_num(&out, &format!("op{op}.dev2"), 1, &w);
@@ -759,22 +774,10 @@ fn pointers_and_peers_runtime() {
             } else {
                 assert_num(&out, "op12.rc", INVALID_DEVICE, &w);
             }
-            for (op, dev) in dev_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.dev"), dev, &w);
-            }
-            for (op, dev) in ptr_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.dev"), dev, &w);
-            }
-            for op in peer_checks {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-                assert_num(&out, &format!("op{op}.can"), 1, &w);
-            }
-            assert_num(&out, "cleanup.failures", 0, &w);
-            if shim {
-                assert!(out.gpushim_lines().is_empty(), "{w}\n{}", out.dump());
-            }
+            assert_ok_with(&out, "dev", dev_checks, &w);
+            assert_ok_with(&out, "dev", ptr_checks, &w);
+            assert_ok_with(&out, "can", peer_checks.into_iter().map(|op| (op, 1)), &w);
+            assert_clean_end(&out, shim, &w);
         }
     }
 }
@@ -819,9 +822,7 @@ fn copies(programs: &[Program]) {
             let out = run2(p, &[SPLIT]).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
             let copies: &[u32] = if shim { &[4, 5, 8, 9] } else { &[4, 5] };
-            for op in [1, 2, 3] {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            }
+            assert_ok(&out, [1, 2, 3], &w);
             for op in copies {
                 for k in ["fill", "rc", "back"] {
                     assert_num(&out, &format!("op{op}.{k}"), 0, &w);
@@ -829,9 +830,8 @@ fn copies(programs: &[Program]) {
                 assert_u64(&out, &format!("op{op}.bytes"), 4 * MIB, &w);
                 assert_num(&out, &format!("op{op}.equal"), 1, &w);
             }
-            assert_num(&out, "cleanup.failures", 0, &w);
+            assert_clean_end(&out, shim, &w);
             if shim {
-                assert!(out.gpushim_lines().is_empty(), "{w}\n{}", out.dump());
                 assert_peak(&out, 0, 8 * MIB, &w);
                 assert_peak(&out, 1, 4 * MIB, &w);
             }
@@ -847,40 +847,12 @@ fn copies(programs: &[Program]) {
 /// line `gpushim: GPUSHIM_VIRTUAL_DEVICES="VALUE": REASON` is printed.
 fn fails_closed(p: Program, value: &str) {
     let env = [("GPUSHIM_VIRTUAL_DEVICES", value)];
-    let w = what(p, false, &env);
-    let plain = run2(p, &env).run();
-    assert_started(&plain, 2, &w);
-
-    let w = what(p, true, &env);
-    let out = run2(p, &env).arg("ids").shim(true).run();
-    out.assert_completed();
-    assert_num(&out, "init.rc", NOT_INITIALIZED, &w);
-    assert!(
-        out.kv.get("count").map_or(true, |c| c == "0"),
-        "{w}: devices usable after a configuration error\n{}",
-        out.dump()
-    );
-    let lines = out.gpushim_lines();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{w}: exactly one gpushim line\n{}",
-        out.dump()
-    );
-    let prefix = format!("gpushim: GPUSHIM_VIRTUAL_DEVICES=\"{value}\": ");
-    assert!(
-        lines[0].starts_with(&prefix),
-        "{w}: `{}` does not start with `{prefix}`",
-        lines[0]
-    );
-    assert!(
-        lines[0].len() > prefix.len() + 3,
-        "{w}: `{}` gives no reason",
-        lines[0]
-    );
-    let report = out.report();
+    let out = check_fails_closed(|| run2(p, &env).arg("ids"));
+    assert_started(&out.plain, 2, &what(p, false, &env));
+    assert_fails_closed(&out.shim, "GPUSHIM_VIRTUAL_DEVICES", value);
+    let report = out.shim.report();
     for ph in 0..2 {
-        assert_eq!(report.device(ph).peak, 0, "{w}\n{}", out.dump());
+        assert_eq!(report.device(ph).peak, 0, "{}", out.shim.dump());
     }
 }
 
@@ -1056,9 +1028,7 @@ fn split_after_visibility(programs: &[Program]) {
             direct.dump(),
             out.dump()
         );
-        for op in [2, 3, 4, 6] {
-            assert_num(&out, &format!("op{op}.rc"), 0, &w);
-        }
+        assert_ok(&out, [2, 3, 4, 6], &w);
         assert_u64(&out, "op5.total", PART, &w);
         assert_u64(&out, "op5.free", PART - GIB, &w);
         assert_u64(&out, "op7.total", PART, &w);
@@ -1104,9 +1074,7 @@ fn per_device_limit(programs: &[Program]) {
             let w = what(p, shim, &env);
             let out = run2(p, &env).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
-            for op in [2, 3, 6, 7] {
-                assert_num(&out, &format!("op{op}.rc"), 0, &w);
-            }
+            assert_ok(&out, [2, 3, 6, 7], &w);
             assert_num(&out, "cleanup.failures", 0, &w);
             if shim {
                 for (d, total) in [PART, GIB, PHYSICAL].iter().enumerate() {

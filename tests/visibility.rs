@@ -334,47 +334,8 @@ fn composes_with_cuda_visible_devices() {
 /// Runs `p` with `env` without the shim (must initialise) and with it (CUDA init fails with 3,
 /// exactly one gpushim line `gpushim: GPUSHIM_VISIBLE_DEVICES="VALUE": REASON`).
 fn fails_closed(p: Program, env: &[(&str, &str)], value: &str) {
-    let what = format!("{p:?} {env:?}");
-    let plain = run3(p, env).run();
-    plain.assert_completed();
-    assert_eq!(
-        plain.num("init.rc"),
-        0,
-        "{what}: without the shim\n{}",
-        plain.dump()
-    );
-
-    let out = run3(p, env).arg("ids").shim(true).run();
-    out.assert_completed();
-    assert_eq!(
-        out.num("init.rc"),
-        NOT_INITIALIZED,
-        "{what}: CUDA init must fail with 3\n{}",
-        out.dump()
-    );
-    assert!(
-        out.kv.get("count").map_or(true, |c| c == "0"),
-        "{what}: devices usable after a configuration error\n{}",
-        out.dump()
-    );
-    let lines = out.gpushim_lines();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{what}: exactly one gpushim line\n{}",
-        out.dump()
-    );
-    let prefix = format!("gpushim: GPUSHIM_VISIBLE_DEVICES=\"{value}\": ");
-    assert!(
-        lines[0].starts_with(&prefix),
-        "{what}: `{}` does not start with `{prefix}`",
-        lines[0]
-    );
-    assert!(
-        lines[0].len() > prefix.len() + 3,
-        "{what}: `{}` gives no reason",
-        lines[0]
-    );
+    let out = check_fails_closed(|| run3(p, env).arg("ids"));
+    assert_fails_closed(&out.shim, "GPUSHIM_VISIBLE_DEVICES", value);
 }
 
 #[test]

@@ -6,7 +6,7 @@
  * -DCUDA_API_PER_THREAD_DEFAULT_STREAM selects the per-thread-stream variants: the _ptsz
  * exports (link: through cuda.h, dlsym: by name) or cuGetProcAddress flags 2.
  *
- * Operations (see scenario.h), after the automatic init (cuInit, device count, context on 0):
+ * Operations (see scenario.h; the ones both programs carry are in device_ops.h), after the automatic init (cuInit, device count, context on 0):
  *   dev=N  alloc=API:BYTES  free=K  memfree=K (plain cuMemFree)  info  infonull  totalmem  v1info  v1total  ident  gpaflags
  *   ids          identity of every device: ids.count, devD.{rc,name,uuid,uuid1,pci,pcibus,total}
  *   bypci=BUSID  cuDeviceGetByPCIBusId -> opI.rc, opI.dev
@@ -26,13 +26,8 @@
  *   copy=K,L     fill slot K (cuMemcpyHtoD, at most 4 MiB), cuMemcpyPeer to slot L with the primary
  *                contexts of their devices, read L back -> opI.fill, opI.rc, opI.back, opI.equal
  *   copyasync=K,L  the same with cuMemcpyPeerAsync on the NULL stream, then cuCtxSynchronize
- *   hammer=SEED:ITERS:D,D..  one thread per device D (its own primary context, set current in the
- *                thread; all threads meet at a barrier every 50 steps) allocating random sizes
- *                (cuMemAlloc, up to 1.25 GiB, now and then 4.5 GiB) and freeing at random, with
- *                cuMemGetInfo after every step. Prints hammerD.{ctxrc,ok,refused,other,spurious,
- *                infobad,left,maxheld,total,base}: spurious = refusals although base + held +
- *                size <= total; infobad = steps where total - free != base + held or the total
- *                changed; base = in use when the thread started
+ *   hammer=SEED:ITERS:D,D..  one thread per device D with its own primary context (cuMemAlloc,
+ *                cuMemFree, cuMemGetInfo): hammerD.* as described in device_ops.h
  *   splitident   where the device-translating names resolve: splitident.dlsym.NAME (dlsym on the
  *                driver's handle; link mode: the global scope) and, for cuGetProcAddress modes,
  *                splitident.gpa.NAME: driver / other / null
@@ -41,7 +36,6 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "scenario.h"
@@ -351,6 +345,8 @@ struct slot {
 };
 static struct slot slots[MAX_OPS];
 
+#include "device_ops.h"
+
 static CUDA_ARRAY3D_DESCRIPTOR desc3d(size_t w, size_t h, size_t d) {
     CUDA_ARRAY3D_DESCRIPTOR desc;
     memset(&desc, 0, sizeof desc);
@@ -453,7 +449,7 @@ static void do_alloc(int i, const char *name, unsigned long long bytes) {
 }
 
 /* Free slot k in the context of its device; returns the driver's answer. */
-static CUresult release_slot(int k) {
+static int release_slot(int k) {
     struct slot *s = &slots[k];
     CUresult rc = CUDA_SUCCESS;
     int back = current_device;
@@ -489,12 +485,8 @@ static CUresult release_slot(int k) {
 
 /* ---- queries ---- */
 
-static void do_info(int i) {
-    size_t free_b = 0, total_b = 0;
-    CUresult rc = CALL(MemGetInfo, &free_b, &total_b);
-    kv("op%d.rc=%d", i, (int)rc);
-    kv("op%d.free=%zu", i, free_b);
-    kv("op%d.total=%zu", i, total_b);
+static int mem_info(size_t *free_b, size_t *total_b) {
+    return CALL(MemGetInfo, free_b, total_b);
 }
 
 static void do_infonull(int i) {
@@ -598,13 +590,6 @@ static void *resolve_versioned(const char *export_name, const char *base, int ve
 #endif
 }
 
-static void uuid_string(char *out, size_t len, const unsigned char *u) {
-    snprintf(out, len,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
-}
-
 static void do_ids(void) {
     int n = -1;
     kv("ids.count.rc=%d", (int)CALL(DeviceGetCount, &n));
@@ -641,16 +626,14 @@ static void do_ids(void) {
     }
 }
 
-static void do_bypci(int i, const char *bus_id) {
-    CUdevice dev = -1;
-    kv("op%d.rc=%d", i, (int)ID_CALL(DeviceGetByPCIBusId, &dev, bus_id));
-    kv("op%d.dev=%d", i, (int)dev);
+static int device_by_pci(int *dev, const char *bus_id) {
+    return ID_CALL(DeviceGetByPCIBusId, dev, bus_id);
 }
 
 static void do_get(int i, int ordinal) {
     CUdevice dev = -1;
-    kv("op%d.rc=%d", i, (int)CALL(DeviceGet, &dev, ordinal));
-    kv("op%d.dev=%d", i, (int)dev);
+    CUresult rc = CALL(DeviceGet, &dev, ordinal);
+    kv_rc_and(i, (int)rc, "dev", (int)dev);
 }
 
 /* ---- virtual devices ---- */
@@ -725,15 +708,19 @@ static void do_ctxdestroy(int i) {
     kv("op%d.back=%d", i, (int)use_device(current_device));
 }
 
-static int dptr_slot(int k) {
+static int set_device(int dev) {
+    return (int)use_device(dev);
+}
+
+static int slot_is_dptr(int k) {
     return k > 0 && k < MAX_OPS && (slots[k].kind == K_DPTR || slots[k].kind == K_ASYNC);
 }
 
+static size_t slot_bytes(int k) {
+    return slots[k].bytes;
+}
+
 static void do_ptrdev(int i, int k) {
-    if (!dptr_slot(k)) {
-        kv("op%d.error=slot %d holds no device pointer", i, k);
-        return;
-    }
     int ord = -7;
     kv("op%d.rc=%d", i, (int)VD_CALL(PointerGetAttribute, &ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, slots[k].dptr));
     kv("op%d.dev=%d", i, ord);
@@ -744,34 +731,23 @@ static void do_ptrdev(int i, int k) {
     kv("op%d.devs=%d", i, ord2);
 }
 
-static void do_peer(int i, const char *arg) {
-    int a = -1, b = -1, can = -1;
+static int can_access_peer(int *can, int a, int b) {
     CUdevice da, db;
-    if (sscanf(arg, "%d,%d", &a, &b) != 2) usage_error(arg);
     CUresult rc = CALL(DeviceGet, &da, a);
     if (rc == CUDA_SUCCESS) rc = CALL(DeviceGet, &db, b);
-    if (rc == CUDA_SUCCESS) rc = VD_CALL(DeviceCanAccessPeer, &can, da, db);
-    kv("op%d.rc=%d", i, (int)rc);
-    kv("op%d.can=%d", i, can);
+    if (rc == CUDA_SUCCESS) rc = VD_CALL(DeviceCanAccessPeer, can, da, db);
+    return (int)rc;
 }
 
-/* Fill slot k, copy it to slot l between their devices' primary contexts, read l back. */
-static void do_copy(int i, const char *arg, int async) {
-    int k = -1, l = -1;
-    if (sscanf(arg, "%d,%d", &k, &l) != 2 || !dptr_slot(k) || !dptr_slot(l)) {
-        kv("op%d.error=copy needs two device-pointer slots: '%s'", i, arg);
-        return;
-    }
-    size_t n = slots[k].bytes < slots[l].bytes ? slots[k].bytes : slots[l].bytes;
-    if (n > (4u << 20)) n = 4u << 20;
-    unsigned char *src = malloc(n), *back = malloc(n);
-    for (size_t j = 0; j < n; j++) src[j] = (unsigned char)(j * 7 + 13 * i + 1);
-    memset(back, 0, n);
-    int was = current_device;
+/* copies between the primary contexts of the slots' devices (both retained before the fill) */
+static int copy_fill(int k, int l, const void *src, size_t n) {
     use_device(slots[k].device);
     use_device(slots[l].device);
     use_device(slots[k].device);
-    kv("op%d.fill=%d", i, (int)CALL(MemcpyHtoD, slots[k].dptr, src, n));
+    return (int)CALL(MemcpyHtoD, slots[k].dptr, src, n);
+}
+
+static int copy_peer(int k, int l, size_t n, int async) {
     CUresult rc;
     if (async) {
         rc = VD_CALL(MemcpyPeerAsync, slots[l].dptr, contexts[slots[l].device], slots[k].dptr,
@@ -781,134 +757,37 @@ static void do_copy(int i, const char *arg, int async) {
         rc = VD_CALL(MemcpyPeer, slots[l].dptr, contexts[slots[l].device], slots[k].dptr,
                      contexts[slots[k].device], n);
     }
-    kv("op%d.rc=%d", i, (int)rc);
+    return (int)rc;
+}
+
+static int copy_read_back(void *back, int l, size_t n) {
     use_device(slots[l].device);
-    kv("op%d.back=%d", i, (int)VD_CALL(MemcpyDtoH, back, slots[l].dptr, n));
-    kv("op%d.bytes=%zu", i, n);
-    kv("op%d.equal=%d", i, memcmp(src, back, n) == 0);
+    return (int)VD_CALL(MemcpyDtoH, back, slots[l].dptr, n);
+}
+
+static void copy_end(int was) {
     use_device(was);
-    free(src);
-    free(back);
 }
 
-#define HAMMER_MAX_LIVE 256
-struct hammer {
-    int dev;
-    unsigned seed;
-    int iters;
-    pthread_barrier_t *start;
-    CUresult ctxrc;
-    long ok, refused, other, spurious, infobad, left;
-    unsigned long long maxheld, total, base;
-};
-
-static void *hammer_thread(void *arg) {
-    struct hammer *h = arg;
-    CUdeviceptr live[HAMMER_MAX_LIVE];
-    size_t sizes[HAMMER_MAX_LIVE];
-    int n = 0;
-    unsigned long long held = 0;
-    CUdevice dev;
+/* hammer: the device's primary context, cuMemAlloc / cuMemFree */
+static int hammer_enter(int dev) {
+    CUdevice d;
     CUcontext ctx = NULL;
-    CUresult rc = CALL(DeviceGet, &dev, h->dev);
-    if (rc == CUDA_SUCCESS) rc = CALL(DevicePrimaryCtxRetain, &ctx, dev);
+    CUresult rc = CALL(DeviceGet, &d, dev);
+    if (rc == CUDA_SUCCESS) rc = CALL(DevicePrimaryCtxRetain, &ctx, d);
     if (rc == CUDA_SUCCESS) rc = CALL(CtxSetCurrent, ctx);
-    h->ctxrc = rc;
-    pthread_barrier_wait(h->start);
-    if (rc != CUDA_SUCCESS) {
-        /* keep meeting the others at the barrier, or they wait forever */
-        for (int it = 0; it < h->iters; it++)
-            if (it % 50 == 49) pthread_barrier_wait(h->start);
-        return NULL;
-    }
-    size_t f = 0, t = 0;
-    CALL(MemGetInfo, &f, &t);
-    h->total = t;
-    h->base = t - f; /* in use before the threads started (other slots of the program) */
-    for (int it = 0; it < h->iters; it++) {
-        /* meet the other threads now and then, so that all of them hold memory at once */
-        if (it % 50 == 49) pthread_barrier_wait(h->start);
-        unsigned r = (unsigned)rand_r(&h->seed);
-        if (n > 0 && (r % 3 == 0 || n == HAMMER_MAX_LIVE)) {
-            int j = (int)((unsigned)rand_r(&h->seed) % (unsigned)n);
-            if (CALL(MemFree, live[j]) == CUDA_SUCCESS) {
-                held -= sizes[j];
-            } else {
-                h->other++;
-            }
-            live[j] = live[n - 1];
-            sizes[j] = sizes[n - 1];
-            n--;
-        } else {
-            /* 1 MiB .. 1.25 GiB in MiB steps; one in 16 asks 4.5 GiB at once */
-            size_t size = (r % 16 == 1) ? (size_t)9 << 29
-                                        : (size_t)(1 + (unsigned)rand_r(&h->seed) % 1280) << 20;
-            CUdeviceptr p = 0;
-            rc = CALL(MemAlloc, &p, size);
-            if (rc == CUDA_SUCCESS) {
-                h->ok++;
-                live[n] = p;
-                sizes[n] = size;
-                n++;
-                held += size;
-                if (held > h->maxheld) h->maxheld = held;
-            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-                h->refused++;
-                if (h->base + held + size <= h->total) h->spurious++;
-            } else {
-                h->other++;
-            }
-        }
-        f = t = 0;
-        rc = CALL(MemGetInfo, &f, &t);
-        if (rc != CUDA_SUCCESS || t != h->total || t - f != h->base + held) h->infobad++;
-    }
-    while (n > 0) {
-        n--;
-        if (CALL(MemFree, live[n]) != CUDA_SUCCESS) h->left++;
-    }
-    return NULL;
+    return (int)rc;
 }
 
-static void do_hammer(const char *arg) {
-    unsigned seed = 0;
-    int iters = 0, used = 0;
-    struct hammer h[MAX_DEVICES];
-    pthread_t th[MAX_DEVICES];
-    int nt = 0;
-    if (sscanf(arg, "%u:%d:%n", &seed, &iters, &used) < 2 || used == 0) usage_error(arg);
-    for (const char *p = arg + used; *p && nt < MAX_DEVICES;) {
-        memset(&h[nt], 0, sizeof h[nt]);
-        h[nt].dev = atoi(p);
-        h[nt].seed = seed * 7919u + (unsigned)h[nt].dev;
-        h[nt].iters = iters;
-        nt++;
-        p = strchr(p, ',');
-        if (!p) break;
-        p++;
-    }
-    pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, (unsigned)nt);
-    for (int k = 0; k < nt; k++) {
-        h[k].start = &start;
-        pthread_create(&th[k], NULL, hammer_thread, &h[k]);
-    }
-    for (int k = 0; k < nt; k++) pthread_join(th[k], NULL);
-    pthread_barrier_destroy(&start);
-    kv("hammer.threads=%d", nt);
-    for (int k = 0; k < nt; k++) {
-        int d = h[k].dev;
-        kv("hammer%d.ctxrc=%d", d, (int)h[k].ctxrc);
-        kv("hammer%d.ok=%ld", d, h[k].ok);
-        kv("hammer%d.refused=%ld", d, h[k].refused);
-        kv("hammer%d.other=%ld", d, h[k].other);
-        kv("hammer%d.spurious=%ld", d, h[k].spurious);
-        kv("hammer%d.infobad=%ld", d, h[k].infobad);
-        kv("hammer%d.left=%ld", d, h[k].left);
-        kv("hammer%d.maxheld=%llu", d, h[k].maxheld);
-        kv("hammer%d.total=%llu", d, h[k].total);
-        kv("hammer%d.base=%llu", d, h[k].base);
-    }
+static enum hammer_alloc_result hammer_alloc(unsigned long long *ptr, size_t size) {
+    CUdeviceptr p = 0;
+    CUresult rc = CALL(MemAlloc, &p, size);
+    *ptr = p;
+    return rc == CUDA_SUCCESS ? HAMMER_OK : rc == CUDA_ERROR_OUT_OF_MEMORY ? HAMMER_REFUSED : HAMMER_OTHER;
+}
+
+static int hammer_free(unsigned long long ptr) {
+    return (int)CALL(MemFree, (CUdeviceptr)ptr);
 }
 
 static void do_splitident(void) {
@@ -954,26 +833,16 @@ int main(int argc, char **argv) {
 
     for (int i = 1; i < argc && i < MAX_OPS; i++) {
         const char *arg = argv[i];
-        if (starts_with(arg, "dev=")) {
-            kv("op%d.rc=%d", i, (int)use_device(atoi(arg + 4)));
-        } else if (starts_with(arg, "alloc=")) {
-            char name[32];
-            unsigned long long bytes;
-            if (parse_alloc(arg + 6, name, sizeof name, &bytes)) usage_error(arg);
-            do_alloc(i, name, bytes);
-        } else if (starts_with(arg, "free=")) {
-            kv("op%d.rc=%d", i, (int)release_slot(atoi(arg + 5)));
-        } else if (starts_with(arg, "memfree=")) {
+        if (device_op(i, arg)) continue;
+        if (starts_with(arg, "memfree=")) {
             /* plain cuMemFree of any device pointer (stream-ordered ones included) */
             int k = atoi(arg + 8);
             CUresult rc = CUDA_ERROR_INVALID_VALUE;
-            if (k > 0 && k < MAX_OPS && (slots[k].kind == K_DPTR || slots[k].kind == K_ASYNC)) {
+            if (slot_is_dptr(k)) {
                 rc = CALL(MemFree, slots[k].dptr);
                 slots[k].kind = K_NONE;
             }
             kv("op%d.rc=%d", i, (int)rc);
-        } else if (!strcmp(arg, "info")) {
-            do_info(i);
         } else if (!strcmp(arg, "infonull")) {
             do_infonull(i);
         } else if (!strcmp(arg, "totalmem")) {
@@ -982,16 +851,10 @@ int main(int argc, char **argv) {
             do_v1info(i);
         } else if (!strcmp(arg, "v1total")) {
             do_v1total(i);
-        } else if (!strcmp(arg, "ids")) {
-            do_ids();
-        } else if (starts_with(arg, "bypci=")) {
-            do_bypci(i, arg + 6);
         } else if (starts_with(arg, "get=")) {
             do_get(i, atoi(arg + 4));
         } else if (!strcmp(arg, "ident")) {
             do_ident();
-        } else if (!strcmp(arg, "attrs")) {
-            do_attrs();
         } else if (starts_with(arg, "ctxcreate=")) {
             do_ctxcreate(i, atoi(arg + 10), 0);
         } else if (starts_with(arg, "ctxcreate4=")) {
@@ -1000,16 +863,6 @@ int main(int argc, char **argv) {
             do_ctxdestroy(i);
         } else if (!strcmp(arg, "ctxdev")) {
             do_ctxdev(i);
-        } else if (starts_with(arg, "ptrdev=")) {
-            do_ptrdev(i, atoi(arg + 7));
-        } else if (starts_with(arg, "peer=")) {
-            do_peer(i, arg + 5);
-        } else if (starts_with(arg, "copy=")) {
-            do_copy(i, arg + 5, 0);
-        } else if (starts_with(arg, "copyasync=")) {
-            do_copy(i, arg + 10, 1);
-        } else if (starts_with(arg, "hammer=")) {
-            do_hammer(arg + 7);
         } else if (!strcmp(arg, "splitident")) {
             do_splitident();
 #if defined(MODE_GPA)

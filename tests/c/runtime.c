@@ -3,7 +3,7 @@
  * With -DCUDA_API_PER_THREAD_DEFAULT_STREAM the stream-ordered calls bind to their
  * _ptsz variants (cudart then asks the driver with cuGetProcAddress flags 2).
  *
- * Operations (see scenario.h), after the automatic init (cudaGetDeviceCount, device 0):
+ * Operations (see scenario.h; the ones both programs carry are in device_ops.h), after the automatic init (cudaGetDeviceCount, device 0):
  *   dev=N  alloc=API:BYTES  free=K  info  props
  *   ids           identity of every device: ids.count, devD.{rc,name,uuid,pci,pcibus,total}
  *   bypci=BUSID   cudaDeviceGetByPCIBusId -> opI.rc, opI.dev
@@ -18,17 +18,15 @@
  *   copy=K,L      fill slot K (cudaMemcpy, at most 4 MiB, its device current), cudaMemcpyPeer to
  *                 slot L, read L back -> opI.fill, opI.rc, opI.back, opI.equal
  *   copyasync=K,L the same with cudaMemcpyPeerAsync on stream 0 and cudaStreamSynchronize
- *   hammer=SEED:ITERS:D,D..  one thread per device D (cudaSetDevice in the thread; all threads
- *                 meet at a barrier every 50 steps) allocating random sizes (cudaMalloc, up to
- *                 1.25 GiB, now and then 4.5 GiB) and freeing at random, cudaMemGetInfo after
- *                 every step: hammerD.* as in drvapi.c
+ *   hammer=SEED:ITERS:D,D..  one thread per device D (cudaSetDevice in the thread; cudaMalloc,
+ *                 cudaFree, cudaMemGetInfo): hammerD.* as described in device_ops.h
  */
 #include <cuda_runtime_api.h>
 
 #include "scenario.h"
 #include "nvml_ops.h"
 
-#include <pthread.h>
+#include <stdint.h>
 #include <sys/wait.h>
 
 enum kind { K_NONE, K_DEV, K_ASYNC, K_ARRAY, K_HOST };
@@ -44,6 +42,13 @@ static struct slot slots[MAX_OPS];
 static int device_count;
 static int current_device;
 static cudaMemPool_t pools[16];
+
+#include "device_ops.h"
+
+static int set_device(int dev) {
+    current_device = dev;
+    return (int)cudaSetDevice(dev);
+}
 
 static cudaError_t device_pool(cudaMemPool_t *out) {
     if (current_device < 0 || current_device >= 16) return cudaErrorInvalidDevice;
@@ -108,7 +113,7 @@ static void do_alloc(int i, const char *name, unsigned long long bytes) {
     if (rc != cudaSuccess) cudaGetLastError();
 }
 
-static cudaError_t release_slot(int k) {
+static int release_slot(int k) {
     struct slot *s = &slots[k];
     cudaError_t rc = cudaSuccess;
     int back = current_device;
@@ -129,12 +134,8 @@ static cudaError_t release_slot(int k) {
     return rc;
 }
 
-static void do_info(int i) {
-    size_t free_b = 0, total_b = 0;
-    cudaError_t rc = cudaMemGetInfo(&free_b, &total_b);
-    kv("op%d.rc=%d", i, (int)rc);
-    kv("op%d.free=%zu", i, free_b);
-    kv("op%d.total=%zu", i, total_b);
+static int mem_info(size_t *free_b, size_t *total_b) {
+    return (int)cudaMemGetInfo(free_b, total_b);
 }
 
 static void do_props(int i) {
@@ -146,13 +147,6 @@ static void do_props(int i) {
         kv("op%d.total%d=%zu", i, d, prop.totalGlobalMem);
         kv("op%d.name%d=%s", i, d, prop.name);
     }
-}
-
-static void uuid_string(char *out, size_t len, const unsigned char *u) {
-    snprintf(out, len,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
 }
 
 static void do_ids(void) {
@@ -175,12 +169,10 @@ static void do_ids(void) {
     }
 }
 
-static void do_bypci(int i, const char *bus_id) {
-    int dev = -1;
-    cudaError_t rc = cudaDeviceGetByPCIBusId(&dev, bus_id);
-    kv("op%d.rc=%d", i, (int)rc);
-    kv("op%d.dev=%d", i, dev);
+static int device_by_pci(int *dev, const char *bus_id) {
+    cudaError_t rc = cudaDeviceGetByPCIBusId(dev, bus_id);
     if (rc != cudaSuccess) cudaGetLastError();
+    return (int)rc;
 }
 
 static void do_spawn(int i, const char *cmd) {
@@ -216,15 +208,15 @@ static void do_attrs(void) {
     }
 }
 
-static int dev_slot(int k) {
+static int slot_is_dptr(int k) {
     return k > 0 && k < MAX_OPS && (slots[k].kind == K_DEV || slots[k].kind == K_ASYNC);
 }
 
+static size_t slot_bytes(int k) {
+    return slots[k].bytes;
+}
+
 static void do_ptrdev(int i, int k) {
-    if (!dev_slot(k)) {
-        kv("op%d.error=slot %d holds no device pointer", i, k);
-        return;
-    }
     struct cudaPointerAttributes a;
     memset(&a, 0, sizeof a);
     a.device = -7;
@@ -235,28 +227,19 @@ static void do_ptrdev(int i, int k) {
     if (rc != cudaSuccess) cudaGetLastError();
 }
 
-static void do_peer(int i, const char *arg) {
-    int a = -1, b = -1, can = -1;
-    if (sscanf(arg, "%d,%d", &a, &b) != 2) usage_error(arg);
-    cudaError_t rc = cudaDeviceCanAccessPeer(&can, a, b);
-    kv("op%d.rc=%d", i, (int)rc);
-    kv("op%d.can=%d", i, can);
+static int can_access_peer(int *can, int a, int b) {
+    cudaError_t rc = cudaDeviceCanAccessPeer(can, a, b);
     if (rc != cudaSuccess) cudaGetLastError();
+    return (int)rc;
 }
 
-static void do_copy(int i, const char *arg, int async) {
-    int k = -1, l = -1;
-    if (sscanf(arg, "%d,%d", &k, &l) != 2 || !dev_slot(k) || !dev_slot(l)) {
-        kv("op%d.error=copy needs two device-pointer slots: '%s'", i, arg);
-        return;
-    }
-    size_t n = slots[k].bytes < slots[l].bytes ? slots[k].bytes : slots[l].bytes;
-    if (n > (4u << 20)) n = 4u << 20;
-    unsigned char *src = malloc(n), *back = malloc(n);
-    for (size_t j = 0; j < n; j++) src[j] = (unsigned char)(j * 7 + 13 * i + 1);
-    memset(back, 0, n);
+static int copy_fill(int k, int l, const void *src, size_t n) {
+    (void)l;
     cudaSetDevice(slots[k].device);
-    kv("op%d.fill=%d", i, (int)cudaMemcpy(slots[k].ptr, src, n, cudaMemcpyHostToDevice));
+    return (int)cudaMemcpy(slots[k].ptr, src, n, cudaMemcpyHostToDevice);
+}
+
+static int copy_peer(int k, int l, size_t n, int async) {
     cudaError_t rc;
     if (async) {
         rc = cudaMemcpyPeerAsync(slots[l].ptr, slots[l].device, slots[k].ptr, slots[k].device, n, 0);
@@ -264,136 +247,40 @@ static void do_copy(int i, const char *arg, int async) {
     } else {
         rc = cudaMemcpyPeer(slots[l].ptr, slots[l].device, slots[k].ptr, slots[k].device, n);
     }
-    kv("op%d.rc=%d", i, (int)rc);
     if (rc != cudaSuccess) cudaGetLastError();
+    return (int)rc;
+}
+
+static int copy_read_back(void *back, int l, size_t n) {
     cudaSetDevice(slots[l].device);
-    kv("op%d.back=%d", i, (int)cudaMemcpy(back, slots[l].ptr, n, cudaMemcpyDeviceToHost));
-    kv("op%d.bytes=%zu", i, n);
-    kv("op%d.equal=%d", i, memcmp(src, back, n) == 0);
-    cudaSetDevice(current_device);
+    return (int)cudaMemcpy(back, slots[l].ptr, n, cudaMemcpyDeviceToHost);
+}
+
+static void copy_end(int was) {
+    cudaSetDevice(was);
     cudaGetLastError();
-    free(src);
-    free(back);
 }
 
-#define HAMMER_MAX_LIVE 256
-#define HAMMER_MAX_THREADS 16
-struct hammer {
-    int dev;
-    unsigned seed;
-    int iters;
-    pthread_barrier_t *start;
-    cudaError_t ctxrc;
-    long ok, refused, other, spurious, infobad, left;
-    unsigned long long maxheld, total, base;
-};
-
-static void *hammer_thread(void *arg) {
-    struct hammer *h = arg;
-    void *live[HAMMER_MAX_LIVE];
-    size_t sizes[HAMMER_MAX_LIVE];
-    int n = 0;
-    unsigned long long held = 0;
-    cudaError_t rc = cudaSetDevice(h->dev);
+/* hammer: cudaSetDevice in the thread, cudaMalloc / cudaFree */
+static int hammer_enter(int dev) {
+    cudaError_t rc = cudaSetDevice(dev);
     if (rc == cudaSuccess) rc = cudaFree(NULL); /* make the device's context now */
-    h->ctxrc = rc;
-    pthread_barrier_wait(h->start);
-    if (rc != cudaSuccess) {
-        /* keep meeting the others at the barrier, or they wait forever */
-        for (int it = 0; it < h->iters; it++)
-            if (it % 50 == 49) pthread_barrier_wait(h->start);
-        return NULL;
-    }
-    size_t f = 0, t = 0;
-    cudaMemGetInfo(&f, &t);
-    h->total = t;
-    h->base = t - f; /* in use before the threads started (other slots of the program) */
-    for (int it = 0; it < h->iters; it++) {
-        /* meet the other threads now and then, so that all of them hold memory at once */
-        if (it % 50 == 49) pthread_barrier_wait(h->start);
-        unsigned r = (unsigned)rand_r(&h->seed);
-        if (n > 0 && (r % 3 == 0 || n == HAMMER_MAX_LIVE)) {
-            int j = (int)((unsigned)rand_r(&h->seed) % (unsigned)n);
-            if (cudaFree(live[j]) == cudaSuccess) {
-                held -= sizes[j];
-            } else {
-                h->other++;
-                cudaGetLastError();
-            }
-            live[j] = live[n - 1];
-            sizes[j] = sizes[n - 1];
-            n--;
-        } else {
-            size_t size = (r % 16 == 1) ? (size_t)9 << 29
-                                        : (size_t)(1 + (unsigned)rand_r(&h->seed) % 1280) << 20;
-            void *p = NULL;
-            rc = cudaMalloc(&p, size);
-            if (rc == cudaSuccess) {
-                h->ok++;
-                live[n] = p;
-                sizes[n] = size;
-                n++;
-                held += size;
-                if (held > h->maxheld) h->maxheld = held;
-            } else if (rc == cudaErrorMemoryAllocation) {
-                h->refused++;
-                if (h->base + held + size <= h->total) h->spurious++;
-                cudaGetLastError();
-            } else {
-                h->other++;
-                cudaGetLastError();
-            }
-        }
-        f = t = 0;
-        rc = cudaMemGetInfo(&f, &t);
-        if (rc != cudaSuccess || t != h->total || t - f != h->base + held) h->infobad++;
-    }
-    while (n > 0) {
-        n--;
-        if (cudaFree(live[n]) != cudaSuccess) h->left++;
-    }
-    return NULL;
+    return (int)rc;
 }
 
-static void do_hammer(const char *arg) {
-    unsigned seed = 0;
-    int iters = 0, used = 0;
-    struct hammer h[HAMMER_MAX_THREADS];
-    pthread_t th[HAMMER_MAX_THREADS];
-    int nt = 0;
-    if (sscanf(arg, "%u:%d:%n", &seed, &iters, &used) < 2 || used == 0) usage_error(arg);
-    for (const char *p = arg + used; *p && nt < HAMMER_MAX_THREADS;) {
-        memset(&h[nt], 0, sizeof h[nt]);
-        h[nt].dev = atoi(p);
-        h[nt].seed = seed * 7919u + (unsigned)h[nt].dev;
-        h[nt].iters = iters;
-        nt++;
-        p = strchr(p, ',');
-        if (!p) break;
-        p++;
-    }
-    pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, (unsigned)nt);
-    for (int k = 0; k < nt; k++) {
-        h[k].start = &start;
-        pthread_create(&th[k], NULL, hammer_thread, &h[k]);
-    }
-    for (int k = 0; k < nt; k++) pthread_join(th[k], NULL);
-    pthread_barrier_destroy(&start);
-    kv("hammer.threads=%d", nt);
-    for (int k = 0; k < nt; k++) {
-        int d = h[k].dev;
-        kv("hammer%d.ctxrc=%d", d, (int)h[k].ctxrc);
-        kv("hammer%d.ok=%ld", d, h[k].ok);
-        kv("hammer%d.refused=%ld", d, h[k].refused);
-        kv("hammer%d.other=%ld", d, h[k].other);
-        kv("hammer%d.spurious=%ld", d, h[k].spurious);
-        kv("hammer%d.infobad=%ld", d, h[k].infobad);
-        kv("hammer%d.left=%ld", d, h[k].left);
-        kv("hammer%d.maxheld=%llu", d, h[k].maxheld);
-        kv("hammer%d.total=%llu", d, h[k].total);
-        kv("hammer%d.base=%llu", d, h[k].base);
-    }
+static enum hammer_alloc_result hammer_alloc(unsigned long long *ptr, size_t size) {
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, size);
+    *ptr = (uintptr_t)p;
+    if (rc == cudaSuccess) return HAMMER_OK;
+    cudaGetLastError();
+    return rc == cudaErrorMemoryAllocation ? HAMMER_REFUSED : HAMMER_OTHER;
+}
+
+static int hammer_free(unsigned long long ptr) {
+    cudaError_t rc = cudaFree((void *)(uintptr_t)ptr);
+    if (rc != cudaSuccess) cudaGetLastError();
+    return (int)rc;
 }
 
 int main(int argc, char **argv) {
@@ -411,42 +298,15 @@ int main(int argc, char **argv) {
 
     for (int i = 1; i < argc && i < MAX_OPS; i++) {
         const char *arg = argv[i];
-        if (starts_with(arg, "dev=")) {
-            current_device = atoi(arg + 4);
-            kv("op%d.rc=%d", i, (int)cudaSetDevice(current_device));
-        } else if (starts_with(arg, "alloc=")) {
-            char name[32];
-            unsigned long long bytes;
-            if (parse_alloc(arg + 6, name, sizeof name, &bytes)) usage_error(arg);
-            do_alloc(i, name, bytes);
-        } else if (starts_with(arg, "free=")) {
-            kv("op%d.rc=%d", i, (int)release_slot(atoi(arg + 5)));
-        } else if (!strcmp(arg, "info")) {
-            do_info(i);
-        } else if (!strcmp(arg, "props")) {
+        if (device_op(i, arg)) continue;
+        if (!strcmp(arg, "props")) {
             do_props(i);
-        } else if (!strcmp(arg, "ids")) {
-            do_ids();
-        } else if (starts_with(arg, "bypci=")) {
-            do_bypci(i, arg + 6);
         } else if (starts_with(arg, "spawn=")) {
             do_spawn(i, arg + 6);
-        } else if (!strcmp(arg, "attrs")) {
-            do_attrs();
         } else if (!strcmp(arg, "getdev")) {
             int d = -1;
-            kv("op%d.rc=%d", i, (int)cudaGetDevice(&d));
-            kv("op%d.dev=%d", i, d);
-        } else if (starts_with(arg, "ptrdev=")) {
-            do_ptrdev(i, atoi(arg + 7));
-        } else if (starts_with(arg, "peer=")) {
-            do_peer(i, arg + 5);
-        } else if (starts_with(arg, "copy=")) {
-            do_copy(i, arg + 5, 0);
-        } else if (starts_with(arg, "copyasync=")) {
-            do_copy(i, arg + 10, 1);
-        } else if (starts_with(arg, "hammer=")) {
-            do_hammer(arg + 7);
+            cudaError_t rc = cudaGetDevice(&d);
+            kv_rc_and(i, (int)rc, "dev", d);
         } else if (!strcmp(arg, "nvml")) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, "op%d.", i);

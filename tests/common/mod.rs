@@ -155,6 +155,68 @@ pub fn python_run(script: &str) -> Run {
         .env("PYTHONDONTWRITEBYTECODE", "1")
 }
 
+/// A pynvml program (for [`python_run`]) that lists what NVML shows: `init.rc`, `count`, per
+/// index I `idxI.{uuid,name,serial,index,pci,temp,util,cc,procs,total,used,free}`, the v2 memory
+/// info `idxI.{total2,used2,free2}` (or `idxI.v2=unsupported`), `p2pIJ` (nvmlDeviceGetP2PStatus,
+/// read) for every pair; then for each argument `uuid=` / `pci=` / `serial=` VALUE (K-th) the
+/// lookup `opK.rc` and, found, `opK.{index,uuid,name}`; last `done=1`.
+pub const PYNVML_LIST: &str = r#"
+import sys
+import pynvml as n
+
+def s(x):
+    return x.decode() if isinstance(x, bytes) else x
+
+def call(f, *a):
+    try:
+        return 0, f(*a)
+    except n.NVMLError as e:
+        return e.value, None
+
+n.nvmlInit()
+print("init.rc=0")
+count = n.nvmlDeviceGetCount()
+print(f"count={count}")
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+for i, h in enumerate(hs):
+    print(f"idx{i}.uuid={s(n.nvmlDeviceGetUUID(h))}")
+    print(f"idx{i}.name={s(n.nvmlDeviceGetName(h))}")
+    print(f"idx{i}.serial={s(n.nvmlDeviceGetSerial(h))}")
+    print(f"idx{i}.index={n.nvmlDeviceGetIndex(h)}")
+    print(f"idx{i}.pci={s(n.nvmlDeviceGetPciInfo(h).busId)}")
+    print(f"idx{i}.temp={n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)}")
+    print(f"idx{i}.util={n.nvmlDeviceGetUtilizationRates(h).gpu}")
+    print(f"idx{i}.cc={n.nvmlDeviceGetCudaComputeCapability(h)[0]}")
+    print(f"idx{i}.procs={len(n.nvmlDeviceGetComputeRunningProcesses(h))}")
+    m = n.nvmlDeviceGetMemoryInfo(h)
+    print(f"idx{i}.total={m.total}")
+    print(f"idx{i}.used={m.used}")
+    print(f"idx{i}.free={m.free}")
+    try:
+        m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+        print(f"idx{i}.total2={m2.total}")
+        print(f"idx{i}.used2={m2.used}")
+        print(f"idx{i}.free2={m2.free}")
+    except (TypeError, AttributeError):
+        print(f"idx{i}.v2=unsupported")
+    for j, g in enumerate(hs):
+        # 0: NVML_P2P_CAPS_INDEX_READ (pynvml 13.615 defines that name as a tuple by mistake)
+        print(f"p2p{i}{j}={n.nvmlDeviceGetP2PStatus(h, g, 0)}")
+for k, arg in enumerate(sys.argv[1:], start=1):
+    kind, value = arg.split("=", 1)
+    f = {"uuid": n.nvmlDeviceGetHandleByUUID,
+         "pci": n.nvmlDeviceGetHandleByPciBusId,
+         "serial": n.nvmlDeviceGetHandleBySerial}[kind]
+    rc, h = call(f, value)
+    print(f"op{k}.rc={rc}")
+    if rc == 0:
+        print(f"op{k}.index={n.nvmlDeviceGetIndex(h)}")
+        print(f"op{k}.uuid={s(n.nvmlDeviceGetUUID(h))}")
+        print(f"op{k}.name={s(n.nvmlDeviceGetName(h))}")
+n.nvmlShutdown()
+print("done=1")
+"#;
+
 /// The name of simulated physical device `p` (`sim/cuda`, `sim/nvml`).
 pub fn phys_name(p: u32) -> String {
     format!("gpusim device {p}")
@@ -651,6 +713,21 @@ impl RunOutput {
             .unwrap_or_else(|_| panic!("`{key}={v}` is not a number\n{}", self.dump()))
     }
 
+    /// `key` is exactly `want` (text); `what` says which check failed.
+    pub fn assert_str(&self, key: &str, want: &str, what: &str) {
+        assert_eq!(self.get(key), want, "{what}: `{key}`\n{}", self.dump());
+    }
+
+    /// `key` is the number `want`.
+    pub fn assert_num(&self, key: &str, want: i64, what: &str) {
+        assert_eq!(self.num(key), want, "{what}: `{key}`\n{}", self.dump());
+    }
+
+    /// `key` is the unsigned number `want`.
+    pub fn assert_u64(&self, key: &str, want: u64, what: &str) {
+        assert_eq!(self.u64(key), want, "{what}: `{key}`\n{}", self.dump());
+    }
+
     /// stderr lines that start with `gpushim:`.
     pub fn gpushim_lines(&self) -> Vec<String> {
         self.stderr_text()
@@ -1003,4 +1080,72 @@ impl Scenario {
         }
         out
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration errors: the shim fails closed
+// ---------------------------------------------------------------------------------------
+
+/// A run under the shim with a configuration error: the program completes, CUDA init fails with
+/// 3 ([`NOT_INITIALIZED`]), no device is usable and exactly one gpushim line is printed, which
+/// is returned.
+pub fn assert_config_error(out: &RunOutput) -> String {
+    out.assert_completed();
+    assert_eq!(
+        out.num("init.rc"),
+        NOT_INITIALIZED,
+        "CUDA init must fail with 3\n{}",
+        out.dump()
+    );
+    assert!(
+        out.kv.get("count").map_or(true, |c| c == "0"),
+        "devices usable after a configuration error\n{}",
+        out.dump()
+    );
+    let lines = out.gpushim_lines();
+    assert_eq!(lines.len(), 1, "exactly one gpushim line\n{}", out.dump());
+    lines[0].clone()
+}
+
+/// [`assert_config_error`], and the line is `gpushim: SETTING="VALUE": REASON` with a reason.
+pub fn assert_fails_closed(out: &RunOutput, setting: &str, value: &str) -> String {
+    let line = assert_config_error(out);
+    let prefix = format!("gpushim: {setting}=\"{value}\": ");
+    assert!(
+        line.starts_with(&prefix),
+        "`{line}` does not start with `{prefix}`\n{}",
+        out.dump()
+    );
+    assert!(
+        line.len() > prefix.len() + 3,
+        "`{line}` gives no reason\n{}",
+        out.dump()
+    );
+    line
+}
+
+/// The runs of [`check_fails_closed`].
+pub struct FailsClosed {
+    /// without the shim (it initialised)
+    pub plain: RunOutput,
+    /// with the shim (it failed closed)
+    pub shim: RunOutput,
+    /// the one gpushim line of the run with the shim
+    pub line: String,
+}
+
+/// Runs `run()` (everything set but the shim) without the shim, where the program must
+/// initialise, and with it, where it must fail closed ([`assert_config_error`]).
+pub fn check_fails_closed(run: impl Fn() -> Run) -> FailsClosed {
+    let plain = run().run();
+    plain.assert_completed();
+    assert_eq!(
+        plain.num("init.rc"),
+        0,
+        "the program must work without the shim\n{}",
+        plain.dump()
+    );
+    let shim = run().shim(true).run();
+    let line = assert_config_error(&shim);
+    FailsClosed { plain, shim, line }
 }
