@@ -28,6 +28,7 @@ use std::sync::OnceLock;
 use crate::ffi::*;
 use crate::log::{log, Level};
 use crate::md2;
+use crate::split::DeviceFacts;
 use crate::state::{self, State};
 
 /// The runtime's context table (`6bd5fb6c-5bf4-e74a-8987-d93912fd9df9`), byte for byte as
@@ -231,7 +232,7 @@ pub struct Header {
 /// The answer of the check for a version not ending in 0 or 1: HMAC-MD2 over the header and,
 /// per device in ordinal order, UUID, PCI domain, bus, device (native endianness), as two
 /// native-endian `u64`.
-pub fn answer(h: &Header, devices: &[([u8; 16], i32, i32, i32)]) -> [u64; 2] {
+pub fn answer(h: &Header, devices: &[DeviceFacts]) -> [u64; 2] {
     let mut m = Vec::with_capacity(48 + 28 * devices.len());
     for word in [h.driver_version, h.version, h.pid, h.thread] {
         m.extend_from_slice(&word.to_ne_bytes());
@@ -257,7 +258,7 @@ mod tests {
 
     type ContextFn = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 
-    fn sim_device(p: u8) -> ([u8; 16], i32, i32, i32) {
+    fn sim_device(p: u8) -> DeviceFacts {
         (std::array::from_fn(|i| 0x10 * (p + 1) + i as u8), 0, 0x10 * (p as i32 + 1), 0)
     }
 

@@ -11,11 +11,14 @@ use crate::driver;
 use crate::ffi::{CUcontext, CUdevice, CUresult, CUDA_ERROR_INVALID_DEVICE, CUDA_SUCCESS};
 use crate::state::State;
 
+/// What the runtime's integrity check hashes of a device: UUID, PCI domain, bus, device.
+pub type DeviceFacts = ([u8; 16], i32, i32, i32);
+
 /// The program's devices while split, with what the shim keeps for each.
 pub(crate) struct Split {
     devices: Devices,
     /// Per program device: UUID (derived for parts), PCI domain, bus, device.
-    facts: Vec<([u8; 16], i32, i32, i32)>,
+    facts: Vec<DeviceFacts>,
     /// The primary contexts of parts after the first (the driver has one per GPU, the first
     /// part uses it): created on first retain, kept for the life of the process.
     primaries: Vec<PartPrimary>,
@@ -147,7 +150,7 @@ impl State {
     }
 
     /// Per program device: UUID, PCI domain, bus, device (for the runtime's integrity check).
-    pub fn program_devices_facts(&self) -> Option<Vec<([u8; 16], i32, i32, i32)>> {
+    pub fn program_devices_facts(&self) -> Option<Vec<DeviceFacts>> {
         self.split.get().map(|s| s.facts.clone())
     }
 

@@ -91,14 +91,14 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     } else if let Err(refused) = budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)) {
         st.report_refusal("cuMemAllocPitch", dev, actual, refused);
         budget.release(live.bytes);
-        free_driver_ptr(st, ptr);
+        free_driver_ptr(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live });
     CUDA_SUCCESS
 }
 
-fn free_driver_ptr(_st: &State, ptr: CUdeviceptr) {
+fn free_driver_ptr(ptr: CUdeviceptr) {
     let real = crate::hooks::REAL[crate::hooks::Hook::cuMemFree_v2 as usize].load(std::sync::atomic::Ordering::Relaxed);
     if real != 0 {
         // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
