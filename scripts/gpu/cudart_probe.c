@@ -18,38 +18,14 @@
  */
 #include <cuda_runtime_api.h>
 
-#include <stdarg.h>
+#include "probe.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_PTRS 8192
 
-static void kv(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void kv(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    putchar('\n');
-    fflush(stdout);
-}
-
 static void *ptrs[MAX_PTRS];
-
-/* "D:A:B" or "D:A" -> values; returns the number parsed. */
-static int parse3(const char *s, unsigned long long out[3]) {
-    int n = 0;
-    char *end = NULL;
-    while (n < 3) {
-        out[n++] = strtoull(s, &end, 10);
-        if (end == s) return -1;
-        if (*end == 0) return n;
-        if (*end != ':') return -1;
-        s = end + 1;
-    }
-    return -1;
-}
 
 static void ids(void) {
     int count = 0;
