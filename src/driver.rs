@@ -234,8 +234,7 @@ impl Api {
     /// The device a stream's work runs on: the current context's for the default streams and
     /// for streams of the current context, else that of the stream's own context.
     pub fn stream_device(&self, stream: CUstream) -> Option<CUdevice> {
-        let s = stream as usize;
-        if s == 0 || s == STREAM_LEGACY || s == STREAM_PER_THREAD {
+        if is_default_stream(stream) {
             return self.current_device();
         }
         let (get_ctx, get_cur) = (self.stream_get_ctx?, self.ctx_get_current?);

@@ -40,6 +40,12 @@ pub const ARRAY3D_CUBEMAP: c_uint = 0x04;
 pub const STREAM_LEGACY: usize = 0x1;
 pub const STREAM_PER_THREAD: usize = 0x2;
 
+/// Whether `stream` is one of the default streams (NULL, legacy, per-thread), whose work runs
+/// on the current context's device.
+pub fn is_default_stream(stream: CUstream) -> bool {
+    matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CUmemLocation {

@@ -212,8 +212,7 @@ impl State {
         if self.split.get().is_none() {
             return self.api().stream_device(stream);
         }
-        let s = stream as usize;
-        if s == 0 || s == crate::ffi::STREAM_LEGACY || s == crate::ffi::STREAM_PER_THREAD {
+        if crate::ffi::is_default_stream(stream) {
             return self.current_device();
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
