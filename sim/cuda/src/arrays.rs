@@ -16,6 +16,8 @@ pub struct Array {
     pub desc: CUDA_ARRAY3D_DESCRIPTOR,
     pub bytes: u64,
     pub physical: usize,
+    /// The creating context's address (`cuCtxDestroy` of it destroys the array).
+    pub ctx: usize,
     /// Level of a mipmapped array (not destroyable on its own, not counted on its own).
     pub is_level: bool,
 }
@@ -23,6 +25,8 @@ pub struct Array {
 pub struct Mipmapped {
     pub bytes: u64,
     pub physical: usize,
+    /// The creating context's address.
+    pub ctx: usize,
     pub levels: Vec<usize>,
 }
 
@@ -109,6 +113,7 @@ unsafe fn create(out: *mut CUarray, d: CUDA_ARRAY3D_DESCRIPTOR) -> Res {
         desc: d,
         bytes,
         physical: ctx.physical,
+        ctx: ctx as *const Ctx as usize,
         is_level: false,
     }));
     let h = a as *const Array as usize;
@@ -122,6 +127,57 @@ fn array(h: CUarray) -> Res<&'static Array> {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     Ok(unsafe { &*(h as *const Array) })
+}
+
+/// Destroys every array and mipmapped array made in the context at address `ctx` (its
+/// destruction or primary-context reset); returns how many objects and bytes went.
+pub fn free_context(ctx: usize) -> (u64, u64) {
+    let (mut n, mut bytes) = (0, 0);
+    let gone_mipmaps: Vec<&'static Mipmapped> = {
+        let mut m = set(&MIPMAPS);
+        let mine: Vec<usize> = m
+            .iter()
+            .copied()
+            // SAFETY: handles in the set are leaked `Mipmapped`s.
+            .filter(|&h| unsafe { &*(h as *const Mipmapped) }.ctx == ctx)
+            .collect();
+        mine.into_iter()
+            .filter(|h| m.remove(h))
+            .map(|h| unsafe { &*(h as *const Mipmapped) })
+            .collect()
+    };
+    let gone_arrays: Vec<&'static Array> = {
+        let mut a = set(&ARRAYS);
+        for m in &gone_mipmaps {
+            for l in &m.levels {
+                a.remove(l);
+            }
+        }
+        let mine: Vec<usize> = a
+            .iter()
+            .copied()
+            // SAFETY: handles in the set are leaked `Array`s.
+            .filter(|&h| {
+                let x = unsafe { &*(h as *const Array) };
+                x.ctx == ctx && !x.is_level
+            })
+            .collect();
+        mine.into_iter()
+            .filter(|h| a.remove(h))
+            .map(|h| unsafe { &*(h as *const Array) })
+            .collect()
+    };
+    for m in gone_mipmaps {
+        stats::release(m.physical, m.bytes);
+        n += 1;
+        bytes += m.bytes;
+    }
+    for a in gone_arrays {
+        stats::release(a.physical, a.bytes);
+        n += 1;
+        bytes += a.bytes;
+    }
+    (n, bytes)
 }
 
 cu_api! {
@@ -187,13 +243,19 @@ cu_api! {
                     desc: ld,
                     bytes: array_bytes(&ld).unwrap_or(0),
                     physical: ctx.physical,
+                    ctx: ctx as *const Ctx as usize,
                     is_level: true,
                 }));
                 a as *const Array as usize
             })
             .collect();
         set(&ARRAYS).extend(level_handles.iter().copied());
-        let m = Box::leak(Box::new(Mipmapped { bytes, physical: ctx.physical, levels: level_handles }));
+        let m = Box::leak(Box::new(Mipmapped {
+            bytes,
+            physical: ctx.physical,
+            ctx: ctx as *const Ctx as usize,
+            levels: level_handles,
+        }));
         let h = m as *const Mipmapped as usize;
         set(&MIPMAPS).insert(h);
         put(out, h as CUmipmappedArray)

@@ -118,12 +118,18 @@ pub fn primary_retain(dev: CUdevice) -> Res<&'static Ctx> {
     Ok(p.ctx)
 }
 
+/// The last release destroys the primary context on the real driver: its memory goes (as on
+/// `cuDevicePrimaryCtxReset`); the context-local storage and the handle stay (see README).
 fn primary_release(dev: CUdevice) -> Res {
     let p = primary(dev)?;
-    p.refs
+    let before = p
+        .refs
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
-        .map(|_| ())
-        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
+        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+    if before == 1 {
+        free_memory_of(p.ctx);
+    }
+    Ok(())
 }
 
 fn primary_reset(dev: CUdevice) -> Res {
@@ -131,7 +137,17 @@ fn primary_reset(dev: CUdevice) -> Res {
     p.refs.store(0, Ordering::Release);
     p.ctx.flags.store(0, Ordering::Release);
     storage_destroy(p.ctx);
+    free_memory_of(p.ctx);
     Ok(())
+}
+
+/// What the real driver does when a context is destroyed (or a primary context reset): every
+/// allocation made in it is gone (`cuMemAlloc*`, `cuMemAllocPitch*`, `cuMemAllocManaged`,
+/// arrays, mipmapped arrays), its bytes no longer used on the device.
+fn free_memory_of(c: &'static Ctx) {
+    let me = c as *const Ctx as usize;
+    crate::memory::free_context(me);
+    crate::arrays::free_context(me);
 }
 
 fn primary_set_flags(dev: CUdevice, flags: u32) -> Res {
@@ -406,6 +422,7 @@ fn cuCtxDestroy_v2_impl(ctx: CUcontext) -> Res {
     c.alive.store(false, Ordering::Release);
     with_stack(|s| s.retain(|x| !std::ptr::eq(*x, c)))?;
     storage_destroy(c);
+    free_memory_of(c);
     Ok(())
 }
 
@@ -419,4 +436,166 @@ unsafe fn pop(pctx: *mut CUcontext) -> Res {
     let c = with_stack(|s| s.pop())?.ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     put_opt(pctx, c.handle());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arrays::*;
+    use crate::memory::*;
+    use crate::stats;
+
+    fn lock() -> std::sync::MutexGuard<'static, ()> {
+        crate::DRIVER_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last visible ordinal and its physical device, after cuInit.
+    unsafe fn last_device() -> (CUdevice, usize) {
+        assert_eq!(crate::devices::cuInit(0), CUDA_SUCCESS);
+        let v = crate::devices::visible().unwrap();
+        ((v.len() - 1) as CUdevice, v[v.len() - 1])
+    }
+
+    unsafe fn alloc_mem(bytes: usize) -> CUdeviceptr {
+        let mut p: CUdeviceptr = 0;
+        assert_eq!(cuMemAlloc_v2(&mut p, bytes), CUDA_SUCCESS);
+        p
+    }
+
+    #[test]
+    fn destroying_a_context_frees_its_memory() {
+        let _g = lock();
+        unsafe {
+            let (dev, phys) = last_device();
+            let before = stats::used(phys);
+            // memory of the primary context survives the created context's destruction
+            let mut primary: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut primary, dev), CUDA_SUCCESS);
+            assert_eq!(cuCtxPushCurrent_v2(primary), CUDA_SUCCESS);
+            let kept = alloc_mem(3000);
+
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, dev), CUDA_SUCCESS);
+            let a = alloc_mem(1 << 20);
+            let mut pitch = 0usize;
+            let mut b: CUdeviceptr = 0;
+            assert_eq!(
+                cuMemAllocPitch_v2(&mut b, &mut pitch, 1000, 10, 4),
+                CUDA_SUCCESS
+            );
+            let mut m: CUdeviceptr = 0;
+            assert_eq!(cuMemAllocManaged(&mut m, 4096, 1), CUDA_SUCCESS);
+            let mut arr: CUarray = std::ptr::null_mut();
+            let desc = CUDA_ARRAY_DESCRIPTOR {
+                width: 64,
+                height: 64,
+                format: 0x20,
+                num_channels: 1,
+            };
+            assert_eq!(cuArrayCreate_v2(&mut arr, &desc), CUDA_SUCCESS);
+            let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+            assert_eq!(cuMemAllocHost_v2(&mut host, 4096), CUDA_SUCCESS);
+            let counted = 3000 + (1 << 20) + 1024 * 10 + 4096 + 64 * 64 * 4; // pitch 1024
+            assert_eq!(stats::used(phys), before + counted);
+
+            assert_eq!(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+            assert_eq!(
+                stats::used(phys),
+                before + 3000,
+                "only the primary context's memory is left"
+            );
+            for p in [a, b, m] {
+                assert!(find(p as usize).is_none());
+                assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE, "already gone");
+                let mut base: CUdeviceptr = 0;
+                assert_eq!(
+                    cuMemGetAddressRange_v2(&mut base, std::ptr::null_mut(), p),
+                    CUDA_ERROR_NOT_FOUND
+                );
+            }
+            assert_eq!(cuArrayDestroy(arr), CUDA_ERROR_INVALID_HANDLE);
+            // host memory is not the device's: still there
+            assert_eq!(cuMemFreeHost(host), CUDA_SUCCESS);
+            assert_eq!(cuMemsetD8_v2(kept, 7, 3000), CUDA_SUCCESS);
+            assert_eq!(cuMemFree_v2(kept), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before);
+            let mut popped: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_SUCCESS);
+            assert_eq!(cuDevicePrimaryCtxRelease_v2(dev), CUDA_SUCCESS);
+        }
+    }
+
+    #[test]
+    fn resetting_the_primary_context_frees_its_memory() {
+        let _g = lock();
+        unsafe {
+            let (dev, phys) = last_device();
+            let before = stats::used(phys);
+            // a created context's memory is not the primary context's
+            let mut other: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut other, 0, dev), CUDA_SUCCESS);
+            let survivor = alloc_mem(5000);
+            assert_eq!(
+                cuCtxDestroy_v2(std::ptr::null_mut()),
+                CUDA_ERROR_INVALID_CONTEXT
+            );
+
+            let mut primary: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut primary, dev), CUDA_SUCCESS);
+            assert_eq!(cuCtxPushCurrent_v2(primary), CUDA_SUCCESS);
+            let a = alloc_mem(2 << 20);
+            let b = alloc_mem(1);
+            let mut mip: CUmipmappedArray = std::ptr::null_mut();
+            let d3 = CUDA_ARRAY3D_DESCRIPTOR {
+                width: 16,
+                height: 16,
+                depth: 0,
+                format: 0x01,
+                num_channels: 1,
+                flags: 0,
+            };
+            assert_eq!(cuMipmappedArrayCreate(&mut mip, &d3, 2), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before + 5000 + (2 << 20) + 1 + 256 + 64);
+
+            assert_eq!(cuDevicePrimaryCtxReset_v2(dev), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before + 5000);
+            assert_eq!(cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuMemFree_v2(b), CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuMipmappedArrayDestroy(mip), CUDA_ERROR_INVALID_HANDLE);
+            // the primary context lives on (a reset is not a destruction) and allocates again
+            let again = alloc_mem(100);
+            assert_eq!(stats::used(phys), before + 5100);
+            assert_eq!(cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+            assert_eq!(cuMemFree_v2(again), CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuMemFree_v2(survivor), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before);
+            let mut popped: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_SUCCESS);
+            assert_eq!(cuCtxDestroy_v2(other), CUDA_SUCCESS);
+        }
+    }
+
+    #[test]
+    fn the_last_primary_release_frees_its_memory() {
+        let _g = lock();
+        unsafe {
+            let (dev, phys) = last_device();
+            let before = stats::used(phys);
+            let mut primary: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut primary, dev), CUDA_SUCCESS);
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut primary, dev), CUDA_SUCCESS);
+            assert_eq!(cuCtxPushCurrent_v2(primary), CUDA_SUCCESS);
+            let a = alloc_mem(1 << 20);
+            assert_eq!(cuDevicePrimaryCtxRelease_v2(dev), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before + (1 << 20), "still retained once");
+            assert_eq!(cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+            assert_eq!(stats::used(phys), before, "the last release destroys it");
+            assert_eq!(cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuDevicePrimaryCtxRelease(dev), CUDA_ERROR_INVALID_CONTEXT);
+            let mut popped: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_SUCCESS);
+        }
+    }
 }

@@ -13,6 +13,7 @@ mod context;
 mod devices;
 mod errors;
 mod export_tables;
+mod ipc;
 mod kernels;
 /// MD2 and HMAC-MD2 for the integrity check: the shim's own file, one implementation for both.
 #[path = "../../../src/md2.rs"]
@@ -29,3 +30,8 @@ mod vmm;
 // Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
 // report written at exit) for every process that loads the driver, even one that never calls it.
 gpusim_common::at_load!(config::get);
+
+/// Serialises the unit tests that drive the simulated driver through its entry points (they
+/// share the process' devices, contexts and accounting).
+#[cfg(test)]
+pub(crate) static DRIVER_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());

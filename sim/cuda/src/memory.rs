@@ -153,6 +153,31 @@ pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
     Ok(a)
 }
 
+/// Frees every `cuMemAlloc*`/`cuMemAllocPitch*`/`cuMemAllocManaged` allocation made in the
+/// context at address `ctx` (its destruction or primary-context reset, as the real driver
+/// does); returns how many allocations and bytes went. Stream-ordered (pool) allocations belong
+/// to their pool and host memory stays mapped: neither is touched.
+pub fn free_context(ctx: usize) -> (u64, u64) {
+    let mine: Vec<usize> = MAP
+        .iter()
+        .flat_map(|m| {
+            lock(m)
+                .iter()
+                .filter(|(_, a)| a.ctx == ctx && matches!(a.kind, Kind::Device | Kind::Managed))
+                .map(|(&b, _)| b)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (mut n, mut bytes) = (0, 0);
+    for base in mine {
+        if let Ok(a) = free(base, |k| matches!(k, Kind::Device | Kind::Managed)) {
+            n += 1;
+            bytes += a.counted;
+        }
+    }
+    (n, bytes)
+}
+
 pub fn is_device_kind(k: Kind) -> bool {
     !matches!(k, Kind::Host | Kind::Registered)
 }
@@ -502,6 +527,17 @@ cu_api! {
         Ok(())
     }
 
+    /// v1 ABI: 32-bit address and size (a base or size that does not fit is CUDA_ERROR_INVALID_VALUE).
+    fn cuMemGetAddressRange(pbase: *mut u32, psize: *mut u32, dptr: u32) {
+        crate::devices::visible()?;
+        let i = ptr_info(dptr as usize).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        let base = u32::try_from(i.base).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let size = u32::try_from(i.size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        put_opt(pbase, base);
+        put_opt(psize, size);
+        Ok(())
+    }
+
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) { host_alloc(pp, bytesize) }
     fn cuMemAllocHost(pp: *mut *mut c_void, bytesize: u32) { host_alloc(pp, bytesize as usize) }
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) {
@@ -647,5 +683,42 @@ mod tests {
         assert_eq!(pitch_of(513, 2, 16), Ok((1024, 2048)));
         assert_eq!(pitch_of(0, 2, 4), Err(CUDA_ERROR_INVALID_VALUE));
         assert_eq!(pitch_of(4, 2, 3), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn address_ranges_v1_and_v2() {
+        use crate::context::*;
+        let _g = crate::DRIVER_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        unsafe {
+            assert_eq!(crate::devices::cuInit(0), CUDA_SUCCESS);
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), CUDA_SUCCESS);
+            let mut p: u32 = 0;
+            assert_eq!(cuMemAlloc(&mut p, 1000), CUDA_SUCCESS);
+            let (mut base, mut size) = (0u32, 0u32);
+            assert_eq!(
+                cuMemGetAddressRange(&mut base, &mut size, p + 999),
+                CUDA_SUCCESS
+            );
+            assert_eq!((base, size), (p, 1000));
+            assert_eq!(
+                cuMemGetAddressRange(&mut base, &mut size, p + 1000),
+                CUDA_ERROR_NOT_FOUND
+            );
+            let (mut b2, mut s2) = (0u64, 0usize);
+            assert_eq!(
+                cuMemGetAddressRange_v2(&mut b2, &mut s2, p as u64 + 10),
+                CUDA_SUCCESS
+            );
+            assert_eq!((b2, s2), (p as u64, 1000));
+            assert_eq!(cuMemFree(p), CUDA_SUCCESS);
+            assert_eq!(
+                cuMemGetAddressRange(&mut base, &mut size, p),
+                CUDA_ERROR_NOT_FOUND
+            );
+            assert_eq!(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+        }
     }
 }

@@ -199,7 +199,10 @@ pub static PROCS: &[(&str, &[Variant])] = &[
     ),
     (
         "cuMemGetAddressRange",
-        &[("cuMemGetAddressRange_v2", 3020, D)],
+        &[
+            ("cuMemGetAddressRange", 2000, D),
+            ("cuMemGetAddressRange_v2", 3020, D),
+        ],
     ),
     (
         "cuMemAllocHost",
@@ -313,6 +316,17 @@ pub static PROCS: &[(&str, &[Variant])] = &[
         "cuPointerGetAttributes",
         &[("cuPointerGetAttributes", 7000, D)],
     ),
+    // legacy IPC (cudaTypedefs.h: PFN_cuIpcGetMemHandle_v4010, PFN_cuIpcOpenMemHandle_v4010 /
+    // _v11000, PFN_cuIpcCloseMemHandle_v4010)
+    ("cuIpcGetMemHandle", &[("cuIpcGetMemHandle", 4010, D)]),
+    (
+        "cuIpcOpenMemHandle",
+        &[
+            ("cuIpcOpenMemHandle", 4010, D),
+            ("cuIpcOpenMemHandle_v2", 11000, D),
+        ],
+    ),
+    ("cuIpcCloseMemHandle", &[("cuIpcCloseMemHandle", 4010, D)]),
     // stream-ordered allocation, pools
     (
         "cuMemAllocAsync",
@@ -593,6 +607,14 @@ mod tests {
         assert_eq!(resolve("cuMemAlloc", 2000, 0), Ok("cuMemAlloc"));
         assert_eq!(resolve("cuMemAlloc", 1000, 0), Err(VERSION_NOT_SUFFICIENT));
         assert_eq!(resolve("cuMemGetInfo", 2000, 0), Ok("cuMemGetInfo"));
+        assert_eq!(
+            resolve("cuMemGetAddressRange", 2000, 0),
+            Ok("cuMemGetAddressRange")
+        );
+        assert_eq!(
+            resolve("cuMemGetAddressRange", 3020, 0),
+            Ok("cuMemGetAddressRange_v2")
+        );
         assert_eq!(resolve("cuCtxCreate", 11040, 0), Ok("cuCtxCreate_v3"));
         assert_eq!(resolve("cuCtxCreate", 12050, 0), Ok("cuCtxCreate_v4"));
         assert_eq!(resolve("cuCtxCreate", 12040, 0), Ok("cuCtxCreate_v3"));
@@ -627,6 +649,22 @@ mod tests {
         assert_eq!(
             resolve("cuMemcpyHtoD", 2000, 0),
             Err(VERSION_NOT_SUFFICIENT)
+        );
+        assert_eq!(
+            resolve("cuIpcOpenMemHandle", 11000, 0),
+            Ok("cuIpcOpenMemHandle_v2")
+        );
+        assert_eq!(
+            resolve("cuIpcOpenMemHandle", 10020, 0),
+            Ok("cuIpcOpenMemHandle")
+        );
+        assert_eq!(
+            resolve("cuIpcGetMemHandle", 13050, 0),
+            Ok("cuIpcGetMemHandle")
+        );
+        assert_eq!(
+            resolve("cuIpcCloseMemHandle", 12090, 2),
+            Ok("cuIpcCloseMemHandle")
         );
         assert_eq!(resolve("", 0, 0), Err(SYMBOL_NOT_FOUND));
         assert_eq!(resolve("cuNoSuchThing", 13000, 0), Err(SYMBOL_NOT_FOUND));

@@ -12,6 +12,7 @@ use crate::context::*;
 use crate::devices::*;
 use crate::errors::*;
 use crate::export_tables::*;
+use crate::ipc::*;
 use crate::kernels::*;
 use crate::memory::*;
 use crate::pools::*;
@@ -38,7 +39,8 @@ gpusim_common::exports! {
     cuCtxEnablePeerAccess, cuCtxDisablePeerAccess,
     // memory
     cuMemAlloc_v2, cuMemAlloc, cuMemFree_v2, cuMemFree, cuMemAllocPitch_v2, cuMemAllocPitch,
-    cuMemAllocManaged, cuMemGetInfo_v2, cuMemGetInfo, cuMemGetAddressRange_v2, cuMemAllocHost_v2,
+    cuMemAllocManaged, cuMemGetInfo_v2, cuMemGetInfo, cuMemGetAddressRange_v2,
+    cuMemGetAddressRange, cuMemAllocHost_v2,
     cuMemAllocHost, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister, cuMemHostRegister_v2,
     cuMemHostUnregister, cuMemHostGetDevicePointer_v2, cuMemcpy,
     cuMemcpy_ptds, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds,
@@ -48,6 +50,8 @@ gpusim_common::exports! {
     cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz, cuMemsetD8_v2, cuMemsetD8_v2_ptds, cuMemsetD32_v2,
     cuMemsetD32_v2_ptds, cuMemsetD8Async, cuMemsetD8Async_ptsz, cuMemsetD32Async,
     cuMemsetD32Async_ptsz, cuPointerGetAttribute, cuPointerGetAttributes,
+    // ipc
+    cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle,
     // pools
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
     cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo,

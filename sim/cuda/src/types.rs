@@ -45,6 +45,13 @@ pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value to `cuIpcOpenMemHandle`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
 /// `CUdevprop`
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -192,5 +199,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<CUctxCreateParams>(), 24);
         assert_eq!(std::mem::size_of::<CUdevprop>(), 56);
         assert_eq!(std::mem::size_of::<CUmemAccessDesc>(), 12);
+        assert_eq!(std::mem::size_of::<CUipcMemHandle>(), 64);
     }
 }
