@@ -20,7 +20,7 @@ pub extern "C" fn gpushim_memory_usage(ordinal: c_int, in_use: *mut u64, peak: *
     let answer = std::panic::catch_unwind(|| {
         let st = state::get().filter(|s| s.mode == state::Mode::Active)?;
         let budget = st.budget(ordinal)?;
-        Some((budget.used(), budget.peak(), st.limit(ordinal)?))
+        Some((budget.in_use(), budget.peak_in_use(), st.limit(ordinal)?))
     });
     let Ok(Some((u, p, l))) = answer else { return -1 };
     for (out, value) in [(in_use, u), (peak, p), (limit, l)] {

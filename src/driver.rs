@@ -173,6 +173,14 @@ pub struct Api {
     pub ctx_pop_current: Option<unsafe extern "C" fn(*mut CUcontext) -> CUresult>,
     pub stream_get_ctx: Option<unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult>,
     pub device_total_mem: Option<unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult>,
+    // For the reserve of the grow and preallocate memory modes (`modes`).
+    pub ctx_get_id: Option<unsafe extern "C" fn(CUcontext, *mut u64) -> CUresult>,
+    pub ctx_synchronize: Option<unsafe extern "C" fn() -> CUresult>,
+    pub stream_synchronize: Option<unsafe extern "C" fn(CUstream) -> CUresult>,
+    pub mem_alloc: Option<unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult>,
+    pub mem_get_info: Option<unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult>,
+    pub primary_ctx_release: Option<unsafe extern "C" fn(CUdevice) -> CUresult>,
+    pub primary_ctx_get_state: Option<unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
@@ -202,6 +210,13 @@ impl Api {
         ctx_pop_current: None,
         stream_get_ctx: None,
         device_total_mem: None,
+        ctx_get_id: None,
+        ctx_synchronize: None,
+        stream_synchronize: None,
+        mem_alloc: None,
+        mem_get_info: None,
+        primary_ctx_release: None,
+        primary_ctx_get_state: None,
     };
 
     pub fn load(lib: &Library) -> Api {
@@ -220,6 +235,13 @@ impl Api {
             ctx_pop_current: sym!(lib, c"cuCtxPopCurrent_v2"),
             stream_get_ctx: sym!(lib, c"cuStreamGetCtx"),
             device_total_mem: sym!(lib, c"cuDeviceTotalMem_v2"),
+            ctx_get_id: sym!(lib, c"cuCtxGetId"),
+            ctx_synchronize: sym!(lib, c"cuCtxSynchronize"),
+            stream_synchronize: sym!(lib, c"cuStreamSynchronize"),
+            mem_alloc: sym!(lib, c"cuMemAlloc_v2"),
+            mem_get_info: sym!(lib, c"cuMemGetInfo_v2"),
+            primary_ctx_release: sym!(lib, c"cuDevicePrimaryCtxRelease_v2"),
+            primary_ctx_get_state: sym!(lib, c"cuDevicePrimaryCtxGetState"),
         }
     }
 

@@ -38,14 +38,26 @@ pub struct HookInfo {
     pub since: c_int,
     /// Whether this is the per-thread default stream (`_ptsz`/`_ptds`) variant.
     pub per_thread: bool,
-    /// Hooked only while devices are split (`GPUSHIM_VIRTUAL_DEVICES`): otherwise the driver's
-    /// own function is handed out, at no cost.
-    pub split_only: bool,
+    /// When the hook is needed: always (0), or only while devices are split ([`NEEDS_SPLIT`])
+    /// and/or a memory mode serves allocations from a reserve ([`NEEDS_POOL`]). When it is not
+    /// needed, the driver's own function is handed out, at no cost.
+    pub needs: u8,
     /// The shim's implementation.
     pub hook: FnAddr,
 }
 
+/// `split` in the hook table: needed while devices are split (`GPUSHIM_VIRTUAL_DEVICES`).
+pub const NEEDS_SPLIT: u8 = 1;
+/// `pool` in the hook table: needed in the `grow` and `preallocate` memory modes.
+pub const NEEDS_POOL: u8 = 2;
+
 impl HookInfo {
+    /// Whether the hook is handed out when the configuration needs `active` ([`State::needs`]).
+    #[inline]
+    pub fn wanted(&self, active: u8) -> bool {
+        self.needs == 0 || self.needs & active != 0
+    }
+
     pub fn symbol(&self) -> &'static CStr {
         CStr::from_bytes_with_nul(self.name.as_bytes()).unwrap_or(c"")
     }
@@ -82,8 +94,8 @@ macro_rules! hook_table {
                 name: concat!(stringify!($sym), "\0"),
                 base: $base,
                 since: $since,
-                per_thread: $crate::intercept::hook_table!(@flags $($flag)*).0,
-                split_only: $crate::intercept::hook_table!(@flags $($flag)*).1,
+                per_thread: false $(|| $crate::intercept::hook_table!(@per_thread $flag))*,
+                needs: 0 $(| $crate::intercept::hook_table!(@needs $flag))*,
                 hook: $crate::intercept::FnAddr($sym as *const ()),
             },
         )*];
@@ -112,10 +124,11 @@ macro_rules! hook_table {
             }
         )*
     };
-    (@flags) => { (false, false) };
-    (@flags ptsz) => { (true, false) };
-    (@flags split) => { (false, true) };
-    (@flags ptsz split) => { (true, true) };
+    (@per_thread ptsz) => { true };
+    (@per_thread $other:ident) => { false };
+    (@needs split) => { $crate::intercept::NEEDS_SPLIT };
+    (@needs pool) => { $crate::intercept::NEEDS_POOL };
+    (@needs ptsz) => { 0 };
 }
 pub(crate) use hook_table;
 
@@ -244,7 +257,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     // (found through RTLD_DEFAULT) says nothing about that.
     let hint = (found != ours).then_some(found as *const c_void);
     let Some(st) = state::get() else { return 0 };
-    if st.passthrough() || (HOOKS[index].split_only && !st.split_configured()) {
+    if st.passthrough() || !HOOKS[index].wanted(st.needs()) {
         return 0;
     }
     st.load(HOOKS[index].lib(), hint, true);
@@ -267,8 +280,8 @@ pub fn substitute(st: &State, symbol: &CStr, version: c_int, flags: u64, found: 
     if found.is_null() {
         return found;
     }
-    let split = st.split_configured();
-    let wanted = |h: &HookInfo| split || !h.split_only;
+    let active = st.needs();
+    let wanted = |h: &HookInfo| h.wanted(active);
     let addr = found as usize;
     for i in 0..HOOK_COUNT {
         if REAL[i].load(Relaxed) == addr {

@@ -3,7 +3,8 @@
 //! Loaded with `LD_PRELOAD`, the library sits between the program and the driver. Nothing
 //! happens until the program asks for a CUDA function (`state`); the hooked functions are
 //! declared once in `hooks` and reached through exports, an interposed `dlsym` and
-//! `cuGetProcAddress` (`intercept`); limits are enforced by atomic reservation (`memory`).
+//! `cuGetProcAddress` (`intercept`); limits are enforced by atomic reservation (`memory`); the
+//! `grow` and `preallocate` memory modes serve allocations from a reserve (`modes`, `reserve`).
 
 mod api;
 mod config;
@@ -15,9 +16,11 @@ mod intercept;
 mod log;
 mod md2;
 mod memory;
+mod modes;
 mod private;
 mod nvml_virtual;
 mod report;
+mod reserve;
 mod split;
 mod state;
 mod units;

@@ -1,11 +1,14 @@
 //! Per-device budgets and the map of live allocations.
 //!
 //! The limit is enforced by reserving before allocating: [`DeviceBudget::try_reserve`] adds the
-//! request to `used` with a compare-and-swap that fails if the sum would pass the limit, the
-//! driver is called only after that succeeded, and the reservation is rolled back if the driver
-//! refuses. A free is credited only after the driver freed. So at every instant the memory the
-//! driver holds for the program is at most `used`, and `used` is at most the limit, whatever
-//! the threads do.
+//! request to `reserved` with a compare-and-swap that fails if the sum would pass the limit,
+//! the driver is called only after that succeeded, and the reservation is rolled back if the
+//! driver refuses. A free is credited only after the driver freed. So at every instant the
+//! memory the driver holds for the program is at most `reserved`, and `reserved` is at most the
+//! limit, whatever the threads do.
+//!
+//! `in_use` is what the program holds. In `passthrough` mode it equals `reserved`; in `grow`
+//! and `preallocate` modes `reserved` also holds the reserve's free blocks (see `reserve`).
 //!
 //! The live map remembers, for each pointer or handle the program got, the device and size it
 //! was counted with, so the free gives back exactly what the allocation took. It is sharded by
@@ -27,15 +30,19 @@ const UNRESOLVED: u64 = u64::MAX;
 pub struct DeviceBudget {
     /// The effective limit in bytes, `UNRESOLVED` until the device's physical size is known.
     limit: AtomicU64,
-    used: AtomicU64,
-    peak: AtomicU64,
+    /// Bytes taken from the driver for the program: what the limit bounds.
+    reserved: AtomicU64,
+    peak_reserved: AtomicU64,
+    /// Bytes the program holds (≤ `reserved`, up to a moment's lag between the two counters).
+    in_use: AtomicU64,
+    peak_in_use: AtomicU64,
     refused: AtomicU64,
 }
 
-/// Why a reservation failed: what was in use against which limit.
+/// Why a reservation failed: what was reserved against which limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused {
-    pub used: u64,
+    pub reserved: u64,
     pub limit: u64,
 }
 
@@ -43,8 +50,10 @@ impl DeviceBudget {
     pub const fn new() -> Self {
         DeviceBudget {
             limit: AtomicU64::new(UNRESOLVED),
-            used: AtomicU64::new(0),
-            peak: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            peak_reserved: AtomicU64::new(0),
+            in_use: AtomicU64::new(0),
+            peak_in_use: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         }
     }
@@ -58,42 +67,64 @@ impl DeviceBudget {
         self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
     }
 
-    pub fn used(&self) -> u64 {
-        self.used.load(Relaxed)
+    pub fn reserved(&self) -> u64 {
+        self.reserved.load(Relaxed)
     }
 
-    pub fn peak(&self) -> u64 {
-        self.peak.load(Relaxed)
+    pub fn peak_reserved(&self) -> u64 {
+        self.peak_reserved.load(Relaxed)
+    }
+
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(Relaxed)
+    }
+
+    pub fn peak_in_use(&self) -> u64 {
+        self.peak_in_use.load(Relaxed)
     }
 
     pub fn refused(&self) -> u64 {
         self.refused.load(Relaxed)
     }
 
-    /// Adds `bytes` to what is in use if that stays within `limit`.
+    /// Adds `bytes` to what is reserved if that stays within `limit` (not counted as a
+    /// refusal: the caller decides whether the program's request is refused).
     pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
-        let mut used = self.used.load(Relaxed);
+        let mut reserved = self.reserved.load(Relaxed);
         loop {
-            let next = match used.checked_add(bytes) {
+            let next = match reserved.checked_add(bytes) {
                 Some(n) if n <= limit => n,
-                _ => {
-                    self.refused.fetch_add(1, Relaxed);
-                    return Err(Refused { used, limit });
-                }
+                _ => return Err(Refused { reserved, limit }),
             };
-            match self.used.compare_exchange_weak(used, next, Relaxed, Relaxed) {
+            match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
-                    self.peak.fetch_max(next, Relaxed);
+                    self.peak_reserved.fetch_max(next, Relaxed);
                     return Ok(());
                 }
-                Err(now) => used = now,
+                Err(now) => reserved = now,
             }
         }
     }
 
-    /// Gives back `bytes` (never below zero).
+    /// Gives back `bytes` of the reservation (never below zero).
     pub fn release(&self, bytes: u64) {
-        let _ = self.used.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        let _ = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// The program now holds `bytes` more.
+    pub fn take(&self, bytes: u64) {
+        let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
+        self.peak_in_use.fetch_max(now, Relaxed);
+    }
+
+    /// The program gave `bytes` back (never below zero).
+    pub fn give(&self, bytes: u64) {
+        let _ = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// Counts one of the program's requests as refused.
+    pub fn count_refusal(&self) {
+        self.refused.fetch_add(1, Relaxed);
     }
 }
 
@@ -114,6 +145,8 @@ const KINDS: usize = 4;
 pub struct Live {
     pub device: usize,
     pub bytes: u64,
+    /// Served from the device's reserve (`grow`/`preallocate`), not by the driver.
+    pub served: bool,
 }
 
 const SHARDS: usize = 64;
@@ -195,14 +228,19 @@ mod tests {
         let b = DeviceBudget::new();
         assert_eq!(b.try_reserve(600, 1000), Ok(()));
         assert_eq!(b.try_reserve(400, 1000), Ok(()));
-        assert_eq!(b.try_reserve(1, 1000), Err(Refused { used: 1000, limit: 1000 }));
+        assert_eq!(b.try_reserve(1, 1000), Err(Refused { reserved: 1000, limit: 1000 }));
         b.release(400);
-        assert_eq!(b.used(), 600);
-        assert_eq!(b.peak(), 1000);
-        assert_eq!(b.refused(), 1);
-        assert_eq!(b.try_reserve(u64::MAX, u64::MAX), Err(Refused { used: 600, limit: u64::MAX }));
+        assert_eq!(b.reserved(), 600);
+        assert_eq!(b.peak_reserved(), 1000);
+        assert_eq!(b.try_reserve(u64::MAX, u64::MAX), Err(Refused { reserved: 600, limit: u64::MAX }));
         b.release(10_000);
-        assert_eq!(b.used(), 0);
+        assert_eq!(b.reserved(), 0);
+        b.take(300);
+        b.give(100);
+        b.take(50);
+        assert_eq!((b.in_use(), b.peak_in_use()), (250, 300));
+        b.give(1000);
+        assert_eq!(b.in_use(), 0);
     }
 
     #[test]
@@ -218,7 +256,7 @@ mod tests {
                         if b.try_reserve(size, 10_000).is_ok() {
                             held.push(size);
                         }
-                        assert!(b.used() <= 10_000);
+                        assert!(b.reserved() <= 10_000);
                         if i % 3 == 0 {
                             if let Some(s) = held.pop() {
                                 b.release(s);
@@ -234,18 +272,18 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(b.used(), 0);
-        assert!(b.peak() <= 10_000 && b.peak() > 9_000);
+        assert_eq!(b.reserved(), 0);
+        assert!(b.peak_reserved() <= 10_000 && b.peak_reserved() > 9_000);
     }
 
     #[test]
     fn live_map_keys_are_per_kind() {
         let m = LiveMap::new();
-        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5 });
-        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7 });
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5 }));
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false });
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false });
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false }));
         assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7 }));
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false }));
     }
 }

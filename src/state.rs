@@ -17,7 +17,7 @@ use crate::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
 use crate::ffi::CUdevice;
 use crate::log::{self, log, Level};
-use crate::memory::{DeviceBudget, LiveMap, Refused, MAX_DEVICES};
+use crate::memory::{DeviceBudget, LiveMap, MAX_DEVICES};
 use crate::split::{NvmlPart, Split};
 use crate::view::{self, Physical, View};
 
@@ -54,6 +54,8 @@ pub struct State {
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
     pub pools: std::sync::Mutex<Vec<(usize, CUdevice)>>,
+    /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
+    pub(crate) reserves: crate::modes::Reserves,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -122,27 +124,15 @@ fn build() -> Box<State> {
 /// Settings this version cannot honour yet are configuration errors: running without them
 /// would silently give the program another view than the one asked for.
 fn supported(s: Settings) -> Result<Settings, config::ConfigError> {
-    if s.disable {
+    if s.disable || s.shared_quota.is_none() {
         return Ok(s);
     }
-    let missing = |setting: &str, what: &str| {
-        let name = match s.source_of(setting) {
-            config::Source::Env(var) => var.clone(),
-            other => format!("{setting} ({other})"),
-        };
-        let value = match setting {
-            "memory_mode" => s.memory_mode.to_string(),
-            _ => s.shared_quota.clone().unwrap_or_default(),
-        };
-        Err(config::ConfigError::new(name, value, format!("{what} is not available in this version of gpushim; unset it")))
+    let name = match s.source_of("shared_quota") {
+        config::Source::Env(var) => var.clone(),
+        other => format!("shared_quota ({other})"),
     };
-    if s.memory_mode != config::MemoryMode::Passthrough {
-        return missing("memory_mode", "this memory mode");
-    }
-    if s.shared_quota.is_some() {
-        return missing("shared_quota", "a shared quota");
-    }
-    Ok(s)
+    let value = s.shared_quota.clone().unwrap_or_default();
+    Err(config::ConfigError::new(name, value, "a shared quota is not available in this version of gpushim; unset it"))
 }
 
 /// Prints a configuration error, once per process (the first one found).
@@ -186,6 +176,7 @@ impl State {
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
             pools: std::sync::Mutex::new(Vec::new()),
+            reserves: crate::modes::Reserves::new(),
         }
     }
 
@@ -200,6 +191,13 @@ impl State {
     #[inline]
     pub fn split_configured(&self) -> bool {
         self.mode == Mode::Active && !self.settings.virtual_devices.is_empty()
+    }
+
+    /// Which conditional hooks the configuration needs (`intercept::NEEDS_*`).
+    #[inline]
+    pub fn needs(&self) -> u8 {
+        let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
+        split | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
     }
 
     /// Records a configuration error: reported once, and CUDA initialisation will fail.
@@ -380,7 +378,7 @@ impl State {
             .enumerate()
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
-                Some(crate::report::Row { ordinal, peak_in_use: b.peak(), peak_reserved: b.peak(), refused: b.refused(), limit })
+                Some(crate::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit })
             })
             .collect()
     }
@@ -398,6 +396,11 @@ impl State {
     /// The budget of a device ordinal, if it is one the shim accounts for.
     pub fn budget(&self, dev: CUdevice) -> Option<&DeviceBudget> {
         usize::try_from(dev).ok().and_then(|d| self.budgets.get(d))
+    }
+
+    /// The budget of an ordinal already checked (a live entry's device).
+    pub(crate) fn budgets_of(&self, dev: usize) -> &DeviceBudget {
+        &self.budgets[dev.min(MAX_DEVICES - 1)]
     }
 
     /// The effective limit of `dev`: min(configured limit, physical memory), resolved on first
@@ -434,13 +437,14 @@ impl State {
         let Some((dev, budget, limit)) = dev.and_then(|d| Some((d, self.budget(d)?, self.limit(d)?))) else {
             return alloc().0;
         };
-        if let Err(refused) = budget.try_reserve(bytes, limit) {
-            self.report_refusal(what, dev, bytes, refused);
+        if budget.try_reserve(bytes, limit).is_err() {
+            self.report_refusal(what, dev, bytes);
             return crate::ffi::CUDA_ERROR_OUT_OF_MEMORY;
         }
         let (result, key) = alloc();
         if result == crate::ffi::CUDA_SUCCESS {
-            self.live.insert(kind, key, crate::memory::Live { device: dev as usize, bytes });
+            budget.take(bytes);
+            self.live.insert(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false });
         } else {
             budget.release(bytes);
         }
@@ -448,45 +452,71 @@ impl State {
     }
 
     /// Forgets the allocation `key`, runs `free`, and credits its bytes once the driver freed
-    /// it (or restores the entry if the driver refused). Unknown keys are passed through.
+    /// it (or restores the entry if the driver refused). Unknown keys are passed through,
+    /// except addresses inside a reserve (`modes`). Memory served from a reserve goes back to
+    /// it (after synchronising `stream` if given, else the context) without `free`.
     pub fn uncounted(
         &self,
         kind: crate::memory::Kind,
         key: u64,
+        stream: Option<crate::ffi::CUstream>,
         free: impl FnOnce() -> crate::ffi::CUresult,
     ) -> crate::ffi::CUresult {
         let entry = self.live.remove(kind, key);
-        let result = free();
-        if let Some(live) = entry {
-            if result == crate::ffi::CUDA_SUCCESS {
-                self.budgets[live.device].release(live.bytes);
-            } else {
-                self.live.insert(kind, key, live);
+        let Some(live) = entry else {
+            if kind == crate::memory::Kind::DevicePtr {
+                if let Some(refused) = self.refuse_unknown_free(key) {
+                    return refused;
+                }
             }
+            return free();
+        };
+        if live.served {
+            return self.release_served(key, live, stream);
+        }
+        let result = free();
+        if result == crate::ffi::CUDA_SUCCESS {
+            let budget = self.budgets_of(live.device);
+            budget.release(live.bytes);
+            budget.give(live.bytes);
+        } else {
+            self.live.insert(kind, key, live);
         }
         result
     }
 
-    pub fn report_refusal(&self, what: &str, dev: CUdevice, bytes: u64, r: Refused) {
+    /// Counts a refused request and says so in one `warn` line (rate-limited): the device, the
+    /// request, what is in use (and reserved, when a reserve is in play) and the limit.
+    pub fn report_refusal(&self, what: &str, dev: CUdevice, bytes: u64) {
+        let Some(budget) = self.budget(dev) else { return };
+        budget.count_refusal();
         if !log::enabled(Level::Warn) {
             return;
         }
         if let Some(suppressed) = self.refusal_log.admit() {
             let more = if suppressed > 0 { format!(" ({suppressed} similar lines suppressed)") } else { String::new() };
+            let reserved = if self.pooled() { format!(", {} bytes reserved", budget.reserved()) } else { String::new() };
             log::emit(
                 Level::Warn,
                 format_args!(
-                    "device {dev}: {what} of {bytes} bytes refused: {} bytes in use, limit {} bytes{more}",
-                    r.used, r.limit
+                    "device {dev}: {what} of {bytes} bytes refused: {} bytes in use{reserved}, limit {} bytes{more}",
+                    budget.in_use(),
+                    self.limit(dev).unwrap_or(0)
                 ),
             );
         }
     }
 
-    /// (free, total) as the program may see them on `dev`, from the driver's answer.
+    /// (free, total) as the program may see them on `dev`, from the driver's answer: total is
+    /// the limit; free is what the limit still allows and the driver has, plus what the
+    /// reserve has free (`grow`/`preallocate`; nothing in `passthrough`).
     pub fn clamp_mem_info(&self, dev: CUdevice, driver_free: u64, driver_total: u64) -> (u64, u64) {
         match (self.budget(dev), self.limit(dev)) {
-            (Some(b), Some(limit)) => (limit.saturating_sub(b.used()).min(driver_free), limit),
+            (Some(b), Some(limit)) => {
+                let (reserved, in_use) = (b.reserved(), b.in_use());
+                let headroom = limit.saturating_sub(reserved).min(driver_free);
+                (headroom.saturating_add(reserved.saturating_sub(in_use)).min(limit.saturating_sub(in_use)), limit)
+            }
             _ => (driver_free, driver_total),
         }
     }

@@ -666,19 +666,22 @@ fn contexts_pointers_and_peers_driver_api() {
 
 /// Driver API: a context the program creates on a part (cuCtxCreate_v2, and CUDA 13's
 /// cuCtxCreate_v4) belongs to that part: cuCtxGetDevice[_v2] names it, allocations made in it
-/// count against it (and stay counted after cuCtxDestroy until freed), its pointers carry its
-/// ordinal; device 0 is untouched.
+/// count against it, its pointers carry its ordinal; device 0 is untouched. The program frees
+/// its memory before destroying a context (the driver would free what is left with the
+/// context: that is tested in `tests/memory_modes.rs`).
 #[test]
 fn created_contexts_belong_to_their_part() {
-    // 1 ctxcreate=1, 2 ctxdev, 3 alloc 3G, 4 info, 5 ptrdev=3, 6 ctxdestroy, 7 dev=1, 8 info,
-    // 9 dev=0, 10 info, 11 ctxcreate4=1, 12 ctxdev, 13 alloc 2G, 14 alloc 1G, 15 info,
-    // 16 ctxdestroy
-    let args: Vec<String> = vec![
+    // 1 ctxcreate=1, 2 ctxdev, 3 alloc 3G, 4 info, 5 ptrdev=3, 6 free=3, 7 ctxdestroy, 8 dev=1,
+    // 9 info, 10 dev=0, 11 info, 12 ctxcreate4=1, 13 ctxdev, 14 alloc 3G, 15 alloc 2G (refused
+    // with the shim), 16 alloc 1G, 17 info, 18 free=14, 19 free=16, [free=15 without the shim,]
+    // then ctxdestroy
+    let base: Vec<String> = vec![
         "ctxcreate=1".into(),
         "ctxdev".into(),
         format!("alloc=mem:{}", 3 * GIB),
         "info".into(),
         "ptrdev=3".into(),
+        "free=3".into(),
         "ctxdestroy".into(),
         "dev=1".into(),
         "info".into(),
@@ -686,19 +689,27 @@ fn created_contexts_belong_to_their_part() {
         "info".into(),
         "ctxcreate4=1".into(),
         "ctxdev".into(),
+        format!("alloc=mem:{}", 3 * GIB),
         format!("alloc=mem:{}", 2 * GIB),
         format!("alloc=mem:{GIB}"),
         "info".into(),
-        "ctxdestroy".into(),
+        "free=14".into(),
+        "free=16".into(),
     ];
     for path in DRIVER_PATHS {
         let p = Program::Driver(path);
         for shim in [false, true] {
             let w = what(p, shim, &[SPLIT]);
+            let mut args = base.clone();
+            if !shim {
+                args.push("free=15".into());
+            }
+            args.push("ctxdestroy".into());
+            let last = args.len() as u32;
             let out = run2(p, &[SPLIT]).args(&args).shim(shim).run();
             assert_started(&out, if shim { 3 } else { 2 }, &w);
-            assert_ok(&out, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16], &w);
-            for op in [2, 12] {
+            assert_ok(&out, (1..=last).filter(|&op| op != 15), &w);
+            for op in [2, 13] {
                 assert_num(&out, &format!("op{op}.dev"), 1, &w);
                 assert_num(&out, &format!("op{op}.dev2"), 1, &w);
                 assert_num(&out, &format!("op{op}.created.rc"), 0, &w);
@@ -706,17 +717,19 @@ fn created_contexts_belong_to_their_part() {
             }
             assert_num(&out, "op5.dev", 1, &w);
             assert_num(&out, "op5.devs", 1, &w);
-            assert_num(&out, "op6.back", 0, &w);
+            assert_num(&out, "op7.back", 0, &w);
+            assert_num(&out, &format!("op{last}.back"), 0, &w);
             assert_num(&out, "cleanup.failures", 0, &w);
             let total = if shim { PART } else { PHYSICAL };
-            for op in [4, 8] {
+            assert_u64(&out, "op4.total", total, &w);
+            assert_u64(&out, "op4.free", total - 3 * GIB, &w);
+            for op in [9, 11] {
                 assert_u64(&out, &format!("op{op}.total"), total, &w);
-                assert_u64(&out, &format!("op{op}.free"), total - 3 * GIB, &w);
+                assert_u64(&out, &format!("op{op}.free"), total, &w);
             }
-            assert_u64(&out, "op10.free", total, &w);
             if shim {
-                assert_num(&out, "op13.rc", OOM, &w);
-                assert_u64(&out, "op15.free", 0, &w);
+                assert_num(&out, "op15.rc", OOM, &w);
+                assert_u64(&out, "op17.free", 0, &w);
                 let warns = out.warn_lines();
                 assert_eq!(warns.len(), 1, "{w}\n{}", out.dump());
                 assert_mentions_device(&warns[0], 1);
@@ -724,8 +737,8 @@ fn created_contexts_belong_to_their_part() {
                 assert_peak(&out, 0, PART, &w);
                 assert_peak(&out, 1, 0, &w);
             } else {
-                assert_num(&out, "op13.rc", 0, &w);
-                assert_u64(&out, "op15.free", PHYSICAL - 6 * GIB, &w);
+                assert_num(&out, "op15.rc", 0, &w);
+                assert_u64(&out, "op17.free", PHYSICAL - 6 * GIB, &w);
                 assert_peak(&out, 0, 0, &w);
                 assert_peak(&out, 1, 6 * GIB, &w);
             }

@@ -139,16 +139,32 @@ pub unsafe fn graph_mem_attribute(st: &State, real: unsafe extern "C" fn(CUdevic
 // --- contexts ---------------------------------------------------------------------------------
 
 pub unsafe fn primary_retain(st: &State, real: unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult, ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    if st.program_devices().is_none() {
-        return real(ctx, dev);
+    let result = if st.program_devices().is_none() { real(ctx, dev) } else { st.retain_primary(dev, ctx) };
+    if result == CUDA_SUCCESS && !ctx.is_null() {
+        st.context_created(dev, *ctx);
     }
-    st.retain_primary(dev, ctx)
+    result
+}
+
+/// Runs `teardown` (a release or reset of the driver's primary context of program device
+/// `dev`) and, if that destroyed the context, forgets its reserve (`modes`).
+fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -> CUresult) -> CUresult {
+    on_driver(st, dev, |d| {
+        let doomed = st.active_primary_id(d);
+        let result = teardown(d);
+        if let (CUDA_SUCCESS, Some(id)) = (result, doomed) {
+            if !st.primary_active(d) {
+                st.forget_context_reserve(id);
+            }
+        }
+        result
+    })
 }
 
 pub unsafe fn primary_release(st: &State, real: unsafe extern "C" fn(CUdevice) -> CUresult, dev: CUdevice) -> CUresult {
     match st.part_primary_release(dev) {
         Some(r) => r,
-        None => on_driver(st, dev, |d| real(d)),
+        None => primary_teardown(st, dev, |d| real(d)),
     }
 }
 
@@ -158,7 +174,7 @@ pub unsafe fn primary_release(st: &State, real: unsafe extern "C" fn(CUdevice) -
 pub unsafe fn primary_reset(st: &State, real: unsafe extern "C" fn(CUdevice) -> CUresult, dev: CUdevice) -> CUresult {
     match st.part_primary_state(dev) {
         Some(_) => CUDA_SUCCESS,
-        None => on_driver(st, dev, |d| real(d)),
+        None => primary_teardown(st, dev, |d| real(d)),
     }
 }
 
@@ -183,9 +199,13 @@ pub unsafe fn primary_set_flags(st: &State, real: unsafe extern "C" fn(CUdevice,
 
 /// A context the program creates on a part is remembered as that part's.
 fn created(st: &State, result: CUresult, ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    if result == CUDA_SUCCESS && !ctx.is_null() && st.program_devices().is_some() {
+    if result == CUDA_SUCCESS && !ctx.is_null() {
         // SAFETY: the driver just wrote a context there.
-        st.remember_context(unsafe { *ctx }, dev);
+        let ctx = unsafe { *ctx };
+        if st.program_devices().is_some() {
+            st.remember_context(ctx, dev);
+        }
+        st.context_created(dev, ctx);
     }
     result
 }
@@ -203,9 +223,13 @@ pub unsafe fn ctx_create_v4(st: &State, real: unsafe extern "C" fn(*mut CUcontex
 }
 
 pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
+    let id = (st.pooled() && !ctx.is_null()).then(|| st.context_id(ctx));
     let result = real(ctx);
     if result == CUDA_SUCCESS {
         st.forget_context(ctx);
+        if let Some(id) = id {
+            st.forget_context_reserve(id);
+        }
     }
     result
 }
@@ -361,20 +385,26 @@ pub unsafe fn pointer_get_attribute(st: &State, real: unsafe extern "C" fn(*mut 
         let d = data.cast::<c_int>();
         *d = pointer_device(st, ptr, *d);
     }
+    if result == CUDA_SUCCESS && st.pooled() {
+        if let Some(error) = super::reserve::patch_attribute(st, attr, data, ptr, true) {
+            return error;
+        }
+    }
     result
 }
 
 pub unsafe fn pointer_get_attributes(st: &State, real: unsafe extern "C" fn(c_uint, *const c_int, *mut *mut c_void, CUdeviceptr) -> CUresult, n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult {
     let result = real(n, attrs, data, ptr);
-    if result == CUDA_SUCCESS && !attrs.is_null() && !data.is_null() && st.program_devices().is_some() {
+    if result == CUDA_SUCCESS && !attrs.is_null() && !data.is_null() && (st.program_devices().is_some() || st.pooled()) {
         for i in 0..n as usize {
-            let slot = *data.add(i);
-            if *attrs.add(i) == POINTER_ATTRIBUTE_DEVICE_ORDINAL && !slot.is_null() {
+            let (attr, slot) = (*attrs.add(i), *data.add(i));
+            if attr == POINTER_ATTRIBUTE_DEVICE_ORDINAL && !slot.is_null() && st.program_devices().is_some() {
                 let d = slot.cast::<c_int>();
                 if *d >= 0 {
                     *d = pointer_device(st, ptr, *d);
                 }
             }
+            super::reserve::patch_attribute(st, attr, slot, ptr, false);
         }
     }
     result

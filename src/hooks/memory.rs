@@ -18,6 +18,11 @@ pub unsafe fn alloc(st: &State, real: Alloc, dptr: *mut CUdeviceptr, bytes: usiz
     if dptr.is_null() {
         return real(dptr, bytes);
     }
+    if st.pooled() && bytes > 0 {
+        if let Some(served) = st.serve("cuMemAlloc", bytes as u64) {
+            return deliver(served, dptr);
+        }
+    }
     st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
 }
 
@@ -33,6 +38,17 @@ pub unsafe fn alloc_managed(st: &State, real: unsafe extern "C" fn(*mut CUdevice
         return real(dptr, bytes, flags);
     }
     st.counted("cuMemAllocManaged", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
+}
+
+/// Writes a served pointer out, or returns why it was refused.
+unsafe fn deliver(served: Result<CUdeviceptr, CUresult>, dptr: *mut CUdeviceptr) -> CUresult {
+    match served {
+        Ok(p) => {
+            *dptr = p;
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
 }
 
 /// The pitch the driver will choose is not known before the call: reserve for the usual
@@ -52,7 +68,24 @@ pub unsafe fn alloc_pitch(
     if dptr.is_null() || pitch.is_null() {
         return real(dptr, pitch, width, height, elem);
     }
-    let estimate = (width as u64).div_ceil(PITCH_ALIGN).saturating_mul(PITCH_ALIGN).saturating_mul(height as u64);
+    let valid = width > 0 && height > 0 && matches!(elem, 4 | 8 | 16);
+    let mut estimate = (width as u64).div_ceil(PITCH_ALIGN).saturating_mul(PITCH_ALIGN).saturating_mul(height as u64);
+    // Served from the reserve: rows of `width` rounded up to 512 bytes, as the driver pitches
+    // them. Invalid arguments (the driver accepts 4-, 8- and 16-byte elements) go to the driver
+    // with nothing reserved up front, so that its own error comes back even when the limit is
+    // fully reserved; should it succeed after all, `settle_pitch` counts the real size.
+    if st.pooled() {
+        if valid {
+            if let Some(served) = st.serve("cuMemAllocPitch", estimate) {
+                if served.is_ok() {
+                    *pitch = (width as u64).div_ceil(PITCH_ALIGN) as usize * PITCH_ALIGN as usize;
+                }
+                return deliver(served, dptr);
+            }
+        } else {
+            estimate = 0;
+        }
+    }
     let dev = st.current_device();
     let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr));
     if result == CUDA_SUCCESS {
@@ -88,11 +121,15 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     let Some(budget) = st.budget(dev) else { return CUDA_SUCCESS };
     if actual <= live.bytes {
         budget.release(live.bytes - actual);
-    } else if let Err(refused) = budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)) {
-        st.report_refusal("cuMemAllocPitch", dev, actual, refused);
+        budget.give(live.bytes - actual);
+    } else if budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)).is_err() {
+        st.report_refusal("cuMemAllocPitch", dev, actual);
         budget.release(live.bytes);
+        budget.give(live.bytes);
         free_driver_ptr(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        budget.take(actual - live.bytes);
     }
     st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live });
     CUDA_SUCCESS
@@ -107,11 +144,11 @@ fn free_driver_ptr(ptr: CUdeviceptr) {
 }
 
 pub unsafe fn free(st: &State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> CUresult {
-    st.uncounted(Kind::DevicePtr, dptr, || real(dptr))
+    st.uncounted(Kind::DevicePtr, dptr, None, || real(dptr))
 }
 
 pub unsafe fn free_v1(st: &State, real: unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult, dptr: CUdeviceptr_v1) -> CUresult {
-    st.uncounted(Kind::DevicePtr, dptr as u64, || real(dptr))
+    st.uncounted(Kind::DevicePtr, dptr as u64, None, || real(dptr))
 }
 
 // --- stream-ordered ---------------------------------------------------------------------------
@@ -139,7 +176,7 @@ pub unsafe fn alloc_from_pool_async(
 }
 
 pub unsafe fn free_async(st: &State, real: unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    st.uncounted(Kind::DevicePtr, dptr, || real(dptr, stream))
+    st.uncounted(Kind::DevicePtr, dptr, Some(stream), || real(dptr, stream))
 }
 
 fn pool_device(st: &State, pool: CUmemoryPool) -> Option<CUdevice> {
@@ -202,7 +239,7 @@ pub unsafe fn vmm_create(
 }
 
 pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
-    st.uncounted(Kind::VmmHandle, handle, || real(handle))
+    st.uncounted(Kind::VmmHandle, handle, None, || real(handle))
 }
 
 // --- arrays -----------------------------------------------------------------------------------
@@ -253,7 +290,7 @@ pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray
 }
 
 pub unsafe fn array_destroy(st: &State, real: unsafe extern "C" fn(CUarray) -> CUresult, array: CUarray) -> CUresult {
-    st.uncounted(Kind::Array, array as u64, || real(array))
+    st.uncounted(Kind::Array, array as u64, None, || real(array))
 }
 
 pub unsafe fn mipmapped_create(
@@ -271,7 +308,7 @@ pub unsafe fn mipmapped_create(
 }
 
 pub unsafe fn mipmapped_destroy(st: &State, real: unsafe extern "C" fn(CUmipmappedArray) -> CUresult, array: CUmipmappedArray) -> CUresult {
-    st.uncounted(Kind::MipmappedArray, array as u64, || real(array))
+    st.uncounted(Kind::MipmappedArray, array as u64, None, || real(array))
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The hooked driver functions: one table, the bodies grouped by family.
 //!
 //! To hook another function, add one line here and write its body; the export, the `dlsym` and
-//! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. Keep the `since`
+//! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. A hook marked
+//! `split` and/or `pool` is handed out only while devices are split or a memory mode serves
+//! allocations from a reserve; otherwise the program gets the driver's own function. Keep the `since`
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
 //! `cuGetProcAddress` callers ask with.
 
@@ -10,6 +12,7 @@ mod info;
 mod memory;
 mod nvml;
 mod procaddr;
+mod reserve;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -54,6 +57,11 @@ hook_table! {
     cuMemCreate               = "cuMemCreate"           @ 10020 (handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create;
     cuMemRelease              = "cuMemRelease"          @ 10020 (handle: CUmemGenericAllocationHandle)                                       => memory::vmm_release;
 
+    // Pointer queries about memory served from a reserve (grow/preallocate; hooks/reserve.rs).
+    cuMemGetAddressRange      = "cuMemGetAddressRange"  @ 2000 pool (base: *mut CUdeviceptr_v1, size: *mut c_uint, ptr: CUdeviceptr_v1)  => reserve::address_range_v1;
+    cuMemGetAddressRange_v2   = "cuMemGetAddressRange"  @ 3020 pool (base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr)        => reserve::address_range;
+    cuIpcGetMemHandle         = "cuIpcGetMemHandle"     @ 4010 pool (handle: *mut c_void, ptr: CUdeviceptr)                              => reserve::ipc_get_mem_handle;
+
     // CUDA arrays.
     cuArrayCreate_v2          = "cuArrayCreate"         @ 3020  (array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)                    => memory::array_create;
     cuArray3DCreate_v2        = "cuArray3DCreate"       @ 3020  (array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)                  => memory::array3d_create;
@@ -82,18 +90,18 @@ hook_table! {
     cuDeviceGraphMemTrim      = "cuDeviceGraphMemTrim"  @ 11040 split (dev: CUdevice)                                                   => devices::graph_mem_trim;
     cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
-    cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
-    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split (dev: CUdevice)                                                    => devices::primary_release;
-    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split (dev: CUdevice)                                                => devices::primary_release;
-    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split (dev: CUdevice)                                                      => devices::primary_reset;
-    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split (dev: CUdevice)                                                    => devices::primary_reset;
+    cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
+    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool (dev: CUdevice)                                                    => devices::primary_release;
+    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool (dev: CUdevice)                                                => devices::primary_release;
+    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool (dev: CUdevice)                                                      => devices::primary_reset;
+    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool (dev: CUdevice)                                                    => devices::primary_reset;
     cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000 split (dev: CUdevice, flags: *mut c_uint, active: *mut c_int)          => devices::primary_get_state;
     cuDevicePrimaryCtxSetFlags = "cuDevicePrimaryCtxSetFlags" @ 7000 split (dev: CUdevice, flags: c_uint)                                   => devices::primary_set_flags;
     cuDevicePrimaryCtxSetFlags_v2 = "cuDevicePrimaryCtxSetFlags" @ 11000 split (dev: CUdevice, flags: c_uint)                               => devices::primary_set_flags;
-    cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
-    cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
-    cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
-    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split  (ctx: CUcontext)                                                      => devices::ctx_destroy;
+    cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split pool  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
+    cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split pool (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
+    cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split pool (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
+    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool  (ctx: CUcontext)                                                      => devices::ctx_destroy;
     cuCtxGetDevice            = "cuCtxGetDevice"        @ 2000 split  (dev: *mut CUdevice)                                                  => devices::ctx_get_device;
     cuCtxGetDevice_v2         = "cuCtxGetDevice"        @ 13000 split (dev: *mut CUdevice, ctx: CUcontext)                                  => devices::ctx_get_device_v2;
     cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity" @ 10020 split (gran: *mut usize, prop: *const CUmemAllocationProp, option: c_int) => devices::allocation_granularity;
@@ -107,10 +115,10 @@ hook_table! {
     cuMemPrefetchAsync_ptsz   = "cuMemPrefetchAsync"    @ 8000 ptsz split (ptr: CUdeviceptr, count: usize, dev: CUdevice, stream: CUstream) => devices::prefetch;
     cuMemPrefetchAsync_v2     = "cuMemPrefetchAsync"    @ 12020 split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
-    cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
+    cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split pool  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
     // The runtime's private tables (src/private.rs): wrapped while splitting.
     cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::private::get_export_table;
-    cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
+    cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split pool (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;

@@ -1,7 +1,7 @@
 /* The operations tests/c/drvapi.c and tests/c/runtime.c both carry (see scenario.h), written
  * once over a few hooks each program defines with its own API:
  *   dev=N  alloc=API:BYTES  free=K  info  ids  bypci=BUSID  attrs  ptrdev=K  peer=A,B
- *   copy=K,L  copyasync=K,L  hammer=SEED:ITERS:D,D..
+ *   copy=K,L  copyasync=K,L  hammer=SEED:ITERS:D,D..  sim=P
  * Include it after the program's slots, `current_device` and helpers; a program calls
  * device_op(i, arg) for operation i and goes on with its own operations where it returns 0.
  *
@@ -14,6 +14,8 @@
  * 1.25 GiB, now and then 4.5 GiB) and freeing at random, memory info after every step;
  * spurious = refusals although base + held + size <= total; infobad = steps where
  * total - free != base + held or the total changed; base = in use when the thread started.
+ * sim=P -> what the simulated driver knows now about physical device P: opI.{used,peak} and
+ * opI.calls.NAME (sim_hooks.h).
  */
 #ifndef GPUSHIM_TEST_DEVICE_OPS_H
 #define GPUSHIM_TEST_DEVICE_OPS_H
@@ -21,6 +23,7 @@
 #include <pthread.h>
 
 #include "scenario.h"
+#include "sim_hooks.h"
 
 /* ---- hooks: every program defines these (return values are the API's status, 0 = success) ---- */
 
@@ -272,6 +275,10 @@ static int device_op(int i, const char *arg) {
         do_copy(i, arg + 10, 1);
     } else if (starts_with(arg, "hammer=")) {
         do_hammer(arg + 7);
+    } else if (starts_with(arg, "sim=")) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "op%d.", i);
+        sim_op(prefix, atoi(arg + 4));
     } else {
         return 0;
     }

@@ -8,7 +8,9 @@
 //! * [`profile_dir`], [`shim_path`], [`sim_dir`], [`cuda_deps`]: where the built pieces are;
 //! * [`program`]: the C programs, compiled once per test process into [`work_dir`];
 //! * [`Run`]: one run of a program with a clean environment, giving a [`RunOutput`] with
-//!   the `key=value` lines, the gpushim stderr lines and the simulator's [`SimReport`];
+//!   the `key=value` lines, the gpushim stderr lines and the simulator's [`SimReport`] (and,
+//!   asked with [`Run::with_shim_report`], the shim's [`ShimReport`]); [`MemoryMode`] runs it
+//!   without the shim or under one of the `GPUSHIM_MEMORY_MODE`s;
 //! * [`nvml_sim_library`], [`python_run`]: the simulated NVML (`sim/nvml`, reached as
 //!   `libnvidia-ml.so.1` in [`sim_dir`]) and Python with pynvml (`.deps/python`);
 //! * [`phys_name`], [`phys_uuid`], [`phys_pci`]: the identity of a simulated physical device.
@@ -366,6 +368,8 @@ pub enum Program {
     },
     /// `tests/c/race.c`
     Race,
+    /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
+    Modes,
     /// `tests/c/nvml.c`: NVML alone
     Nvml(NvmlPath),
 }
@@ -391,6 +395,7 @@ impl Program {
                 format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" })
             }
             Program::Race => "race".into(),
+            Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
     }
@@ -437,6 +442,12 @@ impl Program {
                 args.push(c.join("race.c").into());
                 link_cuda(&mut args);
                 args.push("-lpthread".into());
+            }
+            Program::Modes => {
+                args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
+                args.push(c.join("modes.c").into());
+                link_cuda(&mut args);
+                args.push("-ldl".into());
             }
             Program::Nvml(path) => {
                 args.push(c.join("nvml.c").into());
@@ -501,6 +512,7 @@ pub struct Run {
     env: Vec<(String, OsString)>,
     shim: bool,
     with_sim: bool,
+    shim_report: bool,
 }
 
 impl Run {
@@ -511,6 +523,7 @@ impl Run {
             env: vec![],
             shim: false,
             with_sim: true,
+            shim_report: false,
         }
     }
 
@@ -551,6 +564,18 @@ impl Run {
         self
     }
 
+    /// Ask the shim for its JSON exit report (`GPUSHIM_REPORT` = a scratch `.json` path), read
+    /// back into [`RunOutput::shim_report`] (absent when the shim wrote none).
+    pub fn with_shim_report(mut self) -> Run {
+        self.shim_report = true;
+        self
+    }
+
+    /// Run under `GPUSHIM_MEMORY_MODE` `mode` ([`MemoryMode`]: with or without the shim).
+    pub fn mode(self, mode: MemoryMode) -> Run {
+        mode.apply(self)
+    }
+
     /// Leave the simulator off LD_LIBRARY_PATH (and ask no report), for non-CUDA programs.
     pub fn without_sim(mut self) -> Run {
         self.with_sim = false;
@@ -578,6 +603,10 @@ impl Run {
         if self.shim {
             cmd.env("LD_PRELOAD", shim_path());
         }
+        let shim_report_path = self.shim_report.then(|| scratch_path("shim-report.json"));
+        if let Some(p) = &shim_report_path {
+            cmd.env("GPUSHIM_REPORT", p);
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -594,7 +623,17 @@ impl Run {
                 .unwrap_or_else(|e| panic!("bad simulator report of {description}: {e}\n{text}"))
         });
         let _ = std::fs::remove_file(&report_path);
-        RunOutput::new(description, status, stdout, stderr, report)
+        let shim_report = shim_report_path.and_then(|p| {
+            let text = std::fs::read_to_string(&p).ok()?;
+            let _ = std::fs::remove_file(&p);
+            Some(
+                ShimReport::parse(&text)
+                    .unwrap_or_else(|e| panic!("bad gpushim report of {description}: {e}\n{text}")),
+            )
+        });
+        let mut out = RunOutput::new(description, status, stdout, stderr, report);
+        out.shim_report = shim_report;
+        out
     }
 }
 
@@ -643,6 +682,8 @@ pub struct RunOutput {
     pub kv: BTreeMap<String, String>,
     /// the simulator's report (absent for programs that never loaded it)
     pub report: Option<SimReport>,
+    /// the shim's JSON exit report, when asked with [`Run::with_shim_report`] and written
+    pub shim_report: Option<ShimReport>,
 }
 
 impl RunOutput {
@@ -661,6 +702,7 @@ impl RunOutput {
             stderr,
             kv,
             report,
+            shim_report: None,
         }
     }
 
@@ -750,6 +792,21 @@ impl RunOutput {
         self.report
             .as_ref()
             .unwrap_or_else(|| panic!("the simulator wrote no report\n{}", self.dump()))
+    }
+
+    /// The shim's exit report ([`Run::with_shim_report`]).
+    pub fn shim_report(&self) -> &ShimReport {
+        self.shim_report
+            .as_ref()
+            .unwrap_or_else(|| panic!("the shim wrote no report\n{}", self.dump()))
+    }
+
+    /// stderr lines that start with `gpushim` and mention `needle`.
+    pub fn gpushim_lines_with(&self, needle: &str) -> Vec<String> {
+        self.gpushim_lines()
+            .into_iter()
+            .filter(|l| l.contains(needle))
+            .collect()
     }
 }
 
@@ -841,6 +898,141 @@ impl SimReport {
     pub fn calls(&self, name: &str) -> u64 {
         self.calls.get(name).copied().unwrap_or(0)
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The shim's exit report and memory modes
+// ---------------------------------------------------------------------------------------
+
+/// One device of the shim's JSON exit report (`GPUSHIM_REPORT=PATH.json`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShimDevice {
+    pub ordinal: u64,
+    pub peak_in_use: u64,
+    pub peak_reserved: u64,
+    pub refused: u64,
+    pub limit: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ShimReport {
+    pub pid: u64,
+    /// the devices the program used
+    pub devices: Vec<ShimDevice>,
+}
+
+impl ShimReport {
+    pub fn parse(text: &str) -> Result<ShimReport, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let num = |d: &serde_json::Value, k: &str| -> Result<u64, String> {
+            d.get(k)
+                .and_then(|x| x.as_u64())
+                .ok_or_else(|| format!("missing number `{k}`"))
+        };
+        let devices = v
+            .get("devices")
+            .and_then(|d| d.as_array())
+            .ok_or("missing `devices`")?
+            .iter()
+            .map(|d| {
+                Ok(ShimDevice {
+                    ordinal: num(d, "ordinal")?,
+                    peak_in_use: num(d, "peak_in_use")?,
+                    peak_reserved: num(d, "peak_reserved")?,
+                    refused: num(d, "refused")?,
+                    limit: num(d, "limit")?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(ShimReport {
+            pid: num(&v, "pid")?,
+            devices,
+        })
+    }
+
+    /// The device of (program) ordinal `i`.
+    pub fn device(&self, i: u64) -> &ShimDevice {
+        self.devices
+            .iter()
+            .find(|d| d.ordinal == i)
+            .unwrap_or_else(|| panic!("no device {i} in the gpushim report {self:?}"))
+    }
+}
+
+/// How a run is made with respect to the memory modes: without the shim, or with it in one of
+/// the `GPUSHIM_MEMORY_MODE`s (set explicitly, `passthrough` included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryMode {
+    NoShim,
+    Passthrough,
+    Grow,
+    Preallocate,
+}
+
+impl MemoryMode {
+    pub const ALL: [MemoryMode; 4] = [
+        MemoryMode::NoShim,
+        MemoryMode::Passthrough,
+        MemoryMode::Grow,
+        MemoryMode::Preallocate,
+    ];
+    /// The modes that serve cuMemAlloc / cuMemAllocPitch from the shim's reserve.
+    pub const SERVED: [MemoryMode; 2] = [MemoryMode::Grow, MemoryMode::Preallocate];
+
+    pub fn shim(self) -> bool {
+        self != MemoryMode::NoShim
+    }
+
+    /// grow or preallocate: allocations come from the shim's reserve.
+    pub fn serves(self) -> bool {
+        matches!(self, MemoryMode::Grow | MemoryMode::Preallocate)
+    }
+
+    /// The value of `GPUSHIM_MEMORY_MODE` (None without the shim).
+    pub fn env_value(self) -> Option<&'static str> {
+        match self {
+            MemoryMode::NoShim => None,
+            MemoryMode::Passthrough => Some("passthrough"),
+            MemoryMode::Grow => Some("grow"),
+            MemoryMode::Preallocate => Some("preallocate"),
+        }
+    }
+
+    /// The name `GPUSHIM_TEST_MODES` uses: `noshim`, `passthrough`, `grow`, `preallocate`.
+    pub fn name(self) -> &'static str {
+        self.env_value().unwrap_or("noshim")
+    }
+
+    /// `modes`, less those the test's environment leaves out: `GPUSHIM_TEST_MODES` (a comma
+    /// list of [`MemoryMode::name`]s; unset = all) lets a developer run only some modes, e.g.
+    /// `GPUSHIM_TEST_MODES=noshim,passthrough cargo test --test memory_modes`.
+    pub fn selected(modes: &[MemoryMode]) -> Vec<MemoryMode> {
+        let only = std::env::var("GPUSHIM_TEST_MODES").ok();
+        modes
+            .iter()
+            .copied()
+            .filter(|m| {
+                only.as_deref().map_or(true, |o| {
+                    o.split(',')
+                        .any(|n| n.trim().eq_ignore_ascii_case(m.name()))
+                })
+            })
+            .collect()
+    }
+
+    /// `run` with the shim preloaded (or not) and `GPUSHIM_MEMORY_MODE` set.
+    pub fn apply(self, run: Run) -> Run {
+        let run = run.shim(self.shim());
+        match self.env_value() {
+            Some(v) => run.env("GPUSHIM_MEMORY_MODE", v),
+            None => run,
+        }
+    }
+}
+
+/// `x` rounded up to a multiple of `to` (a power of two).
+pub fn round_up(x: u64, to: u64) -> u64 {
+    (x + to - 1) & !(to - 1)
 }
 
 // ---------------------------------------------------------------------------------------

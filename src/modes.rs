@@ -1,0 +1,387 @@
+//! The `grow` and `preallocate` memory modes (`GPUSHIM_MEMORY_MODE`): how allocations are
+//! served from each device's reserve (`reserve`), when the reserve takes memory from the
+//! driver, and what frees, pointer queries and context teardown do with it.
+//!
+//! | | `grow` | `preallocate` |
+//! |---|---|---|
+//! | reserve taken | lazily, in chunks, when nothing free fits | once per context: the whole limit, when the context is created (or at its first allocation) |
+//! | chunk size for a request of r bytes | r ≤ 1 MiB: 2 MiB; r ≤ 10 MiB: 20 MiB; else r rounded up to 2 MiB — never more than the limit still allows | the limit minus what is already reserved |
+//! | given back to the driver | never (only when the context is destroyed) | never (idem) |
+//!
+//! Served: `cuMemAlloc_v2` and `cuMemAllocPitch_v2` (what the CUDA runtime's `cudaMalloc`
+//! and `cudaMallocPitch` use). Everything else passes through and is counted as in
+//! `passthrough` (see the README for why).
+//!
+//! No lock is held across a call into the driver: a chunk is reserved in the budget, allocated
+//! from the driver, and only then added to the arena under its lock.
+
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::config::MemoryMode;
+use crate::ffi::*;
+use crate::log::{log, Level};
+use crate::memory::{Kind, Live, MAX_DEVICES};
+use crate::reserve::{self, Arena, Lookup, Preallocation, GRANULE};
+use crate::state::{Mode, State};
+
+const MIB: u64 = 1 << 20;
+
+/// The reserves of every device, and which devices have one.
+pub struct Reserves {
+    arenas: [Mutex<Arena>; MAX_DEVICES],
+    /// Bit d: device d's arena has (or had) chunks.
+    present: AtomicU64,
+}
+
+impl Reserves {
+    pub const fn new() -> Self {
+        Reserves { arenas: [const { Mutex::new(Arena::new()) }; MAX_DEVICES], present: AtomicU64::new(0) }
+    }
+
+    fn arena(&self, dev: usize) -> MutexGuard<'_, Arena> {
+        self.arenas[dev].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Devices whose arena may hold chunks.
+    fn devices(&self) -> impl Iterator<Item = usize> + '_ {
+        let present = self.present.load(Relaxed);
+        (0..MAX_DEVICES).filter(move |d| present & (1 << d) != 0)
+    }
+}
+
+/// The chunk `grow` takes for a block of `size` bytes when `headroom` bytes are left under the
+/// limit; `None` if even the block does not fit.
+pub fn grow_chunk(size: u64, headroom: u64) -> Option<u64> {
+    let headroom = headroom & !(GRANULE - 1);
+    if size > headroom {
+        return None;
+    }
+    let wanted = match size {
+        s if s <= MIB => 2 * MIB,
+        s if s <= 10 * MIB => 20 * MIB,
+        s => s.div_ceil(2 * MIB).saturating_mul(2 * MIB),
+    };
+    Some(wanted.min(headroom).max(size))
+}
+
+/// How long a thread waits for another one's preallocation of the same context to land.
+const PREALLOCATION_WAIT: Duration = Duration::from_secs(30);
+
+impl State {
+    /// Whether allocations are served from a reserve (`grow` or `preallocate`).
+    #[inline]
+    pub fn pooled(&self) -> bool {
+        self.mode == Mode::Active && self.settings.memory_mode != MemoryMode::Passthrough
+    }
+
+    fn preallocating(&self) -> bool {
+        self.mode == Mode::Active && self.settings.memory_mode == MemoryMode::Preallocate
+    }
+
+    /// The unique id of context `ctx` (`cuCtxGetId`, CUDA 12.0+; the handle itself on older
+    /// drivers, which may reuse it after a destroy).
+    pub fn context_id(&self, ctx: CUcontext) -> u64 {
+        let mut id = 0u64;
+        match self.api().ctx_get_id {
+            // SAFETY: valid out-pointer; `ctx` is a context handle the program or driver gave.
+            Some(f) if unsafe { f(ctx, &mut id) } == CUDA_SUCCESS => id,
+            _ => ctx as u64,
+        }
+    }
+
+    fn current_context(&self) -> Option<CUcontext> {
+        let get = self.api().ctx_get_current?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        (unsafe { get(&mut ctx) } == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx)
+    }
+
+    /// Runs `f` with `ctx` current on this thread (pushing and popping it if it is not).
+    fn with_context<T>(&self, ctx: CUcontext, f: impl FnOnce() -> T) -> Option<T> {
+        if self.current_context() == Some(ctx) {
+            return Some(f());
+        }
+        let api = self.api();
+        let (push, pop) = (api.ctx_push_current?, api.ctx_pop_current?);
+        // SAFETY: `ctx` is a live context handle; it is popped again below on this thread.
+        if unsafe { push(ctx) } != CUDA_SUCCESS {
+            return None;
+        }
+        let value = f();
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; pops what was pushed above.
+        unsafe { pop(&mut popped) };
+        Some(value)
+    }
+
+    /// Serves `requested` bytes on the current context's device from its reserve. `None`: not
+    /// for the reserve (no current context, a device the shim does not account for): the
+    /// caller passes the call to the driver. `Some(Err)`: refused.
+    pub fn serve(&self, what: &str, requested: u64) -> Option<Result<CUdeviceptr, CUresult>> {
+        let ctx = self.current_context()?;
+        let dev = self.current_device()?;
+        let budget = self.budget(dev)?;
+        let limit = self.limit(dev)?;
+        let Some(size) = reserve::rounded(requested) else {
+            self.report_refusal(what, dev, requested);
+            return Some(Err(CUDA_ERROR_OUT_OF_MEMORY));
+        };
+        let index = dev as usize;
+        let id = self.context_id(ctx);
+        if self.preallocating() {
+            self.preallocate(dev, ctx, id);
+        }
+        let served = self.reserves.arena(index).alloc(id, size, requested);
+        let ptr = match served {
+            Some(p) => p,
+            None if self.preallocating() => {
+                self.report_refusal(what, dev, requested);
+                return Some(Err(CUDA_ERROR_OUT_OF_MEMORY));
+            }
+            None => match self.grow(dev, ctx, id, size, requested, limit) {
+                Ok(p) => p,
+                Err(e) => {
+                    if e == CUDA_ERROR_OUT_OF_MEMORY {
+                        self.report_refusal(what, dev, requested);
+                    }
+                    return Some(Err(e));
+                }
+            },
+        };
+        budget.take(size);
+        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true });
+        Some(Ok(ptr))
+    }
+
+    /// Takes a chunk from the driver for a `size`-byte block (see [`grow_chunk`]) and carves the
+    /// block from it. If the driver has less than the chunk, tries the block alone.
+    fn grow(&self, dev: CUdevice, ctx: CUcontext, id: u64, size: u64, requested: u64, limit: u64) -> Result<u64, CUresult> {
+        let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let chunk = grow_chunk(size, limit.saturating_sub(budget.reserved())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut last = CUDA_ERROR_OUT_OF_MEMORY;
+        for bytes in [chunk, size].into_iter().take(if chunk > size { 2 } else { 1 }) {
+            match self.take_chunk(dev, ctx, id, bytes, limit) {
+                // Carved under the lock the chunk was added with: no other thread takes it first.
+                Ok(mut arena) => return arena.alloc(id, size, requested).ok_or(CUDA_ERROR_OUT_OF_MEMORY),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Reserves `bytes` in the budget, allocates them from the driver in context `ctx` (current),
+    /// and adds them to the arena as a chunk; returns the arena, still locked.
+    fn take_chunk(&self, dev: CUdevice, ctx: CUcontext, id: u64, bytes: u64, limit: u64) -> Result<MutexGuard<'_, Arena>, CUresult> {
+        let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let alloc = self.api().mem_alloc.ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
+        budget.try_reserve(bytes, limit).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; the driver's own cuMemAlloc_v2.
+        let result = unsafe { alloc(&mut ptr, bytes as usize) };
+        if result != CUDA_SUCCESS {
+            budget.release(bytes);
+            return Err(result);
+        }
+        // The driver aligns to at least 256 bytes (in practice 512 or more); if a chunk were
+        // less aligned than the granule, its first bytes are left unused (and stay counted).
+        let base = ptr.next_multiple_of(GRANULE);
+        let usable = (bytes - (base - ptr)) & !(GRANULE - 1);
+        let mut arena = self.reserves.arena(dev as usize);
+        arena.add_chunk(id, ctx as usize, base, usable);
+        self.reserves.present.fetch_or(1 << dev, Relaxed);
+        log!(
+            Level::Debug,
+            "device {dev}: reserve took {bytes} bytes from the driver ({} reserved, {} in use, limit {limit})",
+            budget.reserved(),
+            budget.in_use()
+        );
+        Ok(arena)
+    }
+
+    /// `preallocate`: takes the whole limit (what is left of it) for context `ctx` on `dev`,
+    /// once per context. A thread that finds another one doing it waits for it.
+    fn preallocate(&self, dev: CUdevice, ctx: CUcontext, id: u64) {
+        let index = dev as usize;
+        match self.reserves.arena(index).claim_preallocation(id) {
+            Preallocation::Done => return,
+            Preallocation::Pending => {
+                let start = Instant::now();
+                while !self.reserves.arena(index).preallocation_done(id) && start.elapsed() < PREALLOCATION_WAIT {
+                    std::thread::yield_now();
+                }
+                return;
+            }
+            Preallocation::Claimed => {}
+        }
+        let (Some(budget), Some(limit)) = (self.budget(dev), self.limit(dev)) else {
+            self.reserves.arena(index).finish_preallocation(id);
+            return;
+        };
+        let wanted = limit.saturating_sub(budget.reserved()) & !(GRANULE - 1);
+        let mut taken = None;
+        if wanted > 0 {
+            taken = self.take_chunk(dev, ctx, id, wanted, limit).ok().map(|_| wanted);
+            if taken.is_none() {
+                // The device has less free than the limit: take what it has, in 2 MiB pages.
+                let free = self.driver_free().unwrap_or(0) & !(2 * MIB - 1);
+                let smaller = wanted.min(free);
+                if smaller > 0 {
+                    taken = self.take_chunk(dev, ctx, id, smaller, limit).ok().map(|_| smaller);
+                }
+                log!(
+                    Level::Warn,
+                    "device {dev}: preallocate could not take the whole limit ({wanted} bytes); reserved {} bytes",
+                    taken.unwrap_or(0)
+                );
+            }
+        }
+        if let Some(bytes) = taken {
+            log!(Level::Info, "device {dev}: preallocated {bytes} bytes (limit {limit} bytes)");
+        }
+        self.reserves.arena(index).finish_preallocation(id);
+    }
+
+    /// `preallocate` at context creation: `ctx` was just created (or retained) on `dev`.
+    pub fn context_created(&self, dev: CUdevice, ctx: CUcontext) {
+        if !self.preallocating() || ctx.is_null() || self.budget(dev).is_none() {
+            return;
+        }
+        let id = self.context_id(ctx);
+        self.with_context(ctx, || self.preallocate(dev, ctx, id));
+    }
+
+    /// What the driver reports free on the current context's device.
+    fn driver_free(&self) -> Option<u64> {
+        let f = self.api().mem_get_info?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS).then_some(free as u64)
+    }
+
+    /// Gives a served allocation back to its reserve. The context (or, for `cuMemFreeAsync`,
+    /// the stream) is synchronised first, as the driver's free may do: the block can be handed
+    /// out again at once, so no earlier work may still use it.
+    pub fn release_served(&self, ptr: CUdeviceptr, live: Live, stream: Option<CUstream>) -> CUresult {
+        let found = match self.reserves.arena(live.device).lookup(ptr) {
+            Lookup::Live(f) => f,
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        let api = self.api();
+        let synced = match (stream, api.stream_synchronize, api.ctx_synchronize) {
+            // SAFETY: the program's own stream handle, passed on as given.
+            (Some(s), Some(sync), _) => unsafe { sync(s) },
+            // SAFETY: no arguments; synchronises the context made current around it.
+            (None, _, Some(sync)) => self.with_context(found.ctx_handle as CUcontext, || unsafe { sync() }).unwrap_or(CUDA_SUCCESS),
+            _ => CUDA_SUCCESS,
+        };
+        if let Some(freed) = self.reserves.arena(live.device).free(ptr) {
+            self.budgets_of(live.device).give(freed.size);
+        }
+        // An error of earlier asynchronous work is reported, as the driver's free would.
+        synced
+    }
+
+    /// A free of `ptr` the live map does not know: inside a reserve it is an interior pointer or
+    /// a double free (refused here: the driver would free a whole chunk); `None`: not ours.
+    pub fn refuse_unknown_free(&self, ptr: CUdeviceptr) -> Option<CUresult> {
+        if !self.pooled() || ptr == 0 {
+            return None;
+        }
+        match self.reserve_lookup(ptr)?.1 {
+            Lookup::Outside => None,
+            _ => Some(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// Where `ptr` lies among the reserves: (device, lookup); `None` when nothing is pooled.
+    pub fn reserve_lookup(&self, ptr: CUdeviceptr) -> Option<(usize, Lookup)> {
+        if !self.pooled() {
+            return None;
+        }
+        for dev in self.reserves.devices() {
+            match self.reserves.arena(dev).lookup(ptr) {
+                Lookup::Outside => continue,
+                found => return Some((dev, found)),
+            }
+        }
+        Some((0, Lookup::Outside))
+    }
+
+    /// Context `id` was destroyed (the driver freed its memory): forgets its chunks, credits
+    /// the budgets, and drops the live entries of what the program still held in them.
+    pub fn forget_context_reserve(&self, id: u64) {
+        if !self.pooled() {
+            return;
+        }
+        for dev in self.reserves.devices() {
+            let dropped = self.reserves.arena(dev).drop_context(id);
+            if dropped.reserved == 0 && dropped.live.is_empty() {
+                continue;
+            }
+            let budget = self.budgets_of(dev);
+            for (ptr, size) in &dropped.live {
+                self.live.remove(Kind::DevicePtr, *ptr);
+                budget.give(*size);
+            }
+            budget.release(dropped.reserved);
+            log!(Level::Debug, "device {dev}: context destroyed; its {} reserved bytes are gone", dropped.reserved);
+        }
+    }
+
+    /// The unique id of the primary context of driver device `driver`, if it is active (it is
+    /// about to be released or reset).
+    pub fn active_primary_id(&self, driver: CUdevice) -> Option<u64> {
+        if !self.pooled() {
+            return None;
+        }
+        let api = self.api();
+        let (state, retain, release) = (api.primary_ctx_get_state?, api.primary_ctx_retain?, api.primary_ctx_release?);
+        let (mut flags, mut active): (c_uint, std::ffi::c_int) = (0, 0);
+        // SAFETY: valid out-pointers.
+        if unsafe { state(driver, &mut flags, &mut active) } != CUDA_SUCCESS || active == 0 {
+            return None;
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the primary context is active: retaining and releasing it again only moves its
+        // reference count up and back.
+        if unsafe { retain(&mut ctx, driver) } != CUDA_SUCCESS {
+            return None;
+        }
+        let id = self.context_id(ctx);
+        // SAFETY: releases the reference taken just above.
+        unsafe { release(driver) };
+        Some(id)
+    }
+
+    /// Whether the primary context of driver device `driver` is still active.
+    pub fn primary_active(&self, driver: CUdevice) -> bool {
+        let Some(state) = self.api().primary_ctx_get_state else { return true };
+        let (mut flags, mut active): (c_uint, std::ffi::c_int) = (0, 0);
+        // SAFETY: valid out-pointers.
+        (unsafe { state(driver, &mut flags, &mut active) }) != CUDA_SUCCESS || active != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grow_chunks() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(grow_chunk(512, GIB), Some(2 * MIB));
+        assert_eq!(grow_chunk(MIB, GIB), Some(2 * MIB));
+        assert_eq!(grow_chunk(MIB + 512, GIB), Some(20 * MIB));
+        assert_eq!(grow_chunk(10 * MIB, GIB), Some(20 * MIB));
+        assert_eq!(grow_chunk(10 * MIB + 512, GIB), Some(12 * MIB));
+        assert_eq!(grow_chunk(600 * MIB, GIB), Some(600 * MIB));
+        // Capped by what the limit allows, never below the block.
+        assert_eq!(grow_chunk(512, MIB + 100), Some(MIB));
+        assert_eq!(grow_chunk(MIB, MIB), Some(MIB));
+        assert_eq!(grow_chunk(MIB, MIB - 512), None);
+        assert_eq!(grow_chunk(1024, 1000), None);
+    }
+}
