@@ -1,12 +1,58 @@
 #!/usr/bin/env bash
-# gpushim overhead benchmark on the simulated driver (figures, not a test).
-#  1. instructions the shim adds per cuMemAlloc_v2 + cuMemFree_v2 pair (callgrind, inside
-#     run_pairs only, with and without the shim, in the same run of this script);
-#  2. alloc/free pairs per second of 8 threads, with and without the shim, as a ratio.
-# Usage: scripts/bench.sh [PAIRS]   (needs valgrind; builds the release artifacts)
+# gpushim benchmarks on the simulated driver (figures, not a test), per GPUSHIM_MEMORY_MODE:
+# "no shim", passthrough, grow, preallocate. A mode this build of the shim refuses (a
+# configuration error, "... is not available in this version") is reported as "not available
+# yet" in its row; any other failure as "error: <the shim's message>; <the program's last stderr
+# line>". Nothing here fails the script except a failed build.
+#
+#  1. Overhead of cuMemAlloc_v2(4 KiB) + cuMemFree_v2 pairs, GPUSHIM_MEMORY_LIMIT=8GiB on one
+#     simulated 16 GiB device (scripts/bench/alloc_pairs.c):
+#     - instructions per pair, callgrind --toggle-collect=run_pairs (the measured loop only; the
+#       warm-up, which also grows the grow mode's first chunk, is outside it); needs valgrind,
+#       skipped without it;
+#     - wall time per pair, one thread, best of 3;
+#     - pairs per second of 8 threads, best of 3, and its ratio to "no shim".
+#     In grow/preallocate a served cuMemFree also synchronises the context (cuCtxSynchronize),
+#     which is part of their figures.
+#  2. Fragmentation (scripts/bench/fragmentation.c): one seeded randomized trace of mixed sizes
+#     (log-uniform 512 B..64 MiB, 30% from 512 B..64 KiB, 5% through cuMemAllocPitch) keeping
+#     its live set near a target fraction of GPUSHIM_MEMORY_LIMIT=2GiB on a 16 GiB device; the
+#     trace is the same in every mode (it does not depend on what succeeds). Per mode: share of
+#     allocation requests that succeeded (all, and by size class <=1 MiB / <=10 MiB / larger),
+#     share of requested bytes that fit, peak live bytes / limit, live bytes / limit at the first
+#     refusal, and from the simulator's exit report (GPUSIM_REPORT) the driver's peak use / limit
+#     (in grow/preallocate: how far the reserve grew) and how many cuMemAlloc_v2 /
+#     cuMemAllocPitch_v2 calls reached the driver. The reference rows: "no shim" runs on a
+#     simulated device of exactly the limit's size; passthrough accounts exactly, so both admit
+#     every request of the trace (its ideal live set never exceeds the target); what
+#     grow/preallocate lose to that is what their reserve wastes.
+#
+# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation] [--steps N] [--targets "F ..."]
+#                         [--seed N]
+#   PAIRS      callgrind pairs (default 20000); one thread times 10 x PAIRS pairs, each of the
+#              8 threads 5 x PAIRS
+#   --steps    fragmentation steps per run (default 50000); --targets live-set targets, fractions
+#              of the limit (default "0.75 0.9"); --seed (default 1)
+# Builds the release artifacts (gpushim, gpusim-cuda) into ${CARGO_TARGET_DIR:-target}.
+# Takes about 40 s on 2 cores after the build (most of it the 8-thread runs of "no shim" and
+# passthrough, whose every pair maps and unmaps memory in the simulator); a full release build
+# of the two crates adds about 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pairs=${1:-20000}
+pairs=20000 only="" steps=50000 targets="0.75 0.9" seed=1
+while (($#)); do
+    case $1 in
+        --only) only=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --targets) targets=$2; shift 2 ;;
+        --seed) seed=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        [0-9]*) pairs=$1; shift ;;
+        *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case $only in ""|overhead|fragmentation) ;; *) echo "bench: --only overhead|fragmentation" >&2; exit 2 ;; esac
+started=$SECONDS
 target=${CARGO_TARGET_DIR:-$PWD/target}
 bash scripts/fetch-deps.sh >/dev/null
 cargo build --release -q -p gpushim -p gpusim-cuda
@@ -14,31 +60,138 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ln -s "$target/release/libcuda.so" "$work/libcuda.so.1"
 ln -s "$target/release/libcuda.so" "$work/libcuda.so"
-gcc -O2 -o "$work/alloc_pairs" scripts/bench/alloc_pairs.c -I.deps/cuda12/include -L"$work" -lcuda -lpthread
+cflags=(-O2 -I.deps/cuda12/include -L"$work")
+gcc "${cflags[@]}" -o "$work/alloc_pairs" scripts/bench/alloc_pairs.c -lcuda -lpthread
+gcc "${cflags[@]}" -o "$work/fragmentation" scripts/bench/fragmentation.c -lcuda -lm
 shim="$target/release/libgpushim.so"
+# A clean environment: nothing inherited may change what the shim or the simulator does.
+for v in $(compgen -e); do
+    case $v in GPUSHIM_*|CUDA_DEVICE_MEMORY_LIMIT*|GPUSIM_*|LD_PRELOAD|CUDA_VISIBLE_DEVICES) unset "$v" ;; esac
+done
 export LD_LIBRARY_PATH="$work" GPUSIM_DEVICES=1 GPUSIM_MEMORY=16GiB
-unset GPUSHIM_CONFIG
-run_cg() { # $1: LD_PRELOAD value ('' for none) → instructions inside run_pairs
-    env ${1:+LD_PRELOAD=$1} GPUSHIM_MEMORY_LIMIT=8GiB valgrind --tool=callgrind --toggle-collect=run_pairs \
-        --callgrind-out-file="$work/cg.out" "$work/alloc_pairs" callgrind "$pairs" 2>"$work/cg.err"
-    grep -E '^summary:|^totals:' "$work/cg.out" | head -1 | awk '{print $2}'
+modes=(none passthrough grow preallocate)
+label() { [[ $1 == none ]] && echo "no shim" || echo "$1"; }
+
+# run_mode MODE [VAR=value ...] PROGRAM ARGS...: the program without the shim (MODE none) or
+# with it in that GPUSHIM_MEMORY_MODE.
+run_mode() {
+    local mode=$1; shift
+    if [[ $mode == none ]]; then env "$@"; else env LD_PRELOAD="$shim" GPUSHIM_MEMORY_MODE="$mode" "$@"; fi
 }
-if command -v valgrind >/dev/null; then
-    base=$(run_cg "")
-    with=$(run_cg "$shim")
-    echo "callgrind, $pairs cuMemAlloc_v2+cuMemFree_v2 pairs (4 KiB):"
-    echo "  without shim: $((base / pairs)) instructions per pair"
-    echo "  with shim:    $((with / pairs)) instructions per pair"
-    echo "  added by the shim: $(((with - base) / pairs)) instructions per pair"
-else
-    echo "valgrind not found: instruction counts skipped"
-fi
-rate() { env ${1:+LD_PRELOAD=$1} GPUSHIM_MEMORY_LIMIT=8GiB "$work/alloc_pairs" threads 8 "$2"; }
-n=$((pairs * 10))
-best() { local b=0 r; for _ in 1 2 3; do r=$(rate "$1" "$n"); ((r > b)) && b=$r; done; echo "$b"; }
-r0=$(best "")
-r1=$(best "$shim")
-echo "8 threads x $n pairs, best of 3:"
-echo "  without shim: $r0 pairs/s"
-echo "  with shim:    $r1 pairs/s"
-awk -v a="$r1" -v b="$r0" 'BEGIN { printf "  ratio with/without: %.3f\n", a / b }'
+# why_failed STDERR-FILE: the cell text of a failed run.
+why_failed() {
+    if grep -q "not available in this version" "$1"; then
+        echo "not available yet ($(grep -m1 "not available in this version" "$1" | sed 's/^gpushim: //'))"
+    else # the shim's own message (not a warning) if it printed one, and the program's last line
+        local shim_msg last
+        shim_msg=$(grep -E '^gpushim: ' "$1" | grep -v '^gpushim: warn' | head -1 || true)
+        last=$(grep -v '^==[0-9]*==' "$1" | grep . | tail -1 || true)
+        echo "error: ${shim_msg:+$shim_msg; }${last:-no message}"
+    fi
+}
+declare -A unavailable=()
+# Probe each mode once: a mode the shim refuses is reported once per section, not per cell.
+for m in "${modes[@]}"; do
+    if ! run_mode "$m" GPUSHIM_MEMORY_LIMIT=8GiB "$work/alloc_pairs" single 10 >/dev/null 2>"$work/probe.err"; then
+        unavailable[$m]=$(why_failed "$work/probe.err")
+    fi
+done
+
+overhead() {
+    local lim=8GiB single=$((pairs * 10)) n8=$((pairs * 5)) m have_cg=1
+    command -v valgrind >/dev/null || have_cg=0
+    declare -A ins=() ns=() rate=() err=()
+    for m in "${modes[@]}"; do
+        [[ -n ${unavailable[$m]:-} ]] && continue
+        if ((have_cg)); then
+            if run_mode "$m" GPUSHIM_MEMORY_LIMIT=$lim valgrind --tool=callgrind --toggle-collect=run_pairs \
+                --callgrind-out-file="$work/cg.out" "$work/alloc_pairs" callgrind "$pairs" >/dev/null 2>"$work/cg.err"; then
+                ins[$m]=$(grep -E '^summary:|^totals:' "$work/cg.out" | head -1 | awk '{print $2}')
+            else
+                err[$m]=$(why_failed "$work/cg.err"); continue
+            fi
+        fi
+        local best="" r
+        for _ in 1 2 3; do
+            if ! r=$(run_mode "$m" GPUSHIM_MEMORY_LIMIT=$lim "$work/alloc_pairs" single "$single" 2>"$work/run.err"); then
+                err[$m]=$(why_failed "$work/run.err"); break
+            fi
+            best=$(awk -v a="$r" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
+        done
+        [[ -n ${err[$m]:-} ]] && continue
+        ns[$m]=$best
+        best=0
+        for _ in 1 2 3; do
+            if ! r=$(run_mode "$m" GPUSHIM_MEMORY_LIMIT=$lim "$work/alloc_pairs" threads 8 "$n8" 2>"$work/run.err"); then
+                err[$m]=$(why_failed "$work/run.err"); break
+            fi
+            ((r > best)) && best=$r
+        done
+        [[ -n ${err[$m]:-} ]] || rate[$m]=$best
+    done
+    echo "== cuMemAlloc_v2(4 KiB) + cuMemFree_v2 pairs, GPUSHIM_MEMORY_LIMIT=$lim, simulated 16 GiB device"
+    ((have_cg)) || echo "   (valgrind not found: instruction counts skipped)"
+    printf '%-12s %11s %9s %15s %17s %9s\n' mode "instr/pair" "added" "ns/pair 1 thr" "pairs/s 8 thr" "8 thr vs"
+    printf '%-12s %11s %9s %15s %17s %9s\n' "" "callgrind" "by shim" "best of 3" "best of 3" "no shim"
+    for m in "${modes[@]}"; do
+        local why=${unavailable[$m]:-${err[$m]:-}}
+        if [[ -n $why ]]; then printf '%-12s %s\n' "$(label "$m")" "$why"; continue; fi
+        local i="-" a="-" q="-"
+        if [[ -n ${ins[$m]:-} ]]; then
+            i=$((ins[$m] / pairs))
+            [[ $m != none && -n ${ins[none]:-} ]] && a=$(printf '%+d' $(((ins[$m] - ins[none]) / pairs)))
+        fi
+        [[ -n ${rate[none]:-} ]] && q=$(awk -v a="${rate[$m]}" -v b="${rate[none]}" 'BEGIN { printf "%.3f", a / b }')
+        printf '%-12s %11s %9s %15s %17s %9s\n' "$(label "$m")" "$i" "$a" "${ns[$m]}" "${rate[$m]}" "$q"
+    done
+    echo "   ($pairs pairs under callgrind; $single pairs on one thread; 8 threads x $n8 pairs)"
+}
+
+kv() { sed -n "s/^$1=//p" "$work/trace.out"; }
+pct() { awk -v v="$1" 'BEGIN { if (v == "") print "-"; else printf "%.1f%%", 100 * v }'; }
+frac() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%.1f%%", 100 * a / b }'; }
+
+fragmentation() {
+    local limit=$((2 << 30)) t m
+    echo "== fragmentation: GPUSHIM_MEMORY_LIMIT=2GiB, simulated 16 GiB device, seed $seed, $steps steps"
+    echo "   sizes log-uniform 512 B..64 MiB (30% from 512 B..64 KiB, 5% pitched); the same requests in every mode"
+    for t in $targets; do
+        echo "-- live-set target $(pct "$t") of the limit"
+        printf '%-20s %8s %8s %7s %7s %7s %9s %9s %9s %9s %9s %6s\n' mode "requests" "bytes" "<=1MiB" "<=10MiB" ">10MiB" \
+            "peak live" "live at" "driver" "driver" "driver" "time"
+        printf '%-20s %8s %8s %7s %7s %7s %9s %9s %9s %9s %9s %6s\n' "" "ok" "ok" "ok" "ok" "ok" \
+            "/ limit" "1st fail" "peak" "MemAlloc" "AllocPitch" "s"
+        for m in "${modes[@]}"; do
+            local name out="$work/frag.out" rep="$work/frag.json" env=(GPUSHIM_MEMORY_LIMIT=$limit)
+            name=$(label "$m")
+            [[ $m == none ]] && { name="no shim (2 GiB dev)"; env=(GPUSIM_MEMORY=$limit); }
+            if [[ -n ${unavailable[$m]:-} ]]; then printf '%-20s %s\n' "$name" "${unavailable[$m]}"; continue; fi
+            rm -f "$rep"
+            if ! run_mode "$m" "${env[@]}" GPUSIM_REPORT="$rep" "$work/fragmentation" "$limit" "$seed" "$steps" "$t" \
+                >"$out" 2>"$work/frag.err"; then
+                printf '%-20s %s\n' "$name" "$(why_failed "$work/frag.err")"; continue
+            fi
+            cp "$out" "$work/trace.out"
+            call() { grep -o "\"$1\":[0-9]*" "$rep" 2>/dev/null | cut -d: -f2 | grep . || echo 0; }
+            local first="-" peak
+            [[ $(kv first_failure_step) != -1 ]] && first=$(pct "$(kv live_at_first_failure_fraction)")
+            peak=$(grep -o '"peak":[0-9]*' "$rep" 2>/dev/null | head -1 | cut -d: -f2)
+            printf '%-20s %8s %8s %7s %7s %7s %9s %9s %9s %9s %9s %6s\n' "$name" "$(pct "$(kv ok_fraction)")" \
+                "$(pct "$(kv bytes_fraction)")" "$(pct "$(kv small.ok_fraction)")" "$(pct "$(kv medium.ok_fraction)")" \
+                "$(pct "$(kv large.ok_fraction)")" "$(pct "$(kv peak_live_fraction)")" "$first" \
+                "$(frac "$peak" "$limit")" "$(call cuMemAlloc_v2)" "$(call cuMemAllocPitch_v2)" "$(kv seconds)"
+            if grep -q "not out of memory" "$work/frag.err"; then
+                echo "   $name: $(grep -c "not out of memory" "$work/frag.err") allocations failed with another" \
+                    "error than out of memory, first: $(grep -m1 "not out of memory" "$work/frag.err")"
+            fi
+        done
+        [[ -f $work/trace.out ]] && echo "   (the trace: $(kv requests) allocation requests, $(kv pitched) of them pitched;" \
+            "ideal peak $(pct "$(kv ideal_peak_fraction)") of the limit)"
+        rm -f "$work/trace.out"
+    done
+}
+
+[[ $only == fragmentation ]] || overhead
+[[ -n $only ]] || echo
+[[ $only == overhead ]] || fragmentation
+echo "(bench.sh: $((SECONDS - started)) s)"

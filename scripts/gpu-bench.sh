@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# gpushim overhead on real NVIDIA hardware, with and without LD_PRELOAD=libgpushim.so in one
-# run: cudaMalloc+cudaFree latency (4 KiB, 1 MiB, 64 MiB, 1 GiB), empty-kernel launches per
-# second, PyTorch training-step time; medians of several runs, ratios shim/native against the
-# targets (training step and launches >= 0.99, allocation overhead <= 1 us per pair).
+# gpushim overhead on real NVIDIA hardware, without the shim and with LD_PRELOAD=libgpushim.so in
+# each GPUSHIM_MEMORY_MODE (passthrough, grow, preallocate) in one run: cudaMalloc+cudaFree
+# latency (4 KiB, 1 MiB, 64 MiB, 1 GiB), empty-kernel launches per second, PyTorch training-step
+# time; medians of several runs, ratios shim/native against the targets (training step and
+# launches >= 0.99, allocation overhead <= 1 us per pair), then the allocation latency per pair
+# of every variant side by side. A mode the shim refuses ("not available in this version") is
+# SKIP "not available yet".
 #
 #   scripts/gpu-bench.sh [--library PATH] [--build] [--runs N] [--json PATH] [--timeout S]
 #                        [--simulated] [--strict]

@@ -7,9 +7,16 @@ machine hits them alike; the figure is the median of every timed round of every 
     nvcc gcc + a libcudart.so, e.g. the nvidia-cuda-runtime wheel PyTorch ships with)
   * empty-kernel launches per second (bench.cu; needs nvcc)
   * a PyTorch training step of a small MLP (torch_bench.py)
-Variants: native (no shim) and the shim in each memory mode; modes listed in NOT_IMPLEMENTED
-(scripts/gpu/common.py) are SKIP. The shim runs with GPUSHIM_MEMORY_LIMIT=90%, so every
-allocation goes through the accounting.
+Variants: native (no shim) and the shim in each memory mode (GPUSHIM_MEMORY_MODE=passthrough,
+grow, preallocate). Before benchmarking, each mode is tried once (one 4 KiB cudaMalloc+cudaFree):
+a mode this build of the shim refuses as "not available in this version" is SKIP "not available
+yet", one that fails otherwise is ERROR, so the modes are measured as soon as the shim accepts
+them, whatever NOT_IMPLEMENTED (scripts/gpu/common.py) still says. Where that try cannot run
+(no driver, bench.cu not buildable) the modes listed in NOT_IMPLEMENTED are SKIP. A variant that
+fails during a benchmark is ERROR for that benchmark only; the others still run. The shim runs
+with GPUSHIM_MEMORY_LIMIT=90%, so every allocation goes through the accounting (in preallocate,
+90% of the GPU is reserved when the context is created). After the verdict table, a table of the
+cudaMalloc+cudaFree latency per pair of every variant side by side.
 
 Targets: training step and launch rate ≥ 0.99 of native; allocation overhead ≤ 1 µs per pair
 (passthrough). Verdicts: OK, MISS, or "MISS (within noise)" when the difference is inside the
@@ -148,16 +155,83 @@ def fmt_value(v, unit):
 
 
 def run_bench(m, b, variants, runs, log):
-    """Interleaves runs × variants; returns {variant: [values]} or raises."""
+    """Interleaves runs × variants; returns ({variant: [values]}, {variant: [run medians]},
+    {variant: error}). A shim variant that fails is dropped from the later runs and reported in
+    the errors; a failure of the native variant (the reference) raises."""
     values = {name: [] for name, _, _, _ in variants}
     per_run = {name: [] for name, _, _, _ in variants}
+    failed = {}
     for i in range(runs):
         for name, shim, env, _ in variants:
-            v = b.measure(m, shim, env)
+            if name in failed:
+                continue
+            try:
+                v = b.measure(m, shim, env)
+            except RuntimeError as e:
+                if not shim:
+                    raise
+                failed[name] = str(e)
+                continue
             values[name] += v
             per_run[name].append(statistics.median(v))
         log("  %s: run %d/%d done" % (b.name, i + 1, runs))
-    return values, per_run
+    return values, per_run, failed
+
+
+def probe_variants(m, variants, log):
+    """Tries each shim variant once (one 4 KiB cudaMalloc+cudaFree with bench.cu). Returns
+    {variant: (status, reason)} for the variants that cannot be benchmarked: SKIP where the shim
+    says the setting is not available in this version, ERROR where the try failed otherwise; or
+    None when the try cannot run here (no driver, bench.cu not buildable)."""
+    if m.driver_reason:
+        return None
+    try:
+        exe, _ = m.build("bench")
+    except (Skip, BuildError):
+        return None
+    out = {}
+    for name, shim, env, feature in variants:
+        if not shim:
+            continue
+        r = m.run([exe, "alloc", 4 * KIB, 1, 1], shim=True, env=env, report=False, timeout=min(m.timeout, 120))
+        text = r.stdout + "\n" + r.stderr
+        if r.rc == 0 and not r.timed_out and any(l.startswith("alloc ") for l in r.stdout.splitlines()):
+            if feature in NOT_IMPLEMENTED:
+                log("note: the shim accepts %s although scripts/gpu/common.py lists %r in NOT_IMPLEMENTED; "
+                    "benchmarking it" % (" ".join("%s=%s" % kv for kv in env.items() if kv[0] != "GPUSHIM_MEMORY_LIMIT"),
+                                         feature))
+            continue
+        if "not available in this version" in text:
+            said = [l for l in text.splitlines() if "not available in this version" in l][0]
+            out[name] = ("SKIP", "not available yet (%s)" % short(said, 160))
+        else:
+            out[name] = ("ERROR", "the first try failed: " + run_error(r))
+    return out
+
+
+def latency_table(rows, variants, unusable):
+    """cudaMalloc+cudaFree µs per pair, one column per variant (native first); a variant that
+    could not run says why in a word."""
+    names = [v[0] for v in variants]
+    gone = {n: ("not available yet" if st == "SKIP" else st) for n, (st, _) in unusable.items()}
+    by = {}
+    for r in rows:
+        if not r["benchmark"].startswith("cudaMalloc+cudaFree"):
+            continue
+        cells = by.setdefault(r["benchmark"], dict(gone))
+        if "native" in r:
+            cells["native"] = "%.2f" % r["native"]
+            cells[r["variant"]] = "%.2f" % r["shim"]
+        elif r["variant"] != "-":
+            cells[r["variant"]] = r["status"]
+        else:
+            cells.update({n: r["status"] for n in names if n not in cells})
+    if not by:
+        return []
+    table = [["size"] + names]
+    for bench, cells in by.items():
+        table.append([bench.split()[-2] + " " + bench.split()[-1]] + [cells.get(n, "-") for n in names])
+    return table
 
 
 def main(argv):
@@ -181,8 +255,13 @@ def main(argv):
         print("gpu-bench: error: %s" % e, file=sys.stderr)
         return 2
     try:
-        active = [v for v in VARIANTS if v[3] not in NOT_IMPLEMENTED]
-        skipped = [v for v in VARIANTS if v[3] in NOT_IMPLEMENTED]
+        probed = probe_variants(m, VARIANTS, log)
+        if probed is None:  # the modes could not be tried: the static list decides
+            unusable = {v[0]: ("SKIP", "not implemented in this version (%s)" % " ".join(
+                "%s=%s" % kv for kv in NOT_IMPLEMENTED[v[3]].items())) for v in VARIANTS if v[3] in NOT_IMPLEMENTED}
+        else:
+            unusable = probed
+        active = [v for v in VARIANTS if v[0] not in unusable]
         print("gpu-bench: %s" % ("SIMULATED driver (figures of the simulator, not of a GPU)" if m.simulated
                                  else "real hardware"))
         print("  library  %s" % m.library)
@@ -197,7 +276,7 @@ def main(argv):
                 rows.append({"benchmark": b.name, "variant": "-", "status": "SKIP", "reason": why})
                 continue
             try:
-                values, per_run = run_bench(m, b, active, args.runs, log)
+                values, per_run, failed = run_bench(m, b, active, args.runs, log)
             except Skip as e:
                 rows.append({"benchmark": b.name, "variant": "-", "status": "SKIP", "reason": str(e)})
                 continue
@@ -208,6 +287,10 @@ def main(argv):
             native = statistics.median(values["native"])
             spread = (max(per_run["native"]) - min(per_run["native"])) / 2 if len(per_run["native"]) > 1 else 0.0
             for name, _, _, _ in active[1:]:
+                if name in failed:
+                    errors += 1
+                    rows.append({"benchmark": b.name, "variant": name, "status": "ERROR", "reason": failed[name]})
+                    continue
                 shim = statistics.median(values[name])
                 figure, ok, q = b.compare(native, shim)
                 noise = abs(shim - native) <= spread + (max(per_run[name]) - min(per_run[name])) / 2
@@ -217,10 +300,11 @@ def main(argv):
                              "native": native, "shim": shim, "figure": figure, "value": q, "target": b.target,
                              "native_runs": per_run["native"], "shim_runs": per_run[name],
                              "native_rounds": values["native"], "shim_rounds": values[name]})
-        for name, _, env, feature in skipped:
-            rows.append({"benchmark": "memory mode %s" % name, "variant": name, "status": "SKIP",
-                         "reason": "not implemented in this version (%s)" % " ".join(
-                             "%s=%s" % kv for kv in NOT_IMPLEMENTED[feature].items())})
+        for name, _, _, _ in VARIANTS:
+            if name in unusable:
+                status, reason = unusable[name]
+                errors += status == "ERROR"
+                rows.append({"benchmark": "memory mode %s" % name, "variant": name, "status": status, "reason": reason})
         print()
         head = ("benchmark", "variant", "native", "with shim", "shim vs native", "target", "verdict")
         table = [head]
@@ -235,11 +319,20 @@ def main(argv):
             print("  ".join(str(row[j]).ljust(widths[j]) for j in range(6)) + "  " + short(row[6], 170))
             if i == 0:
                 print("  ".join("-" * w for w in widths) + "  " + "-" * 10)
+        lat = latency_table(rows, VARIANTS, unusable)
+        if lat:
+            print()
+            print("cudaMalloc+cudaFree, µs per pair (median of every round), per variant:")
+            widths = [max(len(row[i]) for row in lat) for i in range(len(lat[0]))]
+            for row in lat:
+                print("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
         write_json(args.json, {"tool": "gpu-bench", "simulated": m.simulated, "started": started,
                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "library": m.library,
                                "driver": {"reason_unusable": m.driver_reason, "version": m.driver_version,
                                           "devices": m.devices},
                                "limit": LIMIT, "runs": args.runs, "rounds": ROUNDS,
+                               "variants": {v[0]: ({"status": unusable[v[0]][0], "reason": unusable[v[0]][1]}
+                                                   if v[0] in unusable else {"status": "measured"}) for v in VARIANTS},
                                "not_implemented": sorted(NOT_IMPLEMENTED), "results": rows})
         print()
         print("results written to %s" % os.path.abspath(args.json))

@@ -35,8 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(GPU_DIR))
 # feature lands. Each value is an environment that asks for the feature (used to check that it
 # is refused, fail-closed, as long as it is listed here).
 NOT_IMPLEMENTED = {
-    "mode-grow": {"GPUSHIM_MEMORY_MODE": "grow"},
-    "mode-preallocate": {"GPUSHIM_MEMORY_MODE": "preallocate"},
     "shared-quota": {"GPUSHIM_SHARED_QUOTA": "gpu-validate"},
 }
 

@@ -838,7 +838,7 @@ def unimplemented_refused(t):
 
 
 # ---------------------------------------------------------------------------------------------
-# Scenarios of features not implemented yet (SKIP while listed in NOT_IMPLEMENTED)
+# Scenarios of features (each SKIP while listed in NOT_IMPLEMENTED)
 # ---------------------------------------------------------------------------------------------
 
 def virtual_devices(t):
@@ -951,9 +951,9 @@ SCENARIOS = [
     Scenario("private-tables", "visibility", private_tables, ("driver", "nvml")),
     Scenario("config-error", "config", config_error, ("driver",)),
     Scenario("unimplemented-refused", "config", unimplemented_refused, ("driver",)),
-    Scenario("virtual-devices", "not-yet", virtual_devices, ("driver",), feature="virtual-devices"),
-    Scenario("mode-grow", "not-yet", mode_grow, ("driver",), feature="mode-grow"),
-    Scenario("mode-preallocate", "not-yet", mode_preallocate, ("driver",), feature="mode-preallocate"),
+    Scenario("virtual-devices", "features", virtual_devices, ("driver",), feature="virtual-devices"),
+    Scenario("mode-grow", "features", mode_grow, ("driver",), feature="mode-grow"),
+    Scenario("mode-preallocate", "features", mode_preallocate, ("driver",), feature="mode-preallocate"),
 ]
 
 
