@@ -822,6 +822,24 @@ pub fn parse_kv(text: &str) -> BTreeMap<String, String> {
 // The simulator's report
 // ---------------------------------------------------------------------------------------
 
+/// A JSON report's root and its `devices` array.
+fn json_devices(text: &str) -> Result<(serde_json::Value, Vec<serde_json::Value>), String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let devices = v
+        .get("devices")
+        .and_then(|d| d.as_array())
+        .ok_or("missing `devices`")?
+        .clone();
+    Ok((v, devices))
+}
+
+/// The number `k` of a JSON object.
+fn json_num(d: &serde_json::Value, k: &str) -> Result<u64, String> {
+    d.get(k)
+        .and_then(|x| x.as_u64())
+        .ok_or_else(|| format!("missing number `{k}`"))
+}
+
 /// One device of the simulator's report (`GPUSIM_REPORT`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimDevice {
@@ -843,30 +861,22 @@ pub struct SimReport {
 
 impl SimReport {
     pub fn parse(text: &str) -> Result<SimReport, String> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        let num = |d: &serde_json::Value, k: &str| -> Result<u64, String> {
-            d.get(k)
-                .and_then(|x| x.as_u64())
-                .ok_or_else(|| format!("missing number `{k}`"))
-        };
-        let devices = v
-            .get("devices")
-            .and_then(|d| d.as_array())
-            .ok_or("missing `devices`")?
+        let (v, devices) = json_devices(text)?;
+        let devices = devices
             .iter()
             .map(|d| {
                 Ok(SimDevice {
-                    physical: num(d, "physical")?,
+                    physical: json_num(d, "physical")?,
                     name: d
                         .get("name")
                         .and_then(|n| n.as_str())
                         .unwrap_or_default()
                         .to_string(),
-                    total: num(d, "total")?,
-                    used: num(d, "used")?,
-                    peak: num(d, "peak")?,
-                    allocs: num(d, "allocs")?,
-                    frees: num(d, "frees")?,
+                    total: json_num(d, "total")?,
+                    used: json_num(d, "used")?,
+                    peak: json_num(d, "peak")?,
+                    allocs: json_num(d, "allocs")?,
+                    frees: json_num(d, "frees")?,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -880,7 +890,7 @@ impl SimReport {
             })
             .unwrap_or_default();
         Ok(SimReport {
-            driver_version: num(&v, "driver_version")?,
+            driver_version: json_num(&v, "driver_version")?,
             devices,
             calls,
         })
@@ -923,29 +933,21 @@ pub struct ShimReport {
 
 impl ShimReport {
     pub fn parse(text: &str) -> Result<ShimReport, String> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        let num = |d: &serde_json::Value, k: &str| -> Result<u64, String> {
-            d.get(k)
-                .and_then(|x| x.as_u64())
-                .ok_or_else(|| format!("missing number `{k}`"))
-        };
-        let devices = v
-            .get("devices")
-            .and_then(|d| d.as_array())
-            .ok_or("missing `devices`")?
+        let (v, devices) = json_devices(text)?;
+        let devices = devices
             .iter()
             .map(|d| {
                 Ok(ShimDevice {
-                    ordinal: num(d, "ordinal")?,
-                    peak_in_use: num(d, "peak_in_use")?,
-                    peak_reserved: num(d, "peak_reserved")?,
-                    refused: num(d, "refused")?,
-                    limit: num(d, "limit")?,
+                    ordinal: json_num(d, "ordinal")?,
+                    peak_in_use: json_num(d, "peak_in_use")?,
+                    peak_reserved: json_num(d, "peak_reserved")?,
+                    refused: json_num(d, "refused")?,
+                    limit: json_num(d, "limit")?,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(ShimReport {
-            pid: num(&v, "pid")?,
+            pid: json_num(&v, "pid")?,
             devices,
         })
     }
