@@ -102,6 +102,11 @@ pub const ENV_DRIVER_PATH: &str = "GPUSHIM_DRIVER_PATH";
 pub const ENV_NVML_PATH: &str = "GPUSHIM_NVML_PATH";
 /// Set by the shim itself for child processes (see `view`), never by users.
 pub const ENV_VIEW_APPLIED: &str = "GPUSHIM_VIEW_APPLIED";
+/// Read by the `gpushim` command and the container entrypoint (where the library is), not
+/// by the shim; known here so that the shim does not warn about it.
+pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
+/// Read by the container entrypoint: run `gpushim check` before the program.
+pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT`.
 pub const ENV_ALIAS_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT_<i>`.
@@ -122,6 +127,8 @@ pub const KNOWN_ENV: &[&str] = &[
     ENV_DRIVER_PATH,
     ENV_NVML_PATH,
     ENV_VIEW_APPLIED,
+    ENV_LIBRARY,
+    ENV_ENTRYPOINT_CHECK,
 ];
 
 /// Every key of the config file. These are also the setting names used in [`Settings::sources`]
@@ -1243,7 +1250,7 @@ impl FileCtx<'_> {
 // ---------------------------------------------------------------------------------------------
 
 /// The closest of `candidates` to `word` (case-insensitive), if close enough to be a typo.
-fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     if word.len() > 64 {
         return None;
     }

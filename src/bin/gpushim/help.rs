@@ -1,0 +1,154 @@
+//! The `--help` pages. The options section is generated from `options::SETTINGS`, so the
+//! pages cannot drift from what the parser accepts.
+
+use crate::options::{DEVICE_LIMIT_FLAG, LIBRARY_FLAG, SETTINGS};
+
+pub const MAIN: &str = "\
+NAME
+    gpushim - give a CUDA program only the GPUs and memory it is allotted
+
+SYNOPSIS
+    gpushim run [OPTIONS] [--] COMMAND [ARGS...]
+    gpushim check [OPTIONS]
+    gpushim help [run|check]
+    gpushim --version
+
+DESCRIPTION
+    gpushim loads libgpushim.so into an unmodified CUDA program (LD_PRELOAD). The program then
+    sees only the devices it is given, in the order given, each with a memory limit; one GPU may
+    appear as several virtual devices. The same settings work as GPUSHIM_* environment variables
+    and in a TOML config file (/etc/gpushim/gpushim.toml, or GPUSHIM_CONFIG).
+
+    run      start COMMAND under the shim with the options applied
+    check    validate the configuration and show the devices a program would see
+
+EXAMPLES
+    gpushim run --visible-devices 1 --memory-limit 40% -- python train.py
+    gpushim run --virtual-devices 0:2x8GiB --memory-mode grow -- ./app
+    GPUSHIM_MEMORY_LIMIT=4GiB gpushim check
+
+SEE ALSO
+    gpushim help run, gpushim help check, the README's Configuration section.
+";
+
+pub fn run() -> String {
+    format!(
+        "\
+NAME
+    gpushim run - run a command under libgpushim.so
+
+SYNOPSIS
+    gpushim run [OPTIONS] [--] COMMAND [ARGS...]
+
+DESCRIPTION
+    Sets the variables the options name, puts libgpushim.so first in LD_PRELOAD and replaces
+    itself with COMMAND (found on PATH), which inherits everything else of the environment.
+    Each option is the same as its variable; an option overrides the variable of the same name,
+    and both override the config file. Options end at -- or at the first argument that is not
+    an option.
+
+    Before starting COMMAND the configuration it would get (options, environment, config
+    file) is checked with the shim's own rules; an error is printed as the shim would print
+    it and nothing is started.
+
+OPTIONS
+{options}
+EXIT STATUS
+    COMMAND's own status; 125 when gpushim cannot start it (bad option or configuration,
+    library not found); 126 when COMMAND cannot be executed; 127 when it is not found.
+
+EXAMPLES
+    gpushim run --memory-limit 4GiB -- python train.py
+    gpushim run --visible-devices GPU-8f3a,0 --memory-limit-device 0=10GiB -- ./app
+    gpushim run --report usage.json --memory-mode preallocate -- ./app
+",
+        options = options_section()
+    )
+}
+
+pub fn check() -> String {
+    format!(
+        "\
+NAME
+    gpushim check - validate a configuration and show the devices a program would see
+
+SYNOPSIS
+    gpushim check [OPTIONS]
+
+DESCRIPTION
+    Reads the configuration exactly as the shim would (the options below, the environment, the
+    config file) and prints every setting with its value and where it came from. Then it runs a
+    small probe under libgpushim.so that asks the CUDA driver and NVML what a program sees, and
+    prints each device: its ordinal, the GPU it is (nvidia-smi's index, and which part of it
+    when split), name, UUID, PCI bus id, the GPU's memory, the effective limit, which setting
+    gave it, and the memory mode. It also checks that NVML (nvidia-smi) shows the same devices.
+    No context is created and no memory allocated.
+
+OPTIONS
+{options}
+EXIT STATUS
+    0 when the configuration is valid and the devices could be listed; 1 when a setting is
+    invalid (with the same message the shim would print), the library cannot be found or
+    loaded, the driver cannot be opened or initialised under the shim, or NVML and CUDA
+    disagree; 2 for a command line that cannot be understood.
+
+EXAMPLES
+    gpushim check
+    GPUSHIM_CONFIG=/etc/gpushim/job.toml gpushim check
+    gpushim check --visible-devices 1,0 --memory-limit 50%
+",
+        options = options_section()
+    )
+}
+
+/// The help page named `topic`.
+pub fn topic(topic: &str) -> Option<String> {
+    match topic {
+        "run" => Some(run()),
+        "check" => Some(check()),
+        _ => None,
+    }
+}
+
+fn options_section() -> String {
+    let mut out = String::new();
+    let mut item = |flag: &str, value: &str, help: &str| {
+        out.push_str(&format!("    {flag} {value}\n"));
+        for line in wrap(help, 80 - 8) {
+            out.push_str(&format!("        {line}\n"));
+        }
+    };
+    for s in SETTINGS {
+        item(s.flag, s.value, &format!("{} ({})", s.help, s.var));
+    }
+    item(
+        DEVICE_LIMIT_FLAG,
+        "I=LIMIT",
+        "limit of device I, the program's ordinal (after hiding and splitting); may be given \
+         several times (GPUSHIM_MEMORY_LIMIT_<I>)",
+    );
+    item(
+        LIBRARY_FLAG,
+        "PATH",
+        "the libgpushim.so to load; default: GPUSHIM_LIBRARY, else libgpushim.so next to this \
+         program, else ../lib/libgpushim.so from it",
+    );
+    item("--help", "", "show this page");
+    out
+}
+
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split_whitespace() {
+        let line = lines.last_mut().expect("one line");
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines
+}
