@@ -32,7 +32,7 @@
 //! * `GPUSHIM_REPORT`: `stderr` (case-insensitive) or a path, JSON when it ends in `.json`.
 //! * `GPUSHIM_SHARED_QUOTA`: a name of 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not
 //!   starting with `.` (it names shared objects; a `/` must not be able to escape them).
-//! * `GPUSHIM_LOG_FILE`, `GPUSHIM_DRIVER_PATH`, `GPUSHIM_NVML_PATH`: paths, taken as written
+//! * `GPUSHIM_LOG_FILE`, `GPUSHIM_DRIVER_PATH`, `GPUSHIM_NVML_PATH`, `GPUSHIM_STATE_DIR`: paths, taken as written
 //!   (not trimmed, relative paths not resolved here).
 //! * `GPUSHIM_VISIBLE_DEVICES`: comma-separated selectors, spaces around them ignored, or `none`
 //!   (every device hidden). A selector is an ordinal (decimal digits, leading zeros allowed),
@@ -102,10 +102,12 @@ pub const ENV_DRIVER_PATH: &str = "GPUSHIM_DRIVER_PATH";
 pub const ENV_NVML_PATH: &str = "GPUSHIM_NVML_PATH";
 /// Set by the shim itself for child processes (see `view`), never by users.
 pub const ENV_VIEW_APPLIED: &str = "GPUSHIM_VIEW_APPLIED";
+/// Where shared quota files live (see `quota`).
+pub const ENV_STATE_DIR: &str = "GPUSHIM_STATE_DIR";
 /// Read by the `gpushim` command and the container entrypoint (where the library is), not
-/// by the shim; known here so that the shim does not warn about it.
+/// by the shim (see [`TOOL_ENV`]).
 pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
-/// Read by the container entrypoint: run `gpushim check` before the program.
+/// Read by the container entrypoint: run `gpushim check` before the program (see [`TOOL_ENV`]).
 pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT`.
 pub const ENV_ALIAS_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
@@ -113,7 +115,7 @@ pub const ENV_ALIAS_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_ALIAS_MEMORY_LIMIT_PREFIX: &str = "CUDA_DEVICE_MEMORY_LIMIT_";
 
 /// Every `GPUSHIM_` variable this module reads (besides `GPUSHIM_MEMORY_LIMIT_<i>`).
-pub const KNOWN_ENV: &[&str] = &[
+pub const SETTING_ENV: &[&str] = &[
     ENV_CONFIG,
     ENV_VISIBLE_DEVICES,
     ENV_MEMORY_LIMIT,
@@ -127,9 +129,17 @@ pub const KNOWN_ENV: &[&str] = &[
     ENV_DRIVER_PATH,
     ENV_NVML_PATH,
     ENV_VIEW_APPLIED,
-    ENV_LIBRARY,
-    ENV_ENTRYPOINT_CHECK,
+    ENV_STATE_DIR,
 ];
+
+/// `GPUSHIM_` variables read by the `gpushim` command and the container entrypoint, not by
+/// the shim: known, so that the shim does not warn about them, but never checked here.
+pub const TOOL_ENV: &[&str] = &[ENV_LIBRARY, ENV_ENTRYPOINT_CHECK];
+
+/// Whether `name` is a `GPUSHIM_` variable of the shim or its tools.
+fn known_env(name: &str) -> bool {
+    SETTING_ENV.contains(&name) || TOOL_ENV.contains(&name) || name.starts_with(ENV_MEMORY_LIMIT_PREFIX)
+}
 
 /// Every key of the config file. These are also the setting names used in [`Settings::sources`]
 /// (per-device limits appear there as `memory_limits.<i>`).
@@ -146,6 +156,7 @@ pub const FILE_KEYS: &[&str] = &[
     "disable",
     "driver_path",
     "nvml_path",
+    "state_dir",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -359,6 +370,8 @@ pub struct Settings {
     pub driver_path: Option<PathBuf>,
     /// An explicit real `libnvidia-ml.so.1`.
     pub nvml_path: Option<PathBuf>,
+    /// Where shared quota files live; `None`: the default (see `quota::state_dir`).
+    pub state_dir: Option<PathBuf>,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -381,6 +394,7 @@ impl Default for Settings {
             shared_quota: None,
             driver_path: None,
             nvml_path: None,
+            state_dir: None,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
@@ -752,6 +766,7 @@ struct Layer {
     shared_quota: Sourced<String>,
     driver_path: Sourced<PathBuf>,
     nvml_path: Sourced<PathBuf>,
+    state_dir: Sourced<PathBuf>,
 }
 
 fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
@@ -778,6 +793,7 @@ impl Layer {
         replace_if_set(&mut self.shared_quota, upper.shared_quota);
         replace_if_set(&mut self.driver_path, upper.driver_path);
         replace_if_set(&mut self.nvml_path, upper.nvml_path);
+        replace_if_set(&mut self.state_dir, upper.state_dir);
     }
 
     fn into_settings(self) -> Settings {
@@ -807,6 +823,7 @@ impl Layer {
         take("shared_quota", self.shared_quota.as_ref().map(|v| &v.1));
         take("driver_path", self.driver_path.as_ref().map(|v| &v.1));
         take("nvml_path", self.nvml_path.as_ref().map(|v| &v.1));
+        take("state_dir", self.state_dir.as_ref().map(|v| &v.1));
         Settings {
             disable: self.disable.is_some_and(|v| v.0),
             log_level: self.log_level.map_or(LogLevel::default(), |v| v.0),
@@ -824,6 +841,7 @@ impl Layer {
             shared_quota: self.shared_quota.map(|v| v.0),
             driver_path: self.driver_path.map(|v| v.0),
             nvml_path: self.nvml_path.map(|v| v.0),
+            state_dir: self.state_dir.map(|v| v.0),
             sources,
             warnings: Vec::new(),
         }
@@ -872,6 +890,7 @@ fn env_layer(env: Env<'_>, names: &[String]) -> Result<Layer, ConfigError> {
         shared_quota: env_setting(env, ENV_SHARED_QUOTA, parse_shared_quota)?,
         driver_path: env_setting(env, ENV_DRIVER_PATH, parse_path)?,
         nvml_path: env_setting(env, ENV_NVML_PATH, parse_path)?,
+        state_dir: env_setting(env, ENV_STATE_DIR, parse_path)?,
     })
 }
 
@@ -915,15 +934,16 @@ fn unknown_env_warnings(names: &[String]) -> Vec<String> {
     let mut unknown: Vec<&String> = names
         .iter()
         .filter(|n| n.starts_with("GPUSHIM_"))
-        .filter(|n| !KNOWN_ENV.contains(&n.as_str()) && !n.starts_with(ENV_MEMORY_LIMIT_PREFIX))
+        .filter(|n| !known_env(n))
         .collect();
     unknown.sort();
     unknown.dedup();
     unknown
         .into_iter()
         .map(|name| {
+            let known: Vec<&str> = SETTING_ENV.iter().chain(TOOL_ENV).copied().collect();
             let hint =
-                suggest(name, KNOWN_ENV).map_or(String::new(), |s| format!(" (did you mean {s}?)"));
+                suggest(name, &known).map_or(String::new(), |s| format!(" (did you mean {s}?)"));
             format!("unknown environment variable {name} is ignored{hint}")
         })
         .collect()
@@ -1099,6 +1119,7 @@ impl FileCtx<'_> {
                 layer.driver_path = Some((self.string(key, value, parse_path)?, src()))
             }
             "nvml_path" => layer.nvml_path = Some((self.string(key, value, parse_path)?, src())),
+            "state_dir" => layer.state_dir = Some((self.string(key, value, parse_path)?, src())),
             _ => return Err(self.unknown_key(key, value)),
         }
         Ok(())
@@ -1733,6 +1754,7 @@ mod tests {
             ("GPUSHIM_DRIVER_PATH", "/opt/nv/libcuda.so.1"),
             ("GPUSHIM_NVML_PATH", "/opt/nv/libnvidia-ml.so.1"),
             ("GPUSHIM_SHARED_QUOTA", "team-a.v2_x"),
+            ("GPUSHIM_STATE_DIR", "/run/gpushim q"),
         ]);
         assert_eq!(s.log_file, Some(PathBuf::from("/tmp/shim log.txt")));
         assert_eq!(s.driver_path, Some(PathBuf::from("/opt/nv/libcuda.so.1")));
@@ -1741,6 +1763,7 @@ mod tests {
             Some(PathBuf::from("/opt/nv/libnvidia-ml.so.1"))
         );
         assert_eq!(s.shared_quota.as_deref(), Some("team-a.v2_x"));
+        assert_eq!(s.state_dir, Some(PathBuf::from("/run/gpushim q")));
         for bad in ["a/b", "..", ".hidden", "x y", &"n".repeat(65), "é"] {
             let e = err(&[("GPUSHIM_SHARED_QUOTA", bad)]);
             assert!(e.starts_with("gpushim: GPUSHIM_SHARED_QUOTA="), "{e}");
@@ -1750,7 +1773,7 @@ mod tests {
     #[test]
     fn empty_values_are_errors_except_disable() {
         // The view marker is the shim's own bookkeeping (empty = the view `none`), not a setting.
-        for var in KNOWN_ENV.iter().filter(|v| **v != ENV_DISABLE && **v != ENV_VIEW_APPLIED) {
+        for var in SETTING_ENV.iter().filter(|v| **v != ENV_DISABLE && **v != ENV_VIEW_APPLIED) {
             for empty in ["", " \t"] {
                 let e = err(&[(var, empty)]);
                 assert!(
@@ -1761,6 +1784,10 @@ mod tests {
         }
         assert!(!ok(&[("GPUSHIM_DISABLE", "")]).disable);
         assert!(ok(&[(ENV_VIEW_APPLIED, "")]).warnings.is_empty());
+        // the tools' own variables are theirs to check, and are no unknown names
+        for var in TOOL_ENV {
+            assert!(ok(&[(var, "")]).warnings.is_empty(), "{var}");
+        }
     }
 
     #[test]
@@ -2081,6 +2108,7 @@ mod tests {
             disable = false
             driver_path = "/d/libcuda.so.1"
             nvml_path = "/d/libnvidia-ml.so.1"
+            state_dir = "/run/q"
             [memory_limits]
             0 = "8GiB"
             1 = 0.5
@@ -2102,6 +2130,7 @@ mod tests {
         assert_eq!(s.log_level, LogLevel::Trace);
         assert_eq!(s.report, Some(ReportTarget::Stderr));
         assert_eq!(s.shared_quota.as_deref(), Some("q1"));
+        assert_eq!(s.state_dir, Some(PathBuf::from("/run/q")));
         assert!(!s.disable);
         let names: Vec<&str> = s.sources.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -2119,7 +2148,8 @@ mod tests {
                 "report",
                 "shared_quota",
                 "driver_path",
-                "nvml_path"
+                "nvml_path",
+                "state_dir"
             ]
         );
         assert!(s
@@ -2143,7 +2173,7 @@ mod tests {
             ("memory_limt = \"4GiB\"", "memory_limt", "4GiB", "unknown setting; did you mean memory_limit?"),
             ("Memory_Limit = \"4GiB\"", "Memory_Limit", "4GiB", "unknown setting; did you mean memory_limit?"),
             ("visible_device = \"0\"", "visible_device", "0", "unknown setting; did you mean visible_devices?"),
-            ("frobnicate = 1", "frobnicate", "1", "unknown setting; the settings are visible_devices, memory_limit, memory_limits, virtual_devices, memory_mode, log, log_file, report, shared_quota, disable, driver_path, nvml_path"),
+            ("frobnicate = 1", "frobnicate", "1", "unknown setting; the settings are visible_devices, memory_limit, memory_limits, virtual_devices, memory_mode, log, log_file, report, shared_quota, disable, driver_path, nvml_path, state_dir"),
             ("[gpushim]\nlog = \"info\"", "gpushim", "{…}", "unknown setting; the settings are"),
             ("memory_limit = \"4 gigs\"", "memory_limit", "4 gigs", SPEC_MSG),
             ("memory_limit = \"\"", "memory_limit", "", "the value is empty; remove the key for the default"),
@@ -2273,7 +2303,7 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let mut vars: Vec<&str> = KNOWN_ENV.to_vec();
+        let mut vars: Vec<&str> = SETTING_ENV.to_vec();
         vars.extend([
             "GPUSHIM_MEMORY_LIMIT_0",
             "CUDA_DEVICE_MEMORY_LIMIT",
