@@ -18,7 +18,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+use crate::quota::Quota;
 
 /// Device ordinals the shim accounts for; a device beyond this is passed through uncounted
 /// (and said so once in the log).
@@ -37,6 +39,9 @@ pub struct DeviceBudget {
     in_use: AtomicU64,
     peak_in_use: AtomicU64,
     refused: AtomicU64,
+    /// The device's entry in a shared quota (`quota`): reservations are then checked against
+    /// what every member holds.
+    shared: OnceLock<(&'static Quota, usize)>,
 }
 
 /// Why a reservation failed: what was reserved against which limit.
@@ -55,6 +60,26 @@ impl DeviceBudget {
             in_use: AtomicU64::new(0),
             peak_in_use: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            shared: OnceLock::new(),
+        }
+    }
+
+    /// Makes reservations on this device count in `quota`'s device `index`.
+    pub fn share(&self, quota: &'static Quota, index: usize) {
+        let _ = self.shared.set((quota, index));
+    }
+
+    /// The shared quota's device this budget draws on, if any.
+    pub fn shared(&self) -> Option<(&'static Quota, usize)> {
+        self.shared.get().copied()
+    }
+
+    /// What counts against the limit: this process' reservations, or with a shared quota what
+    /// all its members hold.
+    pub fn held(&self) -> u64 {
+        match self.shared.get() {
+            Some((q, d)) => q.reserved(*d),
+            None => self.reserved(),
         }
     }
 
@@ -90,6 +115,13 @@ impl DeviceBudget {
     /// Adds `bytes` to what is reserved if that stays within `limit` (not counted as a
     /// refusal: the caller decides whether the program's request is refused).
     pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
+        if let Some((quota, d)) = self.shared.get() {
+            // the quota's total bounds ours (ours is part of it)
+            quota.reserve(*d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
+            let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
+            self.peak_reserved.fetch_max(now, Relaxed);
+            return Ok(());
+        }
         let mut reserved = self.reserved.load(Relaxed);
         loop {
             let next = match reserved.checked_add(bytes) {
@@ -109,6 +141,9 @@ impl DeviceBudget {
     /// Gives back `bytes` of the reservation (never below zero).
     pub fn release(&self, bytes: u64) {
         let _ = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        if let Some((quota, d)) = self.shared.get() {
+            quota.release(*d, bytes);
+        }
     }
 
     /// The program now holds `bytes` more.

@@ -160,7 +160,7 @@ impl State {
     /// block from it. If the driver has less than the chunk, tries the block alone.
     fn grow(&self, dev: CUdevice, ctx: CUcontext, id: u64, size: u64, requested: u64, limit: u64) -> Result<u64, CUresult> {
         let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        let chunk = grow_chunk(size, limit.saturating_sub(budget.reserved())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let chunk = grow_chunk(size, limit.saturating_sub(budget.held())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut last = CUDA_ERROR_OUT_OF_MEMORY;
         for bytes in [chunk, size].into_iter().take(if chunk > size { 2 } else { 1 }) {
             match self.take_chunk(dev, ctx, id, bytes, limit) {
@@ -220,7 +220,7 @@ impl State {
             self.reserves.arena(index).finish_preallocation(id);
             return;
         };
-        let wanted = limit.saturating_sub(budget.reserved()) & !(GRANULE - 1);
+        let wanted = limit.saturating_sub(budget.held()) & !(GRANULE - 1);
         let mut taken = None;
         if wanted > 0 {
             taken = self.take_chunk(dev, ctx, id, wanted, limit).ok().map(|_| wanted);

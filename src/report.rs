@@ -49,6 +49,8 @@ pub struct Row {
     pub peak_reserved: u64,
     pub refused: u64,
     pub limit: u64,
+    /// With a shared quota: its name and the most its members held on the device together.
+    pub quota: Option<(String, u64)>,
 }
 
 fn text(rows: &[Row]) -> String {
@@ -57,9 +59,12 @@ fn text(rows: &[Row]) -> String {
         s.push_str("  no device was used\n");
     }
     for r in rows {
+        let quota = r.quota.as_ref().map_or(String::new(), |(name, peak)| {
+            format!(" (shared quota {name}: peak {peak} bytes held by all its processes)")
+        });
         let _ = writeln!(
             s,
-            "  device {}: peak in use {} bytes, peak reserved {} bytes, {} allocations refused, limit {} bytes",
+            "  device {}: peak in use {} bytes, peak reserved {} bytes, {} allocations refused, limit {} bytes{quota}",
             r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
         );
     }
@@ -70,8 +75,12 @@ fn json(rows: &[Row]) -> String {
     let devices: Vec<String> = rows
         .iter()
         .map(|r| {
+            // quota names are `A-Z a-z 0-9 . _ -` (config): nothing to escape
+            let quota = r.quota.as_ref().map_or(String::new(), |(name, peak)| {
+                format!(",\"shared_quota\":\"{name}\",\"quota_peak_reserved\":{peak}")
+            });
             format!(
-                "{{\"ordinal\":{},\"peak_in_use\":{},\"peak_reserved\":{},\"refused\":{},\"limit\":{}}}",
+                "{{\"ordinal\":{},\"peak_in_use\":{},\"peak_reserved\":{},\"refused\":{},\"limit\":{}{quota}}}",
                 r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
             )
         })
@@ -85,7 +94,7 @@ mod tests {
 
     #[test]
     fn formats() {
-        let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20 }];
+        let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20, quota: None }];
         let j = json(&rows);
         assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
         assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));

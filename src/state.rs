@@ -98,7 +98,7 @@ fn init() -> Option<&'static State> {
 
 fn build() -> Box<State> {
     let mut state = Box::new(State::empty());
-    match config::load().and_then(supported) {
+    match config::load() {
         Ok(s) => {
             state.mode = if s.disable { Mode::Disabled } else { Mode::Active };
             state.settings = s;
@@ -107,7 +107,7 @@ fn build() -> Box<State> {
     }
     log::configure(state.settings.log_level, state.settings.log_file.as_deref());
     if state.mode == Mode::Active {
-        if let Err(e) = state.apply_view() {
+        if let Err(e) = state.apply_view().and_then(|_| crate::sharing::join_quota(&state.settings)) {
             state.fail(e);
         }
     }
@@ -119,20 +119,6 @@ fn build() -> Box<State> {
     }
     log!(Level::Debug, "initialised; mode {:?}", state.mode);
     state
-}
-
-/// Settings this version cannot honour yet are configuration errors: running without them
-/// would silently give the program another view than the one asked for.
-fn supported(s: Settings) -> Result<Settings, config::ConfigError> {
-    if s.disable || s.shared_quota.is_none() {
-        return Ok(s);
-    }
-    let name = match s.source_of("shared_quota") {
-        config::Source::Env(var) => var.clone(),
-        other => format!("shared_quota ({other})"),
-    };
-    let value = s.shared_quota.clone().unwrap_or_default();
-    Err(config::ConfigError::new(name, value, "a shared quota is not available in this version of gpushim; unset it"))
 }
 
 /// Prints a configuration error, once per process (the first one found).
@@ -378,7 +364,8 @@ impl State {
             .enumerate()
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
-                Some(crate::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit })
+                let quota = b.shared().map(|(q, d)| (q.name.clone(), q.peak(d)));
+                Some(crate::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
             })
             .collect()
     }
@@ -417,6 +404,27 @@ impl State {
         };
         let configured = self.settings.limit_for(dev as u32);
         let limit = configured.resolve(physical);
+        let limited = !matches!(configured, crate::units::Limit::Unlimited);
+        if crate::sharing::quota().is_some() || limited {
+            // a quota's device, and the registry's, is keyed by its UUID (the part's, when split)
+            let uuid = self.part_uuid(dev).or_else(|| {
+                let mut id = [0u8; 16];
+                let get = self.api().device_get_uuid?;
+                // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
+                (unsafe { get(&mut id, self.driver_of(dev)?) } == crate::ffi::CUDA_SUCCESS).then_some(id)
+            });
+            let uuid = uuid.map(|u| driver::uuid_string(&u));
+            match crate::sharing::attach_device(&self.settings, dev, uuid.as_deref(), physical, limit, limited) {
+                Ok(Some((q, index))) => budget.share(q, index),
+                Ok(None) => {}
+                Err(e) => {
+                    let name = crate::sharing::quota().map_or("", |q| q.name.as_str());
+                    log!(Level::Error, "device {dev}: cannot take part in shared quota {name}: {e}; its allocations are refused");
+                    budget.set_limit(0);
+                    return Some(0);
+                }
+            }
+        }
         budget.set_limit(limit);
         log!(Level::Debug, "device {dev}: {physical} bytes, limit {limit} bytes");
         Some(limit)
@@ -495,7 +503,10 @@ impl State {
         }
         if let Some(suppressed) = self.refusal_log.admit() {
             let more = if suppressed > 0 { format!(" ({suppressed} similar lines suppressed)") } else { String::new() };
-            let reserved = if self.pooled() { format!(", {} bytes reserved", budget.reserved()) } else { String::new() };
+            let mut reserved = if self.pooled() { format!(", {} bytes reserved", budget.reserved()) } else { String::new() };
+            if let Some((q, _)) = budget.shared() {
+                reserved.push_str(&format!(", {} bytes held by all processes of shared quota {}", budget.held(), q.name));
+            }
             log::emit(
                 Level::Warn,
                 format_args!(
@@ -513,9 +524,12 @@ impl State {
     pub fn clamp_mem_info(&self, dev: CUdevice, driver_free: u64, driver_total: u64) -> (u64, u64) {
         match (self.budget(dev), self.limit(dev)) {
             (Some(b), Some(limit)) => {
-                let (reserved, in_use) = (b.reserved(), b.in_use());
-                let headroom = limit.saturating_sub(reserved).min(driver_free);
-                (headroom.saturating_add(reserved.saturating_sub(in_use)).min(limit.saturating_sub(in_use)), limit)
+                // `held`: what counts against the limit (with a shared quota, every member's)
+                let (reserved, in_use, held) = (b.reserved(), b.in_use(), b.held());
+                let others = held.saturating_sub(reserved);
+                let headroom = limit.saturating_sub(held).min(driver_free);
+                let cap = limit.saturating_sub(others).saturating_sub(in_use);
+                (headroom.saturating_add(reserved.saturating_sub(in_use)).min(cap), limit)
             }
             _ => (driver_free, driver_total),
         }

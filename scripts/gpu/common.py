@@ -34,9 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(GPU_DIR))
 # SKIP "not implemented in this version" while their name is here: delete the entry once the
 # feature lands. Each value is an environment that asks for the feature (used to check that it
 # is refused, fail-closed, as long as it is listed here).
-NOT_IMPLEMENTED = {
-    "shared-quota": {"GPUSHIM_SHARED_QUOTA": "gpu-validate"},
-}
+NOT_IMPLEMENTED = {}
 
 # Inherited variables that would change what a child sees; every child starts without them.
 STRIPPED_PREFIXES = ("GPUSHIM_", "CUDA_DEVICE_MEMORY_LIMIT", "GPUSIM_")

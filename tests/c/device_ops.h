@@ -1,7 +1,7 @@
 /* The operations tests/c/drvapi.c and tests/c/runtime.c both carry (see scenario.h), written
  * once over a few hooks each program defines with its own API:
  *   dev=N  alloc=API:BYTES  free=K  info  ids  bypci=BUSID  attrs  ptrdev=K  peer=A,B
- *   copy=K,L  copyasync=K,L  hammer=SEED:ITERS:D,D..  sim=P
+ *   copy=K,L  copyasync=K,L  hammer=SEED:ITERS:D,D..  sim=P  sleep=MS  touch=PATH
  * Include it after the program's slots, `current_device` and helpers; a program calls
  * device_op(i, arg) for operation i and goes on with its own operations where it returns 0.
  *
@@ -15,12 +15,14 @@
  * spurious = refusals although base + held + size <= total; infobad = steps where
  * total - free != base + held or the total changed; base = in use when the thread started.
  * sim=P -> what the simulated driver knows now about physical device P: opI.{used,peak} and
- * opI.calls.NAME (sim_hooks.h).
+ * opI.calls.NAME (sim_hooks.h). sleep=MS waits (holding everything); touch=PATH creates PATH
+ * (both -> opI.rc), so that tests can act on a process mid-run (kill it, start another).
  */
 #ifndef GPUSHIM_TEST_DEVICE_OPS_H
 #define GPUSHIM_TEST_DEVICE_OPS_H
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "scenario.h"
 #include "sim_hooks.h"
@@ -275,6 +277,17 @@ static int device_op(int i, const char *arg) {
         do_copy(i, arg + 10, 1);
     } else if (starts_with(arg, "hammer=")) {
         do_hammer(arg + 7);
+    } else if (starts_with(arg, "sleep=")) {
+        /* hold what the process has for MS milliseconds (other processes act meanwhile) */
+        fflush(stdout);
+        usleep((useconds_t)atoi(arg + 6) * 1000);
+        kv("op%d.rc=0", i);
+    } else if (starts_with(arg, "touch=")) {
+        /* create the file PATH: tells a test that the operations before it are done */
+        fflush(stdout);
+        FILE *f = fopen(arg + 6, "w");
+        if (f) fclose(f);
+        kv("op%d.rc=%d", i, f ? 0 : 1);
     } else if (starts_with(arg, "sim=")) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "op%d.", i);

@@ -513,6 +513,8 @@ pub struct Run {
     shim: bool,
     with_sim: bool,
     shim_report: bool,
+    /// Run as this user (uid = gid); needs root.
+    user: Option<u32>,
 }
 
 impl Run {
@@ -524,6 +526,7 @@ impl Run {
             shim: false,
             with_sim: true,
             shim_report: false,
+            user: None,
         }
     }
 
@@ -576,6 +579,12 @@ impl Run {
         mode.apply(self)
     }
 
+    /// Run as user `uid` (its group too), for tests of what another user can reach (needs root).
+    pub fn as_user(mut self, uid: u32) -> Run {
+        self.user = Some(uid);
+        self
+    }
+
     /// Leave the simulator off LD_LIBRARY_PATH (and ask no report), for non-CUDA programs.
     pub fn without_sim(mut self) -> Run {
         self.with_sim = false;
@@ -603,12 +612,20 @@ impl Run {
         if self.shim {
             cmd.env("LD_PRELOAD", shim_path());
         }
+        // A state directory of the run's own (shared quotas, the registry of processes with
+        // limits), so that tests running side by side never see each other's processes (no
+        // oversubscription warning from a neighbour); tests that share one set it themselves.
+        cmd.env("GPUSHIM_STATE_DIR", scratch_path("state"));
         let shim_report_path = self.shim_report.then(|| scratch_path("shim-report.json"));
         if let Some(p) = &shim_report_path {
             cmd.env("GPUSHIM_REPORT", p);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if let Some(uid) = self.user {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
         }
         let description = format!(
             "{} {:?} (shim: {}, env: {:?})",
@@ -850,6 +867,11 @@ pub struct SimDevice {
     pub peak: u64,
     pub allocs: u64,
     pub frees: u64,
+    /// The node-wide figures (`GPUSIM_NODE_STATE`): the device's memory in use by all the
+    /// processes sharing the node state when the report was written, and its highest value
+    /// ever; `None` when the node state is off.
+    pub node_used: Option<u64>,
+    pub node_peak: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -877,6 +899,8 @@ impl SimReport {
                     peak: json_num(d, "peak")?,
                     allocs: json_num(d, "allocs")?,
                     frees: json_num(d, "frees")?,
+                    node_used: d.get("node_used").and_then(|x| x.as_u64()),
+                    node_peak: d.get("node_peak").and_then(|x| x.as_u64()),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;

@@ -163,6 +163,9 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let phys = physical();
+        // Attaches to the node-wide state (GPUSIM_NODE_STATE), reclaiming dead processes'
+        // memory, if it is on and not attached yet.
+        let _ = crate::node::active();
         let vis = VISIBLE.get_or_init(|| {
             let spec = std::env::var("CUDA_VISIBLE_DEVICES").ok();
             parse_visible(spec.as_deref(), phys)

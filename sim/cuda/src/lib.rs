@@ -19,6 +19,7 @@ mod kernels;
 #[path = "../../../src/md2.rs"]
 mod md2;
 mod memory;
+mod node;
 mod pools;
 mod procaddr;
 mod registry;

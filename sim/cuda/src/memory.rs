@@ -364,7 +364,7 @@ fn pitch_of(width: usize, height: usize, elem: u32) -> Res<(usize, usize)> {
 fn mem_info() -> Res<(u64, u64)> {
     let c = context::current()?;
     let total = crate::devices::physical()[c.physical].total;
-    Ok((total.saturating_sub(stats::used(c.physical)), total))
+    Ok((total.saturating_sub(stats::occupied(c.physical)), total))
 }
 
 unsafe fn host_alloc(pp: *mut *mut c_void, size: usize) -> Res {

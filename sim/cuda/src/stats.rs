@@ -3,8 +3,11 @@
 //!
 //! `reserve` is the only way memory becomes "used": a compare-and-swap loop that checks and
 //! adds in one atomic step, so no interleaving of threads can push `used` above `total`.
+//! With `GPUSIM_NODE_STATE` set, `reserve`/`release`/`unreserve` also count on the node-wide
+//! shared state (`node`), whose `used` is what every process' allocations are checked against.
 
 use crate::devices::physical;
+use crate::node;
 use crate::registry;
 use crate::types::*;
 use gpusim_common::counters::{self, json_str};
@@ -27,9 +30,19 @@ pub fn all() -> &'static [DevStats] {
 }
 
 /// Counts `size` bytes on physical device `p`, or fails with `CUDA_ERROR_OUT_OF_MEMORY`
-/// (changing nothing) if that would make `used > total`.
+/// (changing nothing) if that would make `used > total`. With the node state on
+/// (`GPUSIM_NODE_STATE`, see `node`) the bytes are also counted on the node's device, and the
+/// node's `used` (all processes together) must stay within `total` as well.
 pub fn reserve(p: usize, size: u64) -> Res {
     let total = physical().get(p).ok_or(CUDA_ERROR_INVALID_DEVICE)?.total;
+    match node::active() {
+        Some(n) => n.reserve(p, size, || reserve_local(p, total, size)),
+        None => reserve_local(p, total, size),
+    }
+}
+
+/// The process' own check and count: one compare-and-swap.
+fn reserve_local(p: usize, total: u64, size: u64) -> Res {
     let s = &all()[p];
     let mut cur = s.used.load(Ordering::Relaxed);
     loop {
@@ -60,6 +73,9 @@ pub fn release(p: usize, size: u64) {
                 Some(u.saturating_sub(size))
             });
         s.frees.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = node::active() {
+            n.release(p, size);
+        }
     }
 }
 
@@ -76,11 +92,24 @@ pub fn unreserve(p: usize, size: u64) {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |a| {
                 Some(a.saturating_sub(1))
             });
+        if let Some(n) = node::active() {
+            n.release(p, size);
+        }
     }
 }
 
+/// Bytes this process has counted on physical device `p`.
 pub fn used(p: usize) -> u64 {
     all().get(p).map_or(0, |s| s.used.load(Ordering::Acquire))
+}
+
+/// What `cuMemGetInfo` subtracts from the total: the node's `used` (after reclaiming dead
+/// processes' memory) when the node state is on, else this process' `used`.
+pub fn occupied(p: usize) -> u64 {
+    match node::active() {
+        Some(n) => n.snapshot().get(p).map_or(0, |s| s.0),
+        None => used(p),
+    }
 }
 
 // ---- the report ------------------------------------------------------------------------------
@@ -88,19 +117,26 @@ pub fn used(p: usize) -> u64 {
 /// The `GPUSIM_REPORT` contents (written at exit by `gpusim_common::config::Settings`, see
 /// `config.rs`).
 pub fn report_json() -> String {
+    // The node's figures (dead processes reclaimed first), when the node state is on.
+    let node = node::active().map(|n| n.snapshot()).unwrap_or_default();
     let devs: Vec<String> = physical()
         .iter()
         .zip(all())
         .map(|(p, s)| {
+            let node = node
+                .get(p.index)
+                .map(|(u, pk, _)| format!(",\"node_used\":{u},\"node_peak\":{pk}"))
+                .unwrap_or_default();
             format!(
-                "{{\"physical\":{},\"name\":{},\"total\":{},\"used\":{},\"peak\":{},\"allocs\":{},\"frees\":{}}}",
+                "{{\"physical\":{},\"name\":{},\"total\":{},\"used\":{},\"peak\":{},\"allocs\":{},\"frees\":{}{}}}",
                 p.index,
                 json_str(&p.name),
                 p.total,
                 s.used.load(Ordering::Acquire),
                 s.peak.load(Ordering::Acquire),
                 s.allocs.load(Ordering::Acquire),
-                s.frees.load(Ordering::Acquire)
+                s.frees.load(Ordering::Acquire),
+                node
             )
         })
         .collect();

@@ -10,7 +10,8 @@ NAME
 SYNOPSIS
     gpushim run [OPTIONS] [--] COMMAND [ARGS...]
     gpushim check [OPTIONS]
-    gpushim help [run|check]
+    gpushim ps [--quota NAME]
+    gpushim help [run|check|ps]
     gpushim --version
 
 DESCRIPTION
@@ -21,6 +22,7 @@ DESCRIPTION
 
     run      start COMMAND under the shim with the options applied
     check    validate the configuration and show the devices a program would see
+    ps       list the shared quotas of this user and the processes in them
 
 EXAMPLES
     gpushim run --visible-devices 1 --memory-limit 40% -- python train.py
@@ -29,6 +31,34 @@ EXAMPLES
 
 SEE ALSO
     gpushim help run, gpushim help check, the README's Configuration section.
+";
+
+pub const PS: &str = "\
+NAME
+    gpushim ps - list shared quotas and the processes in them
+
+SYNOPSIS
+    gpushim ps [--quota NAME]
+
+DESCRIPTION
+    For each shared quota of this user (GPUSHIM_SHARED_QUOTA), or only NAME: every device with
+    the bytes all members hold now and at most, the budget (the largest limit of a live member)
+    and the device's memory; then every member: pid, name, and per device what it holds of its
+    limit. A member that died is shown until another member reclaims its memory, which happens
+    as soon as one needs room or asks for memory figures. Without --quota, the live processes
+    of this user that run with limits of their own (no quota) follow, with their limits.
+    Nothing is changed.
+
+    The files are in the state directory: GPUSHIM_STATE_DIR or the config file's state_dir,
+    else $XDG_RUNTIME_DIR/gpushim, else /tmp/gpushim-UID.
+
+EXIT STATUS
+    0; 1 when a quota file cannot be read or the configuration is invalid; 2 for a bad
+    command line.
+
+EXAMPLES
+    gpushim ps
+    gpushim ps --quota job42
 ";
 
 pub fn run() -> String {
@@ -106,6 +136,7 @@ pub fn topic(topic: &str) -> Option<String> {
     match topic {
         "run" => Some(run()),
         "check" => Some(check()),
+        "ps" => Some(PS.to_string()),
         _ => None,
     }
 }

@@ -13,11 +13,16 @@ mod config;
 #[path = "../../units.rs"]
 mod units;
 
+#[allow(dead_code)]
+#[path = "../../quota.rs"]
+mod quota;
+
 mod check;
 mod help;
 mod library;
 mod options;
 mod probe;
+mod ps;
 mod run;
 
 use std::ffi::OsString;
@@ -97,9 +102,10 @@ fn main() -> ExitCode {
         "-V" | "--version" | "version" => print(&format!("gpushim {}\n", env!("CARGO_PKG_VERSION"))),
         "run" => run::main(rest),
         "check" => check::main(rest),
+        "ps" => ps::main(rest),
         "__probe" => probe::main(rest),
         other => {
-            let hint = config::suggest(other, &["run", "check", "help", "version"])
+            let hint = config::suggest(other, &["run", "check", "ps", "help", "version"])
                 .map_or(String::new(), |s| format!(" (did you mean gpushim {s}?)"));
             Err(Failure::usage("", format!("unknown command {other:?}{hint}; see gpushim --help")))
         }

@@ -1,0 +1,1282 @@
+//! Node-wide shared device state (`GPUSIM_NODE_STATE=/path/file`, opt-in): every simulated
+//! process started with the same path shares, per physical device, the memory in use, as the
+//! processes on one real GPU do.
+//!
+//! The state is a small file of fixed size ([`FILE_SIZE`]) mapped `MAP_SHARED`:
+//!
+//! | offset | what |
+//! |---|---|
+//! | 0 | magic `gpusimND` (u64, little-endian), written last at creation |
+//! | 8 | version (u32) = [`VERSION`] |
+//! | 12 | device count (u32) |
+//! | 16 | slot count (u32) = [`NSLOTS`] |
+//! | 20 | `busy` (u32): 1 while the header lock's holder is updating (see below) |
+//! | 64 + 32·d | device `d` (up to 16): `total`, `used`, `peak` (u64 each), 8 bytes reserved |
+//! | 1024 + 256·i | slot `i` (256 of them): owner pid (u64), then per device the bytes that process has counted (16 × u64), rest reserved |
+//!
+//! Locks are Linux open-file-description locks (`F_OFD_SETLK[W]`, one byte each), so they
+//! belong to one `open()` of the file and the kernel drops them when the process dies, however
+//! it dies:
+//! - the *header lock* (write lock on byte 0) serialises every change of the numbers, between
+//!   processes (and, with a mutex, between the threads of a process, which share the
+//!   descriptor);
+//! - the *slot lock* (write lock on the slot's first byte) is held by the slot's owner for as
+//!   long as it lives. A slot whose lock can be taken has a dead owner: its bytes are subtracted
+//!   from the devices' `used` and the slot is cleared ("reclaimed"). That happens, under the
+//!   header lock, when a process attaches, when an allocation would not fit, at every
+//!   `cuMemGetInfo` and when the report is written.
+//!
+//! Every change of the numbers happens under the header lock, with `busy` set to 1 for the
+//! duration. A process killed inside that window leaves `busy` at 1; the next holder then
+//! recomputes each device's `used` as the sum of the slots (the slots are the authority), so a
+//! kill at any instruction leaves the figures exact.
+//!
+//! Creation is race-free: the first process writes a complete file under a temporary name in
+//! the same directory (`O_CREAT|O_EXCL`, mode 0600) and `link()`s it to the final name; a
+//! process that loses the race (`EEXIST`) removes its temporary file and opens the winner's.
+//! A file whose device count or totals differ from the process' configuration is re-initialised
+//! if no live process uses it, else the node state stays off in that process (with a warning).
+
+use std::ffi::{c_int, CString};
+use std::io;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+
+use crate::types::*;
+
+/// The variable naming the node state file.
+pub const ENV: &str = "GPUSIM_NODE_STATE";
+pub const MAGIC: u64 = u64::from_le_bytes(*b"gpusimND");
+pub const VERSION: u32 = 1;
+pub const MAX_DEVICES: usize = gpusim_common::config::MAX_DEVICES;
+pub const NSLOTS: usize = 256;
+const DEVS_OFF: usize = 64;
+pub const SLOTS_OFF: usize = 1024;
+pub const SLOT_SIZE: usize = 256;
+pub const FILE_SIZE: usize = SLOTS_OFF + NSLOTS * SLOT_SIZE;
+/// Byte locked for the header lock.
+const HEADER_LOCK: u64 = 0;
+const NO_SLOT: usize = usize::MAX;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    ndev: AtomicU32,
+    nslots: AtomicU32,
+    busy: AtomicU32,
+    _reserved: [u64; 5],
+    devs: [DevEntry; MAX_DEVICES],
+}
+
+#[repr(C)]
+struct DevEntry {
+    total: AtomicU64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    _reserved: u64,
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU64,
+    usage: [AtomicU64; MAX_DEVICES],
+    _reserved: [u64; 15],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == DEVS_OFF + 32 * MAX_DEVICES);
+const _: () = assert!(std::mem::size_of::<Header>() <= SLOTS_OFF);
+const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
+
+/// One attachment to a node state file: what a process holds (a test may hold several, each
+/// behaving as a separate process). Dropping it closes the file, which releases its slot lock
+/// exactly as the death of a process does: its counted bytes stay in the file until reclaimed.
+pub struct Node {
+    path: String,
+    /// The open file description carrying the locks (not the one the mapping was made from).
+    fd: c_int,
+    base: *mut u8,
+    /// This attachment's slot (`NO_SLOT` only while attaching).
+    slot: usize,
+    ndev: usize,
+    /// Serialises the threads of this attachment around the header lock (an OFD lock does not
+    /// exclude holders of the same open file description).
+    mutex: Mutex<()>,
+    /// `FORKS` when attached: a forked child re-attaches with its own descriptor and slot.
+    forks: u64,
+    /// Entry of `FDS` holding `fd` (closed in forked children), if there was room.
+    registered: Option<usize>,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics; the descriptor is
+// immutable after attaching.
+unsafe impl Send for Node {}
+unsafe impl Sync for Node {}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // In a forked child a registered lock descriptor was closed at the fork (and its number
+        // may be another file's now): leave it alone.
+        let parent = self.forks == FORKS.load(Ordering::Acquire);
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.base.cast(), FILE_SIZE) };
+        if parent {
+            close_lock_fd(self.fd, self.registered);
+        } else if self.registered.is_none() {
+            // SAFETY: our inherited copy, never closed.
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+/// The lock descriptors of the process' attachments (-1: free). A forked child closes its
+/// copies at once (`forked_child`): an open file description shared with a child would keep the
+/// parent's slot lock, hence its memory, alive after the parent's death for as long as the
+/// child lives.
+const MAX_FDS: usize = 256;
+static FDS: [std::sync::atomic::AtomicI32; MAX_FDS] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; MAX_FDS];
+
+fn register_fd(fd: c_int) -> Option<usize> {
+    FDS.iter().position(|f| {
+        f.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    })
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", io::Error::last_os_error())
+}
+
+/// `fcntl(fd, cmd, {type, SEEK_SET, start, 1})`, retried on `EINTR`.
+fn ofd(fd: c_int, cmd: c_int, typ: c_int, start: u64) -> io::Result<()> {
+    // SAFETY: a zeroed `flock` is valid; OFD commands require l_pid = 0.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: `fl` is a valid flock for the duration of the call.
+        if unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Takes the write lock on byte `start` without waiting: `Ok(false)` if another open file
+/// description holds a conflicting lock.
+fn try_lock(fd: c_int, start: u64) -> io::Result<bool> {
+    match ofd(fd, libc::F_OFD_SETLK, libc::F_WRLCK, start) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn unlock(fd: c_int, start: u64) {
+    let _ = ofd(fd, libc::F_OFD_SETLK, libc::F_UNLCK, start);
+}
+
+fn slot_lock_byte(i: usize) -> u64 {
+    (SLOTS_OFF + i * SLOT_SIZE) as u64
+}
+
+fn open_cloexec(path: &CString, flags: c_int, mode: libc::mode_t) -> c_int {
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) }
+}
+
+/// Writes a complete, fresh state for `totals` into the mapping at `base`.
+///
+/// # Safety
+/// `base` maps `FILE_SIZE` bytes of a file nobody else can see yet.
+unsafe fn initialise(base: *mut u8, totals: &[u64]) {
+    let h = unsafe { &*(base as *const Header) };
+    h.version.store(VERSION, Ordering::Relaxed);
+    h.ndev.store(totals.len() as u32, Ordering::Relaxed);
+    h.nslots.store(NSLOTS as u32, Ordering::Relaxed);
+    h.busy.store(0, Ordering::Relaxed);
+    for (d, e) in h.devs.iter().enumerate() {
+        e.total
+            .store(totals.get(d).copied().unwrap_or(0), Ordering::Relaxed);
+        e.used.store(0, Ordering::Relaxed);
+        e.peak.store(0, Ordering::Relaxed);
+    }
+    h.magic.store(MAGIC, Ordering::Release);
+}
+
+/// Opens `path`, creating and initialising it (temporary file + `link`) if it does not exist.
+fn open_or_create(path: &str, totals: &[u64]) -> Result<c_int, String> {
+    let cpath = CString::new(path).map_err(|_| "the path contains a NUL byte".to_string())?;
+    for _ in 0..100 {
+        let fd = open_cloexec(&cpath, libc::O_RDWR, 0);
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
+            return Err(os_err("open"));
+        }
+        // Create it complete under a temporary name, then publish it with link(2).
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let tmp = format!(
+            "{path}.{}.{}.tmp",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let ctmp = CString::new(tmp).expect("no NUL in the path");
+        let fd = open_cloexec(&ctmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600);
+        if fd < 0 {
+            return Err(os_err("create a temporary file"));
+        }
+        let ready = (|| {
+            // SAFETY: our fresh descriptor; the mapping covers the whole (truncated) file.
+            unsafe {
+                if libc::ftruncate(fd, FILE_SIZE as libc::off_t) != 0 {
+                    return Err(os_err("ftruncate"));
+                }
+                let base = map(fd)?;
+                initialise(base, totals);
+                libc::munmap(base.cast(), FILE_SIZE);
+            }
+            // SAFETY: valid paths.
+            if unsafe { libc::link(ctmp.as_ptr(), cpath.as_ptr()) } == 0 {
+                Ok(true)
+            } else if io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+                Ok(false)
+            } else {
+                Err(os_err("link"))
+            }
+        })();
+        // SAFETY: valid path; our temporary name is never needed after the link.
+        unsafe { libc::unlink(ctmp.as_ptr()) };
+        match ready {
+            Ok(true) => return Ok(fd),
+            // Another process won the race: open its file.
+            Ok(false) => unsafe {
+                libc::close(fd);
+            },
+            Err(e) => {
+                unsafe { libc::close(fd) };
+                return Err(e);
+            }
+        }
+    }
+    Err("the file keeps disappearing".to_string())
+}
+
+/// Maps `FILE_SIZE` bytes of `fd` read-write, shared.
+fn map(fd: c_int) -> Result<*mut u8, String> {
+    // SAFETY: a fresh shared mapping of our descriptor.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            FILE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap"));
+    }
+    Ok(p.cast())
+}
+
+/// Opens (or creates) `path` and maps it; returns the mapping and a *second* open file
+/// description of the same file, never mapped, that carries this attachment's locks. (A mapping
+/// holds a reference to the open file description it was made from, and an OFD lock lives as
+/// long as its open file description: locks on the mapped one would survive in every forked
+/// child that inherited the mapping.)
+fn open_map_and_reopen(
+    path: &str,
+    totals: &[u64],
+) -> Result<(*mut u8, c_int, Option<usize>), String> {
+    let fd = open_or_create(path, totals)?;
+    let close = |fd: c_int| unsafe {
+        libc::close(fd);
+    };
+    // SAFETY: a zeroed stat is valid; fd is ours.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        let e = os_err("fstat");
+        close(fd);
+        return Err(e);
+    }
+    if (st.st_size as u64) < FILE_SIZE as u64 {
+        close(fd);
+        return Err(format!(
+            "not a node state file ({} bytes, {FILE_SIZE} expected)",
+            st.st_size
+        ));
+    }
+    let base = match map(fd) {
+        Ok(b) => b,
+        Err(e) => {
+            close(fd);
+            return Err(e);
+        }
+    };
+    // Between this open and the registration a fork must not happen (the child would keep an
+    // unregistered copy): `no_fork` holds forks back meanwhile.
+    let gate = no_fork();
+    let proc_path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    let mut lock_fd = open_cloexec(&proc_path, libc::O_RDWR, 0);
+    if lock_fd < 0 {
+        lock_fd = open_cloexec(&CString::new(path).expect("checked"), libc::O_RDWR, 0);
+    }
+    let registered = if lock_fd >= 0 {
+        register_fd(lock_fd)
+    } else {
+        None
+    };
+    drop(gate);
+    close(fd);
+    let fail = |e: String| {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(base.cast(), FILE_SIZE) };
+        Err(e)
+    };
+    if lock_fd < 0 {
+        return fail(os_err("open"));
+    }
+    // SAFETY: as above.
+    let mut st2: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(lock_fd, &mut st2) } != 0
+        || (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino)
+    {
+        close_lock_fd(lock_fd, registered);
+        return fail("the file was replaced while opening it".to_string());
+    }
+    Ok((base, lock_fd, registered))
+}
+
+/// Unregisters and closes a lock descriptor (in the process that opened it), with no fork in
+/// between.
+fn close_lock_fd(fd: c_int, registered: Option<usize>) {
+    let _gate = no_fork();
+    if let Some(i) = registered {
+        FDS[i].store(-1, Ordering::Release);
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+}
+
+/// The header lock held: numbers may be changed. Dropping it releases the lock.
+struct Locked<'a> {
+    node: &'a Node,
+    _threads: MutexGuard<'a, ()>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.node.header().busy.store(0, Ordering::Release);
+        unlock(self.node.fd, HEADER_LOCK);
+    }
+}
+
+impl Node {
+    /// Attaches to (creating if needed) the node state at `path` for devices of the given
+    /// totals and claims a slot. Dead processes' slots are reclaimed first.
+    pub fn attach(path: &str, totals: &[u64]) -> Result<Node, String> {
+        if totals.is_empty() || totals.len() > MAX_DEVICES {
+            return Err(format!(
+                "{} devices (1..={MAX_DEVICES} supported)",
+                totals.len()
+            ));
+        }
+        watch_forks();
+        let (base, fd, registered) = open_map_and_reopen(path, totals)?;
+        if registered.is_none() {
+            // (it works, but a forked child keeps this descriptor, hence our slot, alive)
+            crate::ffi::trace_line(&format!(
+                "{}: {ENV}={path}: more than {MAX_FDS} attachments in this process\n",
+                crate::config::PREFIX
+            ));
+        }
+        let mut node = Node {
+            path: path.to_string(),
+            fd,
+            base,
+            slot: NO_SLOT,
+            ndev: totals.len(),
+            mutex: Mutex::new(()),
+            forks: FORKS.load(Ordering::Acquire),
+            registered,
+        };
+        let h = node.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC
+            || h.version.load(Ordering::Relaxed) != VERSION
+            || h.nslots.load(Ordering::Relaxed) as usize != NSLOTS
+        {
+            return Err(format!(
+                "not a node state file of version {VERSION} (bad magic, version or slot count)"
+            ));
+        }
+        let slot = {
+            let g = node.lock();
+            node.reclaim(&g);
+            let matches = h.ndev.load(Ordering::Relaxed) as usize == totals.len()
+                && totals
+                    .iter()
+                    .zip(&h.devs)
+                    .all(|(&t, e)| e.total.load(Ordering::Relaxed) == t);
+            if !matches {
+                if node.live_slots() > 0 {
+                    return Err(format!(
+                        "the file describes other devices ({}) than this process ({}) and is in use",
+                        node.describe(),
+                        totals.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")
+                    ));
+                }
+                // Nobody uses it: start afresh with this configuration.
+                h.ndev.store(totals.len() as u32, Ordering::Relaxed);
+                for (d, e) in h.devs.iter().enumerate() {
+                    e.total
+                        .store(totals.get(d).copied().unwrap_or(0), Ordering::Relaxed);
+                    e.used.store(0, Ordering::Relaxed);
+                    e.peak.store(0, Ordering::Relaxed);
+                }
+            }
+            let mut claimed = NO_SLOT;
+            for i in 0..NSLOTS {
+                let s = node.slot_at(i);
+                if s.pid.load(Ordering::Acquire) != 0 {
+                    continue; // a live owner (the dead ones were just reclaimed)
+                }
+                if try_lock(fd, slot_lock_byte(i)).unwrap_or(false) {
+                    for u in &s.usage {
+                        u.store(0, Ordering::Relaxed);
+                    }
+                    s.pid.store(std::process::id() as u64, Ordering::Release);
+                    claimed = i;
+                    break;
+                }
+            }
+            drop(g);
+            claimed
+        };
+        if slot == NO_SLOT {
+            return Err(format!("all {NSLOTS} slots are held by live processes"));
+        }
+        node.slot = slot;
+        Ok(node)
+    }
+
+    /// The slot this attachment holds.
+    #[cfg(test)]
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: `base` maps FILE_SIZE bytes, the header is at offset 0, page-aligned.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    fn slot_at(&self, i: usize) -> &Slot {
+        debug_assert!(i < NSLOTS);
+        // SAFETY: slot i lies within the mapping, 8-aligned.
+        unsafe { &*(self.base.add(SLOTS_OFF + i * SLOT_SIZE) as *const Slot) }
+    }
+
+    fn dev(&self, d: usize) -> Option<&DevEntry> {
+        (d < self.ndev).then(|| &self.header().devs[d])
+    }
+
+    fn describe(&self) -> String {
+        let h = self.header();
+        let n = (h.ndev.load(Ordering::Relaxed) as usize).min(MAX_DEVICES);
+        h.devs[..n]
+            .iter()
+            .map(|e| e.total.load(Ordering::Relaxed).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn live_slots(&self) -> usize {
+        (0..NSLOTS)
+            .filter(|&i| self.slot_at(i).pid.load(Ordering::Acquire) != 0)
+            .count()
+    }
+
+    /// Takes the header lock (waiting). If the previous holder died while changing numbers,
+    /// each device's `used` is recomputed from the slots.
+    fn lock(&self) -> Locked<'_> {
+        let threads = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = ofd(self.fd, libc::F_OFD_SETLKW, libc::F_WRLCK, HEADER_LOCK) {
+            // Going on unlocked would make the figures wrong: fail the call instead.
+            panic!("gpusim: {ENV}={}: cannot lock: {e}", self.path);
+        }
+        let g = Locked {
+            node: self,
+            _threads: threads,
+        };
+        if self.header().busy.swap(1, Ordering::AcqRel) != 0 {
+            self.repair(&g);
+        }
+        g
+    }
+
+    /// `used` of every device := the sum of the slots (the previous lock holder died midway).
+    fn repair(&self, _g: &Locked) {
+        for (d, e) in self.header().devs.iter().enumerate() {
+            let sum: u64 = (0..NSLOTS)
+                .map(|i| self.slot_at(i).usage[d].load(Ordering::Acquire))
+                .fold(0u64, |a, b| a.saturating_add(b));
+            e.used.store(sum, Ordering::Release);
+            e.peak.fetch_max(sum, Ordering::AcqRel);
+        }
+    }
+
+    /// Subtracts the bytes of every slot whose owner is dead (its slot lock can be taken) and
+    /// clears those slots; returns how many bytes came back.
+    fn reclaim(&self, _g: &Locked) -> u64 {
+        let h = self.header();
+        let mut back = 0u64;
+        for i in 0..NSLOTS {
+            if i == self.slot {
+                continue; // our own lock: always "takeable" by us
+            }
+            let s = self.slot_at(i);
+            if s.pid.load(Ordering::Acquire) == 0
+                && s.usage.iter().all(|u| u.load(Ordering::Relaxed) == 0)
+            {
+                continue;
+            }
+            if !try_lock(self.fd, slot_lock_byte(i)).unwrap_or(false) {
+                continue; // alive
+            }
+            for (d, u) in s.usage.iter().enumerate() {
+                let n = u.load(Ordering::Acquire);
+                if n > 0 {
+                    let e = &h.devs[d];
+                    e.used.store(
+                        e.used.load(Ordering::Acquire).saturating_sub(n),
+                        Ordering::Release,
+                    );
+                    u.store(0, Ordering::Release);
+                    back += n;
+                }
+            }
+            s.pid.store(0, Ordering::Release);
+            unlock(self.fd, slot_lock_byte(i));
+        }
+        back
+    }
+
+    /// Counts `size` bytes on device `d` for this attachment if the node has room (reclaiming
+    /// dead processes' memory first if it has not); `local` is called, still under the lock,
+    /// once the node check passed, and its error cancels the count. The node full is
+    /// `CUDA_ERROR_OUT_OF_MEMORY` and changes nothing.
+    pub fn reserve(&self, d: usize, size: u64, local: impl FnOnce() -> Res) -> Res {
+        let e = self.dev(d).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        let g = self.lock();
+        let total = e.total.load(Ordering::Relaxed);
+        let fits = || {
+            e.used
+                .load(Ordering::Acquire)
+                .checked_add(size)
+                .is_some_and(|n| n <= total)
+        };
+        if !fits() {
+            self.reclaim(&g);
+            if !fits() {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
+        local()?;
+        let mine = &self.slot_at(self.slot).usage[d];
+        mine.store(
+            mine.load(Ordering::Acquire).saturating_add(size),
+            Ordering::Release,
+        );
+        let new = e.used.load(Ordering::Acquire) + size;
+        e.used.store(new, Ordering::Release);
+        e.peak.fetch_max(new, Ordering::AcqRel);
+        drop(g);
+        Ok(())
+    }
+
+    /// Gives back `size` bytes counted by this attachment on device `d` (never more than it
+    /// counted: memory a forked child inherited stays its parent's).
+    pub fn release(&self, d: usize, size: u64) {
+        let Some(e) = self.dev(d) else { return };
+        let g = self.lock();
+        let mine = &self.slot_at(self.slot).usage[d];
+        let n = size.min(mine.load(Ordering::Acquire));
+        mine.store(mine.load(Ordering::Acquire) - n, Ordering::Release);
+        e.used.store(
+            e.used.load(Ordering::Acquire).saturating_sub(n),
+            Ordering::Release,
+        );
+        drop(g);
+    }
+
+    /// Reclaims dead processes' memory, then returns `(used, peak, total)` of every device.
+    pub fn snapshot(&self) -> Vec<(u64, u64, u64)> {
+        let g = self.lock();
+        self.reclaim(&g);
+        let v = self.header().devs[..self.ndev]
+            .iter()
+            .map(|e| {
+                (
+                    e.used.load(Ordering::Acquire),
+                    e.peak.load(Ordering::Acquire),
+                    e.total.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        drop(g);
+        v
+    }
+
+    /// Bytes this attachment has counted on device `d`.
+    #[cfg(test)]
+    pub fn mine(&self, d: usize) -> u64 {
+        if d >= self.ndev {
+            return 0;
+        }
+        self.slot_at(self.slot).usage[d].load(Ordering::Acquire)
+    }
+}
+
+// ---- the process' attachment -------------------------------------------------------------------
+
+/// The process' attachment (null: node state off).
+static ACTIVE: AtomicPtr<Node> = AtomicPtr::new(std::ptr::null_mut());
+static STARTED: Once = Once::new();
+/// Incremented in every forked child (`pthread_atfork`): an attachment made before the fork
+/// belongs to the parent (same open file description, same slot).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+static REATTACH: Mutex<()> = Mutex::new(());
+
+/// `pthread_atfork` child handler (async-signal-safe: atomics and `close`).
+extern "C" fn forked_child() {
+    GATE.store(0, Ordering::Release);
+    FORKS.fetch_add(1, Ordering::AcqRel);
+    for f in &FDS {
+        let fd = f.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            // SAFETY: the child's copy of an attachment's descriptor.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// Forks held back (`FORKING`) / threads between opening and registering (or unregistering
+/// and closing) a lock descriptor (the count below it).
+static GATE: AtomicU64 = AtomicU64::new(0);
+const FORKING: u64 = 1 << 63;
+
+/// Holds forks back while alive (see `GATE`).
+struct NoFork;
+
+fn no_fork() -> NoFork {
+    loop {
+        let g = GATE.load(Ordering::Acquire);
+        if g & FORKING == 0
+            && GATE
+                .compare_exchange_weak(g, g + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return NoFork;
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl Drop for NoFork {
+    fn drop(&mut self) {
+        GATE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `pthread_atfork` prepare handler: waits for the threads between an open and its
+/// registration (a few system calls), holding new ones back.
+extern "C" fn before_fork() {
+    while GATE
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+            (g & FORKING == 0).then_some(g | FORKING)
+        })
+        .is_err()
+    {
+        std::thread::yield_now(); // another thread is forking
+    }
+    while GATE.load(Ordering::Acquire) != FORKING {
+        std::thread::yield_now();
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    GATE.fetch_and(!FORKING, Ordering::AcqRel);
+}
+
+fn watch_forks() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers handlers that only use atomics, `sched_yield` and `close`.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(forked_child),
+            )
+        };
+    });
+}
+
+fn warn(path: &str, msg: &str) {
+    crate::ffi::trace_line(&format!(
+        "{}: {ENV}={path}: {msg}; node-wide accounting is off in this process\n",
+        crate::config::PREFIX
+    ));
+}
+
+fn totals() -> Vec<u64> {
+    crate::devices::physical().iter().map(|p| p.total).collect()
+}
+
+fn start_from_env() {
+    let Some(path) = std::env::var(ENV).ok().filter(|p| !p.is_empty()) else {
+        return;
+    };
+    watch_forks();
+    match Node::attach(&path, &totals()) {
+        Ok(n) => ACTIVE.store(Box::into_raw(Box::new(n)), Ordering::Release),
+        Err(e) => warn(&path, &e),
+    }
+}
+
+/// The process' node state, attached at the first call (`cuInit`, the first counted allocation
+/// or the exit report) if `GPUSIM_NODE_STATE` is set; `None` when off. In a forked child the
+/// first call attaches anew (its own descriptor and slot).
+pub fn active() -> Option<&'static Node> {
+    STARTED.call_once(start_from_env);
+    let p = ACTIVE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: attachments are leaked boxes, never freed while installed.
+    let n = unsafe { &*p };
+    if n.forks == FORKS.load(Ordering::Acquire) {
+        return Some(n);
+    }
+    reattach()
+}
+
+#[cold]
+fn reattach() -> Option<&'static Node> {
+    let _g = REATTACH.lock().unwrap_or_else(|e| e.into_inner());
+    let p = ACTIVE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: as in `active`.
+    let old = unsafe { &*p };
+    if old.forks == FORKS.load(Ordering::Acquire) {
+        return Some(old);
+    }
+    // The parent's descriptor would keep the parent's slot "alive" after its death: our copy
+    // was closed at the fork (`forked_child`) unless it could not be registered. The old
+    // attachment is never used again (leaked).
+    if old.registered.is_none() {
+        // SAFETY: our inherited copy of the descriptor.
+        unsafe { libc::close(old.fd) };
+    }
+    let path = old.path.clone();
+    match Node::attach(&path, &totals()) {
+        Ok(n) => {
+            let n: &'static Node = Box::leak(Box::new(n));
+            ACTIVE.store(n as *const Node as *mut Node, Ordering::Release);
+            Some(n)
+        }
+        Err(e) => {
+            ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
+            warn(&path, &e);
+            None
+        }
+    }
+}
+
+/// Installs `n` as the process' attachment (tests only; under `DRIVER_TESTS`) and drops the
+/// previous one.
+#[cfg(test)]
+pub fn install_for_test(n: Option<Node>) {
+    STARTED.call_once(start_from_env);
+    watch_forks();
+    let p = n.map_or(std::ptr::null_mut(), |n| Box::into_raw(Box::new(n)));
+    let old = ACTIVE.swap(p, Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: installed by us; no driver call is running (DRIVER_TESTS is held).
+        drop(unsafe { Box::from_raw(old) });
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh path in a fresh private directory.
+    pub(crate) fn temp_path(name: &str) -> String {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gpusim-node-{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("node").to_str().unwrap().to_string()
+    }
+
+    /// Removes the directory of a `temp_path` at the end of a test.
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(dir) = std::path::Path::new(&self.0).parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    /// Every test here holds `DRIVER_TESTS`: a fork (in another test) copies every descriptor
+    /// of the process, and until the child has closed its copies (at once, in `forked_child`)
+    /// an attachment dropped meanwhile still looks alive.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        crate::DRIVER_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn used_peak(n: &Node, d: usize) -> (u64, u64) {
+        let s = n.snapshot()[d];
+        (s.0, s.1)
+    }
+
+    const OK: fn() -> Res = || Ok(());
+
+    #[test]
+    fn file_layout() {
+        let _s = serial();
+        let path = temp_path("layout");
+        let _c_path = Cleanup(path.clone());
+        let a = Node::attach(&path, &[1000, 2000]).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), FILE_SIZE as u64);
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[0..8], b"gpusimND");
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            VERSION
+        );
+        assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 2);
+        assert_eq!(u32::from_le_bytes(bytes[16..20].try_into().unwrap()), 256);
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        assert_eq!(u64_at(64), 1000);
+        assert_eq!(u64_at(96), 2000);
+        let s = SLOTS_OFF + a.slot() * SLOT_SIZE;
+        assert_eq!(u64_at(s), std::process::id() as u64);
+        // Only the final file is left: the temporary one was linked and removed.
+        let dir = std::path::Path::new(&path).parent().unwrap();
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 1);
+        // Not a node file: refused.
+        let bad = temp_path("bad");
+        let _c_bad = Cleanup(bad.clone());
+        std::fs::write(&bad, vec![0u8; FILE_SIZE]).unwrap();
+        assert!(Node::attach(&bad, &[1000]).is_err());
+        std::fs::write(&bad, b"short").unwrap();
+        assert!(Node::attach(&bad, &[1000]).is_err());
+    }
+
+    #[test]
+    fn two_attachments_share_usage_and_capacity() {
+        let _s = serial();
+        let path = temp_path("share");
+        let _c_path = Cleanup(path.clone());
+        let a = Node::attach(&path, &[1000, 2000]).unwrap();
+        let b = Node::attach(&path, &[1000, 2000]).unwrap();
+        assert_ne!(a.slot(), b.slot());
+        a.reserve(0, 300, OK).unwrap();
+        b.reserve(0, 500, OK).unwrap();
+        assert_eq!(used_peak(&a, 0), (800, 800));
+        assert_eq!(used_peak(&b, 0), (800, 800));
+        assert_eq!(b.reserve(0, 201, OK), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        // A failing local check cancels the count.
+        assert_eq!(
+            b.reserve(0, 1, || Err(CUDA_ERROR_OUT_OF_MEMORY)),
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(used_peak(&a, 0), (800, 800));
+        b.reserve(0, 200, OK).unwrap();
+        assert_eq!(used_peak(&a, 0), (1000, 1000));
+        assert_eq!(a.reserve(1, 2000, OK), Ok(()));
+        assert_eq!(b.reserve(1, 1, OK), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        a.release(1, 2000);
+        a.release(0, 300);
+        assert_eq!(used_peak(&b, 0), (700, 1000));
+        assert_eq!(used_peak(&b, 1), (0, 2000));
+        assert_eq!((a.mine(0), b.mine(0)), (0, 700));
+        // Releasing more than counted gives back only what this attachment counted.
+        a.release(0, 500);
+        assert_eq!(used_peak(&b, 0), (700, 1000));
+        // A device the node does not have.
+        assert_eq!(a.reserve(2, 1, OK), Err(CUDA_ERROR_INVALID_DEVICE));
+        // Other devices' totals while in use: refused.
+        assert!(Node::attach(&path, &[1000]).is_err());
+        assert!(Node::attach(&path, &[1000, 2001]).is_err());
+        // b "dies" holding 700: a gets them back at its next look.
+        drop(b);
+        assert_eq!(used_peak(&a, 0), (0, 1000));
+        // A died allocation-free slot is reused; the peak stays.
+        let c = Node::attach(&path, &[1000, 2000]).unwrap();
+        c.reserve(0, 1000, OK).unwrap();
+        assert_eq!(a.reserve(0, 1, OK), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        drop(c);
+        // The allocation that would not fit reclaims the dead one's memory.
+        assert_eq!(a.reserve(0, 1000, OK), Ok(()));
+        drop(a);
+        // Nobody alive: another configuration re-initialises the file.
+        let d = Node::attach(&path, &[5000]).unwrap();
+        assert_eq!(d.snapshot(), vec![(0, 0, 5000)]);
+    }
+
+    #[test]
+    fn a_holder_killed_midway_is_repaired() {
+        let _s = serial();
+        let path = temp_path("repair");
+        let _c_path = Cleanup(path.clone());
+        let a = Node::attach(&path, &[1000]).unwrap();
+        let b = Node::attach(&path, &[1000]).unwrap();
+        b.reserve(0, 10, OK).unwrap();
+        a.reserve(0, 100, OK).unwrap();
+        // a dies inside the critical section: its slot says 150, `used` was not updated yet.
+        let g = a.lock();
+        a.slot_at(a.slot()).usage[0].fetch_add(50, Ordering::AcqRel);
+        std::mem::forget(g);
+        drop(a);
+        // b's next look recomputes `used` (160) and reclaims a's 150.
+        assert_eq!(used_peak(&b, 0), (10, 160));
+    }
+
+    #[test]
+    fn many_attach_at_once() {
+        let _s = serial();
+        let path = temp_path("race");
+        let _c_path = Cleanup(path.clone());
+        let n = 32;
+        let barrier = std::sync::Barrier::new(n);
+        let nodes: Vec<Node> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        let node = Node::attach(&path, &[1 << 20, 1 << 20]).unwrap();
+                        for _ in 0..100 {
+                            node.reserve(1, 3, OK).unwrap();
+                        }
+                        node.release(1, 10);
+                        node
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut slots: Vec<usize> = nodes.iter().map(|x| x.slot()).collect();
+        slots.sort();
+        slots.dedup();
+        assert_eq!(slots.len(), n);
+        assert_eq!(nodes[0].snapshot()[1].0, n as u64 * 290);
+        let dir = std::path::Path::new(&path).parent().unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        let last = nodes.into_iter().take(1).next().unwrap();
+        // All the others were dropped ("died") by `into_iter`: only last's bytes remain.
+        assert_eq!(last.snapshot()[1].0, 290);
+    }
+
+    /// A forked child running `f` (its result goes back through a pipe); with `hold` it then
+    /// waits to be killed, else it `_exit`s at once (no atexit handlers: its memory is "freed by
+    /// the driver", i.e. left to be reclaimed). Killed on drop if still there.
+    struct Child {
+        pid: libc::pid_t,
+        ok: bool,
+    }
+
+    impl Child {
+        fn spawn(hold: bool, f: impl FnOnce() -> bool) -> Child {
+            let mut fds = [0 as c_int; 2];
+            unsafe {
+                assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                let pid = libc::fork();
+                assert!(pid >= 0, "fork");
+                if pid == 0 {
+                    libc::close(fds[0]);
+                    let ok =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(false);
+                    let b = if ok { b'y' } else { b'n' };
+                    libc::write(fds[1], (&b as *const u8).cast(), 1);
+                    if hold {
+                        loop {
+                            libc::pause();
+                        }
+                    }
+                    libc::_exit(0);
+                }
+                libc::close(fds[1]);
+                let mut b = 0u8;
+                let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                libc::close(fds[0]);
+                Child {
+                    pid,
+                    ok: n == 1 && b == b'y',
+                }
+            }
+        }
+
+        /// Waits for it to end (after `SIGKILL` with `kill`); true if it was killed by it.
+        fn end(mut self, kill: bool) -> bool {
+            let pid = std::mem::replace(&mut self.pid, 0);
+            let mut status = 0;
+            unsafe {
+                if kill {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            }
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            if self.pid > 0 {
+                unsafe {
+                    libc::kill(self.pid, libc::SIGKILL);
+                    libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+                }
+            }
+        }
+    }
+
+    /// The report's object of physical device `p`.
+    fn report_device(p: usize) -> String {
+        let json = crate::stats::report_json();
+        let start = json
+            .find(&format!("{{\"physical\":{p},"))
+            .expect("device in the report");
+        let end = start + json[start..].find('}').unwrap();
+        json[start..=end].to_string()
+    }
+
+    /// Uninstalls the test's attachment, even when the test fails.
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            install_for_test(None);
+        }
+    }
+
+    #[test]
+    fn processes_share_the_node_and_dead_ones_are_reclaimed() {
+        use crate::context::*;
+        use crate::memory::*;
+        let _s = serial();
+        let path = temp_path("procs");
+        let _c_path = Cleanup(path.clone());
+        install_for_test(Some(Node::attach(&path, &totals()).unwrap()));
+        let _u = Uninstall;
+        const MIB: usize = 1 << 20;
+        unsafe {
+            assert_eq!(crate::devices::cuInit(0), CUDA_SUCCESS);
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), CUDA_SUCCESS);
+            let phys = current().unwrap().physical;
+            let total = crate::devices::physical()[phys].total as usize;
+            let local_before = crate::stats::used(phys);
+            let info = || {
+                let (mut f, mut t) = (0usize, 0usize);
+                assert_eq!(cuMemGetInfo_v2(&mut f, &mut t), CUDA_SUCCESS);
+                assert_eq!(t, total);
+                f
+            };
+            let node = || {
+                let s = active().unwrap().snapshot()[phys];
+                (s.0 as usize, s.1 as usize)
+            };
+            assert_eq!(info(), total);
+
+            let mut mine: CUdeviceptr = 0;
+            assert_eq!(cuMemAlloc_v2(&mut mine, MIB), CUDA_SUCCESS);
+            assert_eq!(info(), total - MIB);
+
+            // A child takes half the device and stays alive.
+            let x = total / 2;
+            let parent_slot = active().unwrap().slot();
+            let c1 = Child::spawn(true, || {
+                let mut p: CUdeviceptr = 0;
+                cuMemAlloc_v2(&mut p, x) == CUDA_SUCCESS
+                    // the child attached anew: its own slot, only its own bytes
+                    && active().unwrap().slot() != parent_slot
+                    && active().unwrap().mine(crate::context::current().unwrap().physical)
+                        == x as u64
+            });
+            assert!(c1.ok, "child's cuMemAlloc");
+            assert_eq!(info(), total - MIB - x, "the child's memory is the node's");
+            assert_eq!(
+                crate::stats::used(phys),
+                local_before + MIB as u64,
+                "not ours"
+            );
+            assert_eq!(
+                report_device(phys),
+                format!(
+                    "{{\"physical\":{phys},\"name\":\"gpusim device {phys}\",\"total\":{total},\"used\":{},\"peak\":{},\"allocs\":{},\"frees\":{},\"node_used\":{},\"node_peak\":{}}}",
+                    crate::stats::all()[phys].used.load(Ordering::Acquire),
+                    crate::stats::all()[phys].peak.load(Ordering::Acquire),
+                    crate::stats::all()[phys].allocs.load(Ordering::Acquire),
+                    crate::stats::all()[phys].frees.load(Ordering::Acquire),
+                    MIB + x,
+                    MIB + x
+                )
+            );
+
+            // Capacity is the node's: one byte too many fails, exactly as a full device.
+            let room = total - MIB - x;
+            let allocs = crate::stats::all()[phys].allocs.load(Ordering::Acquire);
+            let mut p: CUdeviceptr = 0;
+            assert_eq!(cuMemAlloc_v2(&mut p, room + 1), CUDA_ERROR_OUT_OF_MEMORY);
+            assert_eq!(crate::stats::used(phys), local_before + MIB as u64);
+            assert_eq!(
+                crate::stats::all()[phys].allocs.load(Ordering::Acquire),
+                allocs
+            );
+            assert_eq!(node(), (MIB + x, MIB + x));
+            assert_eq!(cuMemAlloc_v2(&mut p, room), CUDA_SUCCESS);
+            assert_eq!(node(), (total, total));
+            assert_eq!(info(), 0);
+            // ... and a child sees it full too.
+            let c = Child::spawn(false, || {
+                let mut q: CUdeviceptr = 0;
+                cuMemAlloc_v2(&mut q, 1) == CUDA_ERROR_OUT_OF_MEMORY
+            });
+            assert!(c.ok, "the child's allocation must fail: the node is full");
+            assert!(!c.end(false));
+            assert_eq!(cuMemFree_v2(p), CUDA_SUCCESS);
+            assert_eq!(node(), (MIB + x, total));
+
+            // A child that frees, then exits without freeing the rest: the rest is reclaimed.
+            let c = Child::spawn(false, || {
+                let (mut a, mut b): (CUdeviceptr, CUdeviceptr) = (0, 0);
+                cuMemAlloc_v2(&mut a, 4096) == CUDA_SUCCESS
+                    && cuMemFree_v2(a) == CUDA_SUCCESS
+                    && cuMemAlloc_v2(&mut b, 8192) == CUDA_SUCCESS
+                    && active().unwrap().snapshot()[crate::context::current().unwrap().physical].0
+                        == (MIB + x + 8192) as u64
+            });
+            assert!(c.ok);
+            assert!(!c.end(false));
+            assert_eq!(info(), total - MIB - x);
+
+            // SIGKILL the first child: the allocation that would not fit reclaims its memory.
+            assert!(c1.end(true));
+            assert_eq!(cuMemAlloc_v2(&mut p, total - MIB), CUDA_SUCCESS);
+            assert_eq!(node(), (total, total));
+            assert_eq!(cuMemFree_v2(p), CUDA_SUCCESS);
+
+            // SIGKILL another: cuMemGetInfo reclaims its memory.
+            let c = Child::spawn(true, || {
+                let mut q: CUdeviceptr = 0;
+                cuMemAllocManaged(&mut q, 3 * MIB, 1) == CUDA_SUCCESS
+            });
+            assert!(c.ok);
+            assert_eq!(node(), (4 * MIB, total));
+            assert!(c.end(true));
+            assert_eq!(info(), total - MIB);
+            assert!(report_device(phys)
+                .ends_with(&format!(",\"node_used\":{MIB},\"node_peak\":{total}}}")));
+
+            assert_eq!(cuMemFree_v2(mine), CUDA_SUCCESS);
+            assert_eq!(info(), total);
+            assert_eq!(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+        }
+        drop(_u);
+        // Off: no node figures, cuMemGetInfo is the process' own.
+        assert!(!crate::stats::report_json().contains("node_"));
+    }
+
+    #[test]
+    fn processes_create_and_attach_at_once() {
+        let _s = serial();
+        let path = temp_path("forkrace");
+        let _c = Cleanup(path.clone());
+        let n = 24;
+        let (mut go, mut res) = ([0 as c_int; 2], [0 as c_int; 2]);
+        let mut pids = Vec::new();
+        unsafe {
+            assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
+            assert_eq!(libc::pipe(res.as_mut_ptr()), 0);
+            for _ in 0..n {
+                let pid = libc::fork();
+                assert!(pid >= 0);
+                if pid == 0 {
+                    let mut b = 0u8;
+                    libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                    let ok = std::panic::catch_unwind(|| {
+                        let node = Node::attach(&path, &[1 << 30, 1 << 30]).unwrap();
+                        node.reserve(1, 1000, OK).unwrap();
+                        std::mem::forget(node); // held until the process dies
+                    })
+                    .is_ok();
+                    let b = if ok { b'y' } else { b'n' };
+                    libc::write(res[1], (&b as *const u8).cast(), 1);
+                    loop {
+                        libc::pause();
+                    }
+                }
+                pids.push(Child { pid, ok: true });
+            }
+            libc::close(res[1]);
+            let start = vec![b'g'; n];
+            assert_eq!(libc::write(go[1], start.as_ptr().cast(), n), n as isize);
+            let mut got = vec![0u8; n];
+            let mut have = 0;
+            while have < n {
+                let r = libc::read(res[0], got[have..].as_mut_ptr().cast(), n - have);
+                assert!(r > 0, "a child died");
+                have += r as usize;
+            }
+            assert!(got.iter().all(|&b| b == b'y'), "{got:?}");
+            libc::close(res[0]);
+            libc::close(go[0]);
+            libc::close(go[1]);
+        }
+        let me = Node::attach(&path, &[1 << 30, 1 << 30]).unwrap();
+        assert_eq!(
+            me.snapshot()[1],
+            (n as u64 * 1000, n as u64 * 1000, 1 << 30)
+        );
+        let dir = std::path::Path::new(&path).parent().unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        for c in pids.drain(..n / 2) {
+            assert!(c.end(true));
+        }
+        assert_eq!(me.snapshot()[1].0, (n - n / 2) as u64 * 1000);
+        drop(pids);
+        assert_eq!(me.snapshot()[1], (0, n as u64 * 1000, 1 << 30));
+    }
+}

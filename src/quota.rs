@@ -1,0 +1,708 @@
+//! Shared quotas (`GPUSHIM_SHARED_QUOTA=NAME`): one budget per device for every process of the
+//! same user started with the same name.
+//!
+//! # The quota file
+//!
+//! `STATE_DIR/quota-NAME`, mapped shared by every member: a header (magic, version, a robust
+//! process-shared mutex, a table of devices by UUID with the bytes reserved by all members and
+//! the peak) and [`SLOTS`] slots, one per live member (pid, name, per-device limit and usage).
+//! The file appears fully initialised or not at all: it is built under a temporary name and
+//! `link`ed into place; a process that loses that race opens the winner's file.
+//!
+//! # Race-free
+//!
+//! A reservation takes the mutex, checks the device's total against the process' limit, adds
+//! to the total and to the process' own slot, and lets go. No interleaving of processes can
+//! pass the limit; the mutex is held for a few loads and stores and never across a call into
+//! the driver.
+//!
+//! # Crash-safe
+//!
+//! Each member holds an open-file-description lock (`F_OFD_SETLK`) on its slot's byte; the
+//! kernel drops it when the process dies, however it dies. A slot whose lock can be taken while
+//! it still records usage belongs to a dead process: the next member that needs room (a
+//! reservation that would fail), asks for numbers (`cuMemGetInfo`, NVML) or joins subtracts
+//! that usage from the totals and clears the slot. A member killed while holding the mutex
+//! leaves it to the robust-mutex protocol: the next locker gets `EOWNERDEAD`, rebuilds every
+//! total from the slots of live members (the only state a dead member could have left half
+//! written is its own slot and the totals) and marks the mutex consistent. Nobody waits for a
+//! dead process; joining takes no node-wide lock beyond one short critical section.
+//!
+//! # Oversubscription
+//!
+//! A process with a limit but no quota takes a slot in the user's registry ([`REGISTRY_FILE`],
+//! same format) and records its limits there; nothing is reserved in it. When a process first
+//! uses a device, [`commitments_on`] adds up what the live quotas (their budgets) and the live
+//! registered processes (their limits) promise on that device: more than the device has is
+//! worth a warning (three processes at 40% of one GPU).
+//!
+//! # Who may use it
+//!
+//! [`state_dir`] is the `state_dir` setting (`GPUSHIM_STATE_DIR`), else `$XDG_RUNTIME_DIR/gpushim`, else
+//! `/tmp/gpushim-UID`; created with mode 0700 and refused unless it is a directory (not a
+//! link) owned by the user with no permission for anyone else. Files are 0600 and checked the
+//! same way, so another user can neither read nor change a quota.
+//!
+//! This module uses only `libc`: the `gpushim` command compiles it too (`gpushim ps`).
+
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::Release, Ordering::Acquire};
+
+/// Members of one quota at a time.
+pub const SLOTS: usize = 256;
+/// Devices one quota keeps budgets for.
+pub const DEVICES: usize = 64;
+const UUID_BYTES: usize = 48;
+const MAGIC: u64 = u64::from_le_bytes(*b"gpushimQ");
+const VERSION: u32 = 1;
+/// Slot `i`'s liveness lock is on byte `LOCK_BASE + i` (beyond the data, which locks ignore).
+const LOCK_BASE: i64 = 1 << 40;
+/// The user's registry of processes with a limit and no shared quota, in the state directory:
+/// a file of the quota format in which each member records its limits (nobody reserves in
+/// it). Quotas and the registry together are what the oversubscription warning adds up.
+pub const REGISTRY_FILE: &str = "limits";
+
+#[repr(C)]
+struct Device {
+    /// `GPU-…`, NUL-padded; all zero for an unused entry.
+    uuid: [AtomicU64; UUID_BYTES / 8],
+    /// Bytes reserved on the device by all members.
+    reserved: AtomicU64,
+    peak: AtomicU64,
+    /// The physical size of the device (or part), as the first member saw it.
+    size: AtomicU64,
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU32,
+    /// 1 while a member is registered in it.
+    used: AtomicU32,
+    /// The process' name (`comm`), NUL-padded.
+    comm: [AtomicU64; 2],
+    limit: [AtomicU64; DEVICES],
+    usage: [AtomicU64; DEVICES],
+}
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    slots: AtomicU32,
+    mutex: libc::pthread_mutex_t,
+    devices: [Device; DEVICES],
+    slot: [Slot; SLOTS],
+}
+
+const FILE_BYTES: usize = std::mem::size_of::<Header>();
+
+/// One process' membership of a quota.
+pub struct Quota {
+    pub name: String,
+    pub path: PathBuf,
+    fd: libc::c_int,
+    header: *mut Header,
+    /// This process' slot; `None` when the file is only being read (`gpushim ps`).
+    slot: Option<usize>,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics and the process-shared mutex;
+// the pointer stays valid for the life of the `Quota` (never unmapped while one exists).
+unsafe impl Send for Quota {}
+unsafe impl Sync for Quota {}
+
+/// A member as `gpushim ps` shows it.
+#[allow(dead_code)] // (the library itself does not list members)
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub pid: u32,
+    pub comm: String,
+    pub alive: bool,
+    /// (device index, limit, usage) for each device the member has a limit or usage on.
+    pub devices: Vec<(usize, u64, u64)>,
+}
+
+/// A device entry as `gpushim ps` shows it.
+#[allow(dead_code)]
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub uuid: String,
+    pub reserved: u64,
+    pub peak: u64,
+    pub size: u64,
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Where quota files live: the configured `state_dir` (`GPUSHIM_STATE_DIR` or the file's key),
+/// else the default (see the module docs).
+pub fn state_dir(configured: Option<&Path>) -> PathBuf {
+    if let Some(d) = configured {
+        return d.to_path_buf();
+    }
+    if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
+        return Path::new(&d).join("gpushim");
+    }
+    // SAFETY: getuid cannot fail.
+    PathBuf::from(format!("/tmp/gpushim-{}", unsafe { libc::getuid() }))
+}
+
+fn cpath(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{}: NUL in the path", p.display()))
+}
+
+/// `stat` of `fd` or `path` (not following a final link) must show the user's own object of
+/// the given type with no permission for group or others.
+fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let kind = st.st_mode & libc::S_IFMT;
+    let want = if dir { libc::S_IFDIR } else { libc::S_IFREG };
+    if kind != want {
+        return Err(format!("{} is not a {}", what.display(), if dir { "directory" } else { "regular file" }));
+    }
+    if st.st_uid != uid {
+        return Err(format!("{} belongs to uid {}, not to this user (uid {uid})", what.display(), st.st_uid));
+    }
+    if st.st_mode & 0o077 != 0 {
+        return Err(format!("{} is open to other users (mode {:o}); it must be 0700/0600", what.display(), st.st_mode & 0o777));
+    }
+    Ok(())
+}
+
+/// Creates `dir` (mode 0700) if needed and checks it is private.
+pub fn private_dir(dir: &Path) -> Result<(), String> {
+    let c = cpath(dir)?;
+    // SAFETY: `c` is NUL-terminated; `st` is written by lstat.
+    unsafe {
+        if libc::mkdir(c.as_ptr(), 0o700) != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot create {}: {}", dir.display(), errno()));
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::lstat(c.as_ptr(), &mut st) != 0 {
+            return Err(format!("{}: {}", dir.display(), errno()));
+        }
+        check_private(&st, dir, true)
+    }
+}
+
+/// The quota file of `name` in `dir`.
+pub fn file_of(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("quota-{name}"))
+}
+
+/// The quota names that have a file in `dir`.
+#[allow(dead_code)]
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("quota-").map(str::to_string)).collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// An OFD lock operation on slot `i`'s byte: `F_OFD_SETLK` (take, non-blocking), or
+/// `F_OFD_GETLK` (would it be free?).
+fn slot_lock(fd: libc::c_int, i: usize, cmd: libc::c_int) -> Result<bool, std::io::Error> {
+    // SAFETY: a zeroed flock is valid; fcntl reads and (GETLK) writes it.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = LOCK_BASE + i as i64;
+    fl.l_len = 1;
+    // SAFETY: `fd` is open; `fl` is a valid flock.
+    let rc = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+    if rc != 0 {
+        let e = errno();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(cmd == libc::F_OFD_SETLK || fl.l_type == libc::F_UNLCK as _)
+}
+
+impl Quota {
+    /// Opens (creating it if needed) the quota `name` in `dir` and, when `join`, takes a slot.
+    pub fn open(dir: &Path, name: &str, join: bool) -> Result<Quota, String> {
+        Quota::open_file(dir, name, file_of(dir, name), join)
+    }
+
+    /// Opens (creating it if needed) the user's registry of limited processes in `dir` (see
+    /// [`REGISTRY_FILE`]) and, when `join`, takes a slot in it.
+    pub fn open_registry(dir: &Path, join: bool) -> Result<Quota, String> {
+        Quota::open_file(dir, "", dir.join(REGISTRY_FILE), join)
+    }
+
+    fn open_file(dir: &Path, name: &str, path: PathBuf, join: bool) -> Result<Quota, String> {
+        if join {
+            private_dir(dir)?;
+        }
+        let fd = match open_existing(&path) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && join => create(dir, &path)?,
+            Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+        };
+        // From here on `q` owns `fd` (closed by Drop).
+        let mut q = Quota { name: name.to_string(), path, fd, header: std::ptr::null_mut(), slot: None };
+        q.map()?;
+        if join {
+            q.slot = Some(q.claim_slot()?);
+        }
+        Ok(q)
+    }
+
+    fn map(&mut self) -> Result<(), String> {
+        // SAFETY: `st` is written by fstat; the mapping covers FILE_BYTES of a file at least
+        // that long (checked), shared, and outlives every reference made from it.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(self.fd, &mut st) != 0 {
+                return Err(format!("{}: {}", self.path.display(), errno()));
+            }
+            check_private(&st, &self.path, false)?;
+            if (st.st_size as usize) < FILE_BYTES {
+                return Err(format!("{} is not a gpushim quota file of this version (size {})", self.path.display(), st.st_size));
+            }
+            let p = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
+            if p == libc::MAP_FAILED {
+                return Err(format!("cannot map {}: {}", self.path.display(), errno()));
+            }
+            self.header = p.cast();
+        }
+        let h = self.h();
+        if h.magic.load(Acquire) != MAGIC || h.version.load(Relaxed) != VERSION || h.slots.load(Relaxed) as usize != SLOTS {
+            return Err(format!("{} is not a gpushim quota file of this version", self.path.display()));
+        }
+        Ok(())
+    }
+
+    fn h(&self) -> &Header {
+        // SAFETY: `header` points at the live mapping (see `map`).
+        unsafe { &*self.header }
+    }
+
+    /// Takes the first slot whose lock is free, starting at a place that depends on the pid so
+    /// that processes starting together rarely try the same slots.
+    fn claim_slot(&self) -> Result<usize, String> {
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        for j in 0..SLOTS {
+            let i = (pid as usize + j) % SLOTS;
+            if !slot_lock(self.fd, i, libc::F_OFD_SETLK).map_err(|e| format!("{}: cannot lock: {e}", self.path.display()))? {
+                continue;
+            }
+            let _g = self.lock()?;
+            self.clear_slot(i);
+            let s = &self.h().slot[i];
+            s.pid.store(pid, Relaxed);
+            let comm = comm();
+            s.comm[0].store(u64::from_le_bytes(comm[..8].try_into().expect("8 bytes")), Relaxed);
+            s.comm[1].store(u64::from_le_bytes(comm[8..].try_into().expect("8 bytes")), Relaxed);
+            s.used.store(1, Relaxed);
+            return Ok(i);
+        }
+        Err(format!("{}: all {SLOTS} places of the quota are taken by live processes", self.path.display()))
+    }
+
+    /// Subtracts slot `i`'s usage from the totals and empties it (the mutex is held).
+    fn clear_slot(&self, i: usize) {
+        let h = self.h();
+        let s = &h.slot[i];
+        for d in 0..DEVICES {
+            let u = s.usage[d].swap(0, Relaxed);
+            if u != 0 {
+                let _ = h.devices[d].reserved.fetch_update(Relaxed, Relaxed, |r| Some(r.saturating_sub(u)));
+            }
+            s.limit[d].store(0, Relaxed);
+        }
+        s.used.store(0, Relaxed);
+        s.pid.store(0, Relaxed);
+    }
+
+    /// Clears the slots of members that died (the mutex is held). Returns how many.
+    fn reap(&self) -> usize {
+        let h = self.h();
+        let mut reaped = 0;
+        for i in 0..SLOTS {
+            if Some(i) == self.slot {
+                continue;
+            }
+            let s = &h.slot[i];
+            let busy = s.used.load(Relaxed) != 0 || s.usage.iter().any(|u| u.load(Relaxed) != 0);
+            if busy && matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true)) {
+                self.clear_slot(i);
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    /// Takes the quota's mutex, repairing the totals if its last holder died.
+    fn lock(&self) -> Result<Guard, String> {
+        let m = std::ptr::addr_of!(self.h().mutex).cast_mut();
+        // SAFETY: `m` is the process-shared robust mutex initialised in `create`.
+        let rc = unsafe { libc::pthread_mutex_lock(m) };
+        match rc {
+            0 => Ok(Guard(m)),
+            libc::EOWNERDEAD => {
+                let g = Guard(m);
+                self.reap();
+                self.rebuild_totals();
+                // SAFETY: we hold the mutex after EOWNERDEAD.
+                unsafe { libc::pthread_mutex_consistent(m) };
+                Ok(g)
+            }
+            e => Err(format!("{}: the quota's lock is unusable ({})", self.path.display(), std::io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    /// Every device's total from the slots of live members (after a member died mid-update).
+    fn rebuild_totals(&self) {
+        let h = self.h();
+        for d in 0..DEVICES {
+            let sum: u64 = h.slot.iter().map(|s| s.usage[d].load(Relaxed)).fold(0, u64::saturating_add);
+            h.devices[d].reserved.store(sum, Relaxed);
+        }
+    }
+
+    /// The index of the device `uuid` (`size` its physical bytes), adding it if new, and
+    /// records this member's `limit` on it. `None` when the table is full.
+    pub fn device(&self, uuid: &str, size: u64, limit: u64) -> Result<Option<usize>, String> {
+        let key = uuid_key(uuid);
+        let _g = self.lock()?;
+        let h = self.h();
+        let found = h.devices.iter().position(|d| uuid_of_atomic(&d.uuid) == key).or_else(|| {
+            let free = h.devices.iter().position(|d| d.uuid.iter().all(|w| w.load(Relaxed) == 0))?;
+            for (w, chunk) in h.devices[free].uuid.iter().zip(key.chunks(8)) {
+                w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Relaxed);
+            }
+            h.devices[free].size.store(size, Relaxed);
+            Some(free)
+        });
+        if let (Some(d), Some(i)) = (found, self.slot) {
+            h.slot[i].limit[d].store(limit, Relaxed);
+        }
+        Ok(found)
+    }
+
+    /// The index of the device `uuid`, if the quota has it.
+    pub fn find(&self, uuid: &str) -> Option<usize> {
+        let key = uuid_key(uuid);
+        self.h().devices.iter().position(|d| uuid_of_atomic(&d.uuid) == key)
+    }
+
+    /// Adds `bytes` to device `d` for this member if the total stays within `limit`;
+    /// `Err(total)` otherwise (after clearing dead members' usage).
+    pub fn reserve(&self, d: usize, bytes: u64, limit: u64) -> Result<(), u64> {
+        let Some(i) = self.slot else { return Err(0) };
+        let Ok(_g) = self.lock() else { return Err(u64::MAX) };
+        let h = self.h();
+        let dev = &h.devices[d];
+        let fits = |r: u64| r.checked_add(bytes).is_some_and(|n| n <= limit);
+        if !fits(dev.reserved.load(Relaxed)) && (self.reap() == 0 || !fits(dev.reserved.load(Relaxed))) {
+            return Err(dev.reserved.load(Relaxed));
+        }
+        let now = dev.reserved.load(Relaxed) + bytes;
+        dev.reserved.store(now, Relaxed);
+        dev.peak.fetch_max(now, Relaxed);
+        h.slot[i].usage[d].fetch_add(bytes, Relaxed);
+        Ok(())
+    }
+
+    /// Gives back `bytes` of this member's reservation on device `d` (never more than it holds).
+    pub fn release(&self, d: usize, bytes: u64) {
+        let Some(i) = self.slot else { return };
+        let Ok(_g) = self.lock() else { return };
+        let h = self.h();
+        let mine = &h.slot[i].usage[d];
+        let n = bytes.min(mine.load(Relaxed));
+        mine.fetch_sub(n, Relaxed);
+        let _ = h.devices[d].reserved.fetch_update(Relaxed, Relaxed, |r| Some(r.saturating_sub(n)));
+    }
+
+    /// What all members hold on device `d` now, after clearing dead members' usage.
+    pub fn reserved(&self, d: usize) -> u64 {
+        if let Ok(_g) = self.lock() {
+            self.reap();
+        }
+        self.h().devices[d].reserved.load(Relaxed)
+    }
+
+    /// The highest total device `d` reached.
+    pub fn peak(&self, d: usize) -> u64 {
+        self.h().devices[d].peak.load(Relaxed)
+    }
+
+    /// Leaves the quota: this member's usage is given back and its slot emptied (at exit).
+    pub fn leave(&self) {
+        let Some(i) = self.slot else { return };
+        if let Ok(_g) = self.lock() {
+            self.clear_slot(i);
+        }
+    }
+
+    /// Devices and members, read without changing anything (`gpushim ps`).
+    #[allow(dead_code)]
+    pub fn snapshot(&self) -> (Vec<DeviceInfo>, Vec<Member>) {
+        let h = self.h();
+        let devices = h
+            .devices
+            .iter()
+            .take_while(|d| d.uuid[0].load(Relaxed) != 0)
+            .map(|d| DeviceInfo {
+                uuid: String::from_utf8_lossy(&uuid_of_atomic(&d.uuid)).trim_end_matches('\0').to_string(),
+                reserved: d.reserved.load(Relaxed),
+                peak: d.peak.load(Relaxed),
+                size: d.size.load(Relaxed),
+            })
+            .collect();
+        let members = (0..SLOTS)
+            .filter_map(|i| {
+                let s = &h.slot[i];
+                let usage: Vec<(usize, u64, u64)> = (0..DEVICES)
+                    .map(|d| (d, s.limit[d].load(Relaxed), s.usage[d].load(Relaxed)))
+                    .filter(|&(_, l, u)| l != 0 || u != 0)
+                    .collect();
+                if s.used.load(Relaxed) == 0 && usage.is_empty() {
+                    return None;
+                }
+                let mut comm = [0u8; 16];
+                comm[..8].copy_from_slice(&s.comm[0].load(Relaxed).to_le_bytes());
+                comm[8..].copy_from_slice(&s.comm[1].load(Relaxed).to_le_bytes());
+                let comm = String::from_utf8_lossy(&comm).trim_end_matches('\0').to_string();
+                let alive = Some(i) == self.slot || !matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true));
+                Some(Member { pid: s.pid.load(Relaxed), comm, alive, devices: usage })
+            })
+            .collect();
+        (devices, members)
+    }
+}
+
+/// What the live processes of this user promise on the device `uuid`, as (who, bytes): each
+/// shared quota of `dir` with live members there (its budget: the largest limit of a live
+/// member), and each live process of the registry with a limit there (its own limit). Files
+/// that cannot be read are left out.
+pub fn commitments_on(dir: &Path, uuid: &str) -> Vec<(String, u64)> {
+    let live_limits = |q: &Quota| -> Vec<(Member, u64)> {
+        let Some(d) = q.find(uuid) else { return Vec::new() };
+        let (_, members) = q.snapshot();
+        members
+            .into_iter()
+            .filter(|m| m.alive)
+            .filter_map(|m| {
+                let limit = m.devices.iter().find(|x| x.0 == d).map(|x| x.1).filter(|&l| l > 0)?;
+                Some((m, limit))
+            })
+            .collect()
+    };
+    let mut out: Vec<(String, u64)> = names_in(dir)
+        .into_iter()
+        .filter_map(|name| {
+            let q = Quota::open(dir, &name, false).ok()?;
+            let budget = live_limits(&q).into_iter().map(|(_, l)| l).max()?;
+            Some((format!("shared quota {name}"), budget))
+        })
+        .collect();
+    if let Ok(registry) = Quota::open_registry(dir, false) {
+        for (m, limit) in live_limits(&registry) {
+            out.push((format!("pid {} ({})", m.pid, m.comm), limit));
+        }
+    }
+    out
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping and closing our own fd; nothing borrowed from them
+        // outlives `self`.
+        unsafe {
+            if !self.header.is_null() {
+                libc::munmap(self.header.cast(), FILE_BYTES);
+            }
+            libc::close(self.fd);
+        }
+    }
+}
+
+struct Guard(*mut libc::pthread_mutex_t);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // SAFETY: the guard exists only while this thread holds the mutex.
+        unsafe { libc::pthread_mutex_unlock(self.0) };
+    }
+}
+
+fn uuid_key(uuid: &str) -> [u8; UUID_BYTES] {
+    let mut k = [0u8; UUID_BYTES];
+    let b = uuid.as_bytes();
+    let n = b.len().min(UUID_BYTES - 1);
+    k[..n].copy_from_slice(&b[..n]);
+    k
+}
+
+fn uuid_of_atomic(words: &[AtomicU64; UUID_BYTES / 8]) -> [u8; UUID_BYTES] {
+    let mut k = [0u8; UUID_BYTES];
+    for (chunk, w) in k.chunks_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+    }
+    k
+}
+
+/// This process' `comm` (at most 15 bytes), NUL-padded.
+fn comm() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let mut buf = [0 as libc::c_char; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes including the NUL into `buf`.
+    if unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr()) } == 0 {
+        // SAFETY: `buf` is NUL-terminated (17 bytes, zeroed, at most 16 written).
+        let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes();
+        let n = name.len().min(15);
+        out[..n].copy_from_slice(&name[..n]);
+    }
+    out
+}
+
+fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is NUL-terminated.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// Builds an initialised quota file under a temporary name and links it to `path`; if another
+/// process linked first, opens theirs.
+fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
+    let ctmp = cpath(&tmp)?;
+    let cpath_final = cpath(path)?;
+    // SAFETY: the path strings are NUL-terminated; the fresh file is sized to FILE_BYTES
+    // before it is mapped; the mutex is initialised in the mapping before anyone else can
+    // open the file (it has no public name yet).
+    unsafe {
+        let fd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+        if fd < 0 {
+            return Err(format!("cannot create {}: {}", tmp.display(), errno()));
+        }
+        let fail = |what: &str| {
+            let e = format!("{what} {}: {}", tmp.display(), errno());
+            libc::close(fd);
+            libc::unlink(ctmp.as_ptr());
+            e
+        };
+        if libc::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
+            return Err(fail("cannot size"));
+        }
+        let p = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        if p == libc::MAP_FAILED {
+            return Err(fail("cannot map"));
+        }
+        let h = p.cast::<Header>();
+        let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
+        libc::pthread_mutexattr_init(&mut attr);
+        libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
+        libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
+        let rc = libc::pthread_mutex_init(std::ptr::addr_of_mut!((*h).mutex), &attr);
+        libc::pthread_mutexattr_destroy(&mut attr);
+        (*h).version.store(VERSION, Relaxed);
+        (*h).slots.store(SLOTS as u32, Relaxed);
+        (*h).magic.store(MAGIC, Release);
+        libc::munmap(p, FILE_BYTES);
+        if rc != 0 {
+            return Err(fail("cannot initialise the lock of"));
+        }
+        let linked = libc::link(ctmp.as_ptr(), cpath_final.as_ptr());
+        let link_error = errno();
+        libc::unlink(ctmp.as_ptr());
+        if linked == 0 {
+            return Ok(fd);
+        }
+        libc::close(fd);
+        if link_error.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot create {}: {link_error}", path.display()));
+        }
+    }
+    open_existing(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpushim-quota-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn two_members_share_one_budget() {
+        let d = dir("share");
+        let a = Quota::open(&d, "q", true).unwrap();
+        let b = Quota::open(&d, "q", true).unwrap();
+        assert_ne!(a.slot, b.slot);
+        let da = a.device("GPU-aaaa", 100, 50).unwrap().unwrap();
+        let db = b.device("GPU-aaaa", 100, 50).unwrap().unwrap();
+        assert_eq!(da, db);
+        assert_eq!(a.reserve(da, 30, 50), Ok(()));
+        assert_eq!(b.reserve(db, 30, 50), Err(30));
+        assert_eq!(b.reserve(db, 20, 50), Ok(()));
+        assert_eq!(a.reserved(da), 50);
+        a.release(da, 1000); // never more than it holds
+        assert_eq!(b.reserved(db), 20);
+        assert_eq!(a.peak(da), 50);
+        let other = b.device("GPU-bbbb", 100, 10).unwrap().unwrap();
+        assert_ne!(other, da);
+        let (devices, members) = a.snapshot();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0].uuid, "GPU-aaaa");
+        assert_eq!(members.len(), 2);
+        assert!(members.iter().all(|m| m.alive && m.pid == std::process::id()));
+        b.leave();
+        assert_eq!(a.reserved(da), 0);
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_closed_member_is_reclaimed() {
+        let d = dir("reclaim");
+        let a = Quota::open(&d, "q", true).unwrap();
+        let dev = a.device("GPU-x", 100, 100).unwrap().unwrap();
+        {
+            let b = Quota::open(&d, "q", true).unwrap();
+            b.device("GPU-x", 100, 100).unwrap();
+            assert_eq!(b.reserve(dev, 70, 100), Ok(()));
+            // dropping b closes its file: its lock goes, as when a process dies
+        }
+        // the reservation that does not fit reclaims b's 70 bytes first
+        assert_eq!(a.reserve(dev, 50, 100), Ok(()));
+        assert_eq!(a.reserved(dev), 50);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn others_cannot_use_an_open_directory() {
+        let d = dir("perm");
+        std::fs::create_dir_all(&d).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = Quota::open(&d, "q", true).err().unwrap();
+        assert!(e.contains("open to other users"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
