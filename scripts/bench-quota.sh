@@ -18,7 +18,7 @@ mkdir -p "$work/lib"
 ln -s "$target/release/libcuda.so" "$work/lib/libcuda.so.1"
 ln -s "$target/release/libcuda.so" "$work/lib/libcuda.so"
 gcc -O2 -I.deps/cuda13/include scripts/bench/quota_start.c -L"$work/lib" -lcuda -o "$work/start"
-export LD_LIBRARY_PATH=$work/lib GPUSIM_DEVICES=1 GPUSIM_MEMORY=16GiB GPUSHIM_MEMORY_LIMIT=8GiB
+export LD_LIBRARY_PATH=$work/lib GPUSIM_DEVICES=1 GPUSIM_MEMORY=16GiB GPUSHIM_MEMORY_LIMIT=256MiB
 export GPUSHIM_STATE_DIR=$work/state
 shim=$target/release/libgpushim.so
 

@@ -23,7 +23,10 @@ import fnmatch
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
+import threading
 import time
 import traceback
 
@@ -917,6 +920,52 @@ def mode_preallocate(t):
     mode_fill(t, "preallocate")
 
 
+def shared_quota(t):
+    """GPUSHIM_SHARED_QUOTA: two driver-API processes at once on one limit. The first holds half
+    of it; the second then fills only the other half with a quota, the whole limit without one
+    (per-process limits), and past it without the shim."""
+    L = t.limit
+    half = L // 2 // CHUNK * CHUNK
+    exe, label = t.m.build("driver")
+    state = tempfile.mkdtemp(prefix="gpushim-quota-")
+    os.chmod(state, 0o700)
+
+    def pair(c, env, shim):
+        """The holder fills `half` and keeps it for 8 s; the second process starts 3 s later
+        and fills up to the limit + 1 GiB. Returns both key=value dicts."""
+        c.note(label)
+        env = dict(env, GPUSHIM_STATE_DIR=state)
+        runs = {}
+        holder_ops = ["ctx=0", "fill=0:%d:%d" % (CHUNK, half), "mark=held", "sleep=8000", "free"]
+        th = threading.Thread(target=lambda: runs.update(a=t.m.run([exe] + holder_ops, shim=shim, env=env,
+                                                                     report=False)))
+        th.start()
+        time.sleep(3)
+        runs["b"] = t.m.run([exe, "ctx=0", "mark=start", "fill=0:%d:%d" % (CHUNK, L + GIB), "info=0", "free"],
+                            shim=shim, env=env, report=False)
+        th.join()
+        a, b = c.kv(runs["a"]), c.kv(runs["b"])
+        c.eq("the holder's fill", int(a.get("fill.bytes", -1)), half)
+        c.expect("the holder held its memory before the second process filled",
+                 float(a.get("mark.held", 1e18)) < float(b.get("mark.start", 0)),
+                 "held at %s, second started at %s" % (a.get("mark.held"), b.get("mark.start")))
+        return a, b
+
+    with t.check("shim, quota, limit %s, holder %s" % (fmt_bytes(L), fmt_bytes(half))) as c:
+        a, b = pair(c, limit_env(L, GPUSHIM_SHARED_QUOTA="gpu-validate"), True)
+        c.eq("the second fills what the holder left", int(b.get("fill.bytes", -1)), (L - half) // CHUNK * CHUNK)
+        c.eq("its refused allocation's error", int(b.get("fill.rc", -1)), OOM_CUDA)
+        c.eq("its cuMemGetInfo total", int(b.get("info.0.total", -1)), L)
+    with t.check("shim, no quota (limits per process)") as c:
+        a, b = pair(c, limit_env(L), True)
+        c.eq("the second fills a whole limit of its own", int(b.get("fill.bytes", -1)), L // CHUNK * CHUNK)
+    with t.check("native") as c:
+        a, b = pair(c, {}, False)
+        c.expect("the second fills past the limit", int(b.get("fill.bytes", 0)) >= L + GIB,
+                 fmt_bytes(int(b.get("fill.bytes", 0))))
+    shutil.rmtree(state, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # The scenario table
 # ---------------------------------------------------------------------------------------------
@@ -954,6 +1003,7 @@ SCENARIOS = [
     Scenario("virtual-devices", "features", virtual_devices, ("driver",), feature="virtual-devices"),
     Scenario("mode-grow", "features", mode_grow, ("driver",), feature="mode-grow"),
     Scenario("mode-preallocate", "features", mode_preallocate, ("driver",), feature="mode-preallocate"),
+    Scenario("shared-quota", "features", shared_quota, ("driver",), feature="shared-quota"),
 ]
 
 
