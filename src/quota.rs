@@ -113,8 +113,7 @@ pub struct Quota {
 unsafe impl Send for Quota {}
 unsafe impl Sync for Quota {}
 
-/// A member as `gpushim ps` shows it.
-#[allow(dead_code)] // (the library itself does not list members)
+/// A member as `gpushim ps` shows it and the oversubscription sum counts it.
 #[derive(Debug, Clone)]
 pub struct Member {
     pub pid: u32,
@@ -125,7 +124,7 @@ pub struct Member {
 }
 
 /// A device entry as `gpushim ps` shows it.
-#[allow(dead_code)]
+#[allow(dead_code)] // (read by `gpushim ps` only)
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
     pub uuid: String,
@@ -196,7 +195,6 @@ pub fn file_of(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// The quota names that have a file in `dir`.
-#[allow(dead_code)]
 pub fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
@@ -448,8 +446,7 @@ impl Quota {
         }
     }
 
-    /// Devices and members, read without changing anything (`gpushim ps`).
-    #[allow(dead_code)]
+    /// Devices and members, read without changing anything (`gpushim ps`, the oversubscription sum).
     pub fn snapshot(&self) -> (Vec<DeviceInfo>, Vec<Member>) {
         let h = self.h();
         let devices = h

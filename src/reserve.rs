@@ -175,7 +175,7 @@ impl Arena {
 
     /// Adds a chunk the driver gave (`base` 512-aligned, `size` a multiple of the granule).
     pub fn add_chunk(&mut self, ctx: u64, handle: usize, base: u64, size: u64) {
-        debug_assert!(base % GRANULE == 0 && size % GRANULE == 0 && size > 0);
+        debug_assert!(base.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
         self.chunks.insert(base, Chunk { size, ctx, handle });
         self.blocks.insert(base, Block { size, chunk: base, live: None });
         self.free.insert((ctx, size, base));
