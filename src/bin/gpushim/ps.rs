@@ -110,7 +110,7 @@ fn human(b: u64) -> String {
     for (size, unit) in UNITS {
         if b >= size {
             let v = b as f64 / size as f64;
-            return if b % size == 0 { format!("{} {unit}", b / size) } else { format!("{v:.2} {unit}") };
+            return if b.is_multiple_of(size) { format!("{} {unit}", b / size) } else { format!("{v:.2} {unit}") };
         }
     }
     format!("{b} B")
