@@ -692,6 +692,47 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// The child half of `a_member_killed_holding_the_lock_is_repaired` (does nothing unless
+    /// that test started this binary for it): joins the quota, reserves 30 bytes, takes the
+    /// lock, leaves the device's total half-updated, and dies by SIGKILL still holding it.
+    #[test]
+    fn killed_holding_the_lock_child() {
+        let Ok(dir) = std::env::var("GPUSHIM_QUOTA_TEST_CHILD") else { return };
+        let q = Quota::open(Path::new(&dir), "q", true).unwrap();
+        let d = q.device("GPU-k", 100, 100).unwrap().unwrap();
+        q.reserve(d, 30, 100).unwrap();
+        let _g = q.lock().unwrap();
+        q.h().devices[d].reserved.store(77_777, Relaxed); // an update cut short
+        // SAFETY: ends this child process at once, as `kill -9` would.
+        unsafe { libc::raise(libc::SIGKILL) };
+        unreachable!();
+    }
+
+    #[test]
+    fn a_member_killed_holding_the_lock_is_repaired() {
+        let d = dir("ownerdead");
+        let a = Quota::open(&d, "q", true).unwrap();
+        let dev = a.device("GPU-k", 100, 100).unwrap().unwrap();
+        assert_eq!(a.reserve(dev, 10, 100), Ok(()));
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "quota::tests::killed_holding_the_lock_child", "--test-threads=1"])
+            .env("GPUSHIM_QUOTA_TEST_CHILD", &d)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "the child did not die as planned: {status:?}");
+        // the next locker is not blocked, rebuilds the total from the live members' places
+        // (the dead child's 30 bytes and its half-written total are gone) and goes on
+        assert_eq!(a.reserved(dev), 10);
+        assert_eq!(a.reserve(dev, 90, 100), Ok(()));
+        assert_eq!(a.reserve(dev, 1, 100), Err(100));
+        let (_, members) = a.snapshot();
+        assert_eq!(members.len(), 1, "{members:?}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn others_cannot_use_an_open_directory() {
         let d = dir("perm");
