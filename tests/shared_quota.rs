@@ -142,6 +142,55 @@ fn four_processes_racing_stay_within_one_quota() {
     }
 }
 
+/// 4 processes racing under one quota, one of them killed with SIGKILL mid-run (at whatever
+/// instruction it is): the other 3 finish without an error (nobody hangs on what the victim
+/// left), and afterwards a new member finds the whole budget free, gets all of it, and the
+/// simulated driver holds nothing. (The node's peak is not checked here: the quota hands the
+/// victim's budget on as soon as the kernel drops its lock, and the simulated driver frees the
+/// victim's memory only at its own next reclaim, so for a while the node counts both; a real
+/// driver frees a dead process' memory during its exit. The race without a kill checks it.)
+#[test]
+fn a_member_killed_mid_race_is_reclaimed_and_the_others_finish() {
+    let node = Node::new("quota-kill-race");
+    let start = |_: usize| {
+        Command::new(program(Program::Race))
+            .args(["4", "40000", &(8 * MIB).to_string(), "4"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", sim_dir())
+            .env("LD_PRELOAD", shim_path())
+            .env("GPUSIM_DEVICES", "1")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSIM_NODE_STATE", &node.node)
+            .env("GPUSHIM_STATE_DIR", &node.state)
+            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
+            .env("GPUSHIM_SHARED_QUOTA", "kr")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a racer")
+    };
+    let mut racers: Vec<Child> = (0..4).map(start).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = racers[0].kill(); // SIGKILL, mid-run
+    let killed = racers.remove(0).wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(killed.status.signal(), Some(9), "the victim finished before it was killed: lengthen the run\n{killed:?}");
+    for r in racers {
+        let out = r.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        for bad in ["errors=0", "free_errors=0"] {
+            assert!(text.lines().any(|l| l == bad), "{bad} missing\n{text}");
+        }
+    }
+    let probe = node.run(Program::Driver(DriverPath::Link), Some("kr"), &["info".to_string(), format!("alloc=mem:{LIMIT}")]).run();
+    probe.assert_completed();
+    assert_eq!((probe.u64("op1.free"), probe.u64("op1.total")), (LIMIT, LIMIT), "{}", probe.dump());
+    assert_eq!(probe.num("op2.rc"), 0, "{}", probe.dump());
+    assert_eq!(probe.report().device(0).node_used, Some(0), "nothing is left on the device at the end\n{}", probe.dump());
+}
+
 /// A member killed with SIGKILL while holding 48 MiB: the next member sees all 64 MiB free
 /// (cuMemGetInfo) and gets them. While the holder lives, the same request is refused.
 #[test]
