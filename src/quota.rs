@@ -113,7 +113,8 @@ pub struct Quota {
 unsafe impl Send for Quota {}
 unsafe impl Sync for Quota {}
 
-/// A member as `gpushim ps` shows it and the oversubscription sum counts it.
+/// A member as `gpushim ps` shows it.
+#[allow(dead_code)] // (read by `gpushim ps` only)
 #[derive(Debug, Clone)]
 pub struct Member {
     pub pid: u32,
@@ -446,7 +447,25 @@ impl Quota {
         }
     }
 
-    /// Devices and members, read without changing anything (`gpushim ps`, the oversubscription sum).
+    /// (pid, name, limit) of every live member with a limit on device `d`, read without changing
+    /// anything. Looks at registered places only (a start-up path: no full scan of the file).
+    pub fn live_limits(&self, d: usize) -> Vec<(u32, String, u64)> {
+        let h = self.h();
+        (0..SLOTS)
+            .filter_map(|i| {
+                let s = &h.slot[i];
+                if s.used.load(Relaxed) == 0 {
+                    return None;
+                }
+                let limit = s.limit[d].load(Relaxed);
+                let alive = Some(i) == self.slot || !matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true));
+                (limit > 0 && alive).then(|| (s.pid.load(Relaxed), comm_of(s), limit))
+            })
+            .collect()
+    }
+
+    /// Devices and members, read without changing anything (`gpushim ps`).
+    #[allow(dead_code)] // (`gpushim ps` only)
     pub fn snapshot(&self) -> (Vec<DeviceInfo>, Vec<Member>) {
         let h = self.h();
         let devices = h
@@ -470,10 +489,7 @@ impl Quota {
                 if s.used.load(Relaxed) == 0 && usage.is_empty() {
                     return None;
                 }
-                let mut comm = [0u8; 16];
-                comm[..8].copy_from_slice(&s.comm[0].load(Relaxed).to_le_bytes());
-                comm[8..].copy_from_slice(&s.comm[1].load(Relaxed).to_le_bytes());
-                let comm = String::from_utf8_lossy(&comm).trim_end_matches('\0').to_string();
+                let comm = comm_of(s);
                 let alive = Some(i) == self.slot || !matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true));
                 Some(Member { pid: s.pid.load(Relaxed), comm, alive, devices: usage })
             })
@@ -487,29 +503,18 @@ impl Quota {
 /// member), and each live process of the registry with a limit there (its own limit). Files
 /// that cannot be read are left out.
 pub fn commitments_on(dir: &Path, uuid: &str) -> Vec<(String, u64)> {
-    let live_limits = |q: &Quota| -> Vec<(Member, u64)> {
-        let Some(d) = q.find(uuid) else { return Vec::new() };
-        let (_, members) = q.snapshot();
-        members
-            .into_iter()
-            .filter(|m| m.alive)
-            .filter_map(|m| {
-                let limit = m.devices.iter().find(|x| x.0 == d).map(|x| x.1).filter(|&l| l > 0)?;
-                Some((m, limit))
-            })
-            .collect()
-    };
+    let live_limits = |q: &Quota| q.find(uuid).map_or_else(Vec::new, |d| q.live_limits(d));
     let mut out: Vec<(String, u64)> = names_in(dir)
         .into_iter()
         .filter_map(|name| {
             let q = Quota::open(dir, &name, false).ok()?;
-            let budget = live_limits(&q).into_iter().map(|(_, l)| l).max()?;
+            let budget = live_limits(&q).into_iter().map(|(_, _, l)| l).max()?;
             Some((format!("shared quota {name}"), budget))
         })
         .collect();
     if let Ok(registry) = Quota::open_registry(dir, false) {
-        for (m, limit) in live_limits(&registry) {
-            out.push((format!("pid {} ({})", m.pid, m.comm), limit));
+        for (pid, comm, limit) in live_limits(&registry) {
+            out.push((format!("pid {pid} ({comm})"), limit));
         }
     }
     out
@@ -551,6 +556,14 @@ fn uuid_of_atomic(words: &[AtomicU64; UUID_BYTES / 8]) -> [u8; UUID_BYTES] {
         chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
     }
     k
+}
+
+/// The name a slot records for its process.
+fn comm_of(s: &Slot) -> String {
+    let mut comm = [0u8; 16];
+    comm[..8].copy_from_slice(&s.comm[0].load(Relaxed).to_le_bytes());
+    comm[8..].copy_from_slice(&s.comm[1].load(Relaxed).to_le_bytes());
+    String::from_utf8_lossy(&comm).trim_end_matches('\0').to_string()
 }
 
 /// This process' `comm` (at most 15 bytes), NUL-padded.
