@@ -42,6 +42,37 @@ impl Node {
         run
     }
 
+    /// A command for `p` under the shim on this node (as `run`, with the 64 MiB limit unless
+    /// `env` says otherwise), to start in the background.
+    fn background(&self, p: Program, args: &[String], env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(program(p));
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", sim_dir())
+            .env("LD_PRELOAD", shim_path())
+            .env("GPUSIM_DEVICES", "1")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSIM_NODE_STATE", &self.node)
+            .env("GPUSHIM_STATE_DIR", &self.state)
+            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// A new member of `quota` finds the whole budget free (`cuMemGetInfo`) and gets all of it,
+    /// and the simulated driver holds nothing once it has ended.
+    fn assert_all_free(&self, quota: &str) {
+        let args = ["info".to_string(), format!("alloc=mem:{LIMIT}")];
+        let out = self.run(Program::Driver(DriverPath::Link), Some(quota), &args).run();
+        out.assert_completed();
+        assert_eq!((out.u64("op1.free"), out.u64("op1.total")), (LIMIT, LIMIT), "{}", out.dump());
+        assert_eq!(out.num("op2.rc"), 0, "{}", out.dump());
+        assert_eq!(out.report().device(0).node_used, Some(0), "everything was given back at the end\n{}", out.dump());
+    }
+
     /// Starts the driver-API program in the background in quota `quota` with the 64 MiB
     /// limit, holding `bytes` while it sleeps; returns once it holds them.
     fn start_holder(&self, quota: &str, bytes: u64) -> Holder {
@@ -55,23 +86,9 @@ impl Node {
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ready = self.state.parent().unwrap().join(format!("ready-{n}"));
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = Command::new(program(Program::Driver(DriverPath::Link)));
-        cmd.args([format!("alloc=mem:{bytes}"), format!("touch={}", ready.display()), "sleep=60000".into()])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path())
-            .env("GPUSIM_DEVICES", "1")
-            .env("GPUSIM_MEMORY", "16GiB")
-            .env("GPUSIM_NODE_STATE", &self.node)
-            .env("GPUSHIM_STATE_DIR", &self.state)
-            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = Holder(cmd.spawn().expect("start the holder"));
+        let args = [format!("alloc=mem:{bytes}"), format!("touch={}", ready.display()), "sleep=60000".into()];
+        let mut cmd = self.background(Program::Driver(DriverPath::Link), &args, env);
+        let child = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
         let deadline = Instant::now() + Duration::from_secs(20);
         while !ready.exists() {
             assert!(Instant::now() < deadline, "the holder never got ready");
@@ -152,19 +169,9 @@ fn four_processes_racing_stay_within_one_quota() {
 #[test]
 fn a_member_killed_mid_race_is_reclaimed_and_the_others_finish() {
     let node = Node::new("quota-kill-race");
+    let args: Vec<String> = ["4", "40000", &(8 * MIB).to_string(), "4"].iter().map(|s| s.to_string()).collect();
     let start = |_: usize| {
-        Command::new(program(Program::Race))
-            .args(["4", "40000", &(8 * MIB).to_string(), "4"])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path())
-            .env("GPUSIM_DEVICES", "1")
-            .env("GPUSIM_MEMORY", "16GiB")
-            .env("GPUSIM_NODE_STATE", &node.node)
-            .env("GPUSHIM_STATE_DIR", &node.state)
-            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
-            .env("GPUSHIM_SHARED_QUOTA", "kr")
+        node.background(Program::Race, &args, &[("GPUSHIM_SHARED_QUOTA", "kr")])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -184,11 +191,7 @@ fn a_member_killed_mid_race_is_reclaimed_and_the_others_finish() {
             assert!(text.lines().any(|l| l == bad), "{bad} missing\n{text}");
         }
     }
-    let probe = node.run(Program::Driver(DriverPath::Link), Some("kr"), &["info".to_string(), format!("alloc=mem:{LIMIT}")]).run();
-    probe.assert_completed();
-    assert_eq!((probe.u64("op1.free"), probe.u64("op1.total")), (LIMIT, LIMIT), "{}", probe.dump());
-    assert_eq!(probe.num("op2.rc"), 0, "{}", probe.dump());
-    assert_eq!(probe.report().device(0).node_used, Some(0), "nothing is left on the device at the end\n{}", probe.dump());
+    node.assert_all_free("kr");
 }
 
 /// A member killed with SIGKILL while holding 48 MiB: the next member sees all 64 MiB free
@@ -204,11 +207,7 @@ fn a_killed_member_is_reclaimed() {
     assert_eq!((out.num("op2.rc"), out.num("op3.rc")), (2, 0), "{}", out.dump());
 
     kill(holder);
-    let out = node.run(Program::Driver(DriverPath::Link), Some("kill"), &args[..2]).run();
-    out.assert_completed();
-    assert_eq!((out.u64("op1.free"), out.u64("op1.total")), (LIMIT, LIMIT), "{}", out.dump());
-    assert_eq!(out.num("op2.rc"), 0, "{}", out.dump());
-    assert_eq!(out.report().device(0).node_used, Some(0), "everything was given back at the end\n{}", out.dump());
+    node.assert_all_free("kill");
 }
 
 /// Different names are different budgets; the same name is one.
