@@ -293,23 +293,15 @@ fn clamp(st: &State, dev: NvmlDevice, total: u64, used: u64, free: u64) -> (u64,
     }
     let Some(ordinal) = cuda_ordinal_of(st, dev) else { return (total, used, free) };
     let limit = st.settings.limit_for(ordinal as u32).resolve(total);
-    let used = quota_used(st, dev).unwrap_or(used).min(limit);
+    let used = quota_used(|| st.nvml_api()?.uuid_of(nvml_virtual::real_of(dev))).unwrap_or(used).min(limit);
     (limit, used, (limit - used).min(free))
 }
 
-/// With a shared quota, what all its members hold on the whole device `dev` (found by its
-/// UUID), which is what counts against the limit.
-fn quota_used(st: &State, dev: NvmlDevice) -> Option<u64> {
+/// With a shared quota, what all its members hold on the device (or part) whose UUID `uuid`
+/// gives (asked only then), which is what counts against the limit.
+fn quota_used(uuid: impl FnOnce() -> Option<String>) -> Option<u64> {
     let q = crate::sharing::quota()?;
-    let get = st.nvml_api()?.uuid?;
-    let mut buf = [0 as std::ffi::c_char; 96];
-    // SAFETY: NVML's nvmlDeviceGetUUID with a live buffer of the stated length.
-    if unsafe { get(nvml_virtual::real_of(dev), buf.as_mut_ptr(), buf.len() as u32) } != NVML_SUCCESS {
-        return None;
-    }
-    // SAFETY: NVML wrote a NUL-terminated string into `buf`.
-    let uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_ascii_lowercase().replacen("gpu-", "GPU-", 1);
-    q.find(&uuid).map(|d| q.reserved(d))
+    q.find(&uuid()?).map(|d| q.reserved(d))
 }
 
 /// The numbers of program device `i` while splitting, from its GPU's: total = min(part size,
@@ -319,7 +311,7 @@ fn quota_used(st: &State, dev: NvmlDevice) -> Option<u64> {
 fn clamp_program_device(st: &State, entry: &NvmlPart, i: usize, total: u64, used: u64, free: u64) -> (u64, u64, u64) {
     let size = entry.part.map_or(total, |p| p.size.min(total));
     let total = st.settings.limit_for(i as u32).resolve(size);
-    let used = crate::sharing::quota().and_then(|q| Some(q.reserved(q.find(&entry.uuid)?))).unwrap_or(used).min(total);
+    let used = quota_used(|| Some(entry.uuid.clone())).unwrap_or(used).min(total);
     (total, used, (total - used).min(free))
 }
 
