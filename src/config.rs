@@ -410,6 +410,16 @@ impl Settings {
             .unwrap_or(self.memory_limit)
     }
 
+    /// Whether any device can have a limit: a memory limit (global or per device), virtual
+    /// devices (a part is limited to its size), a shared quota, or a memory mode with a reserve.
+    pub fn limits_anything(&self) -> bool {
+        !matches!(self.memory_limit, Limit::Unlimited)
+            || self.device_limits.values().any(|l| !matches!(l, Limit::Unlimited))
+            || !self.virtual_devices.is_empty()
+            || self.shared_quota.is_some()
+            || self.memory_mode != MemoryMode::Passthrough
+    }
+
     /// Where `setting` (a name from [`FILE_KEYS`], or `memory_limits.<i>`) came from.
     pub fn source_of(&self, setting: &str) -> &Source {
         self.sources

@@ -85,6 +85,13 @@ pub fn expand(splits: &[VirtualSplit], driver: &[DriverDevice]) -> Result<Device
             })),
         }
     }
+    if list.len() > crate::memory::MAX_DEVICES {
+        return Err(format!(
+            "this makes {} devices; gpushim accounts for at most {} (fewer virtual devices, or hide some GPUs)",
+            list.len(),
+            crate::memory::MAX_DEVICES
+        ));
+    }
     Ok(Devices { list })
 }
 

@@ -181,6 +181,7 @@ pub struct Api {
     pub mem_get_info: Option<unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult>,
     pub primary_ctx_release: Option<unsafe extern "C" fn(CUdevice) -> CUresult>,
     pub primary_ctx_get_state: Option<unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CUresult>,
+    pub pointer_get_attribute: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdeviceptr) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
@@ -217,6 +218,7 @@ impl Api {
         mem_get_info: None,
         primary_ctx_release: None,
         primary_ctx_get_state: None,
+        pointer_get_attribute: None,
     };
 
     pub fn load(lib: &Library) -> Api {
@@ -242,6 +244,7 @@ impl Api {
             mem_get_info: sym!(lib, c"cuMemGetInfo_v2"),
             primary_ctx_release: sym!(lib, c"cuDevicePrimaryCtxRelease_v2"),
             primary_ctx_get_state: sym!(lib, c"cuDevicePrimaryCtxGetState"),
+            pointer_get_attribute: sym!(lib, c"cuPointerGetAttribute"),
         }
     }
 

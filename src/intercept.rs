@@ -50,6 +50,9 @@ pub struct HookInfo {
 pub const NEEDS_SPLIT: u8 = 1;
 /// `pool` in the hook table: needed in the `grow` and `preallocate` memory modes.
 pub const NEEDS_POOL: u8 = 2;
+/// `limit` in the hook table: needed while any limit applies (context teardown credits what
+/// the driver freed).
+pub const NEEDS_LIMIT: u8 = 4;
 
 impl HookInfo {
     /// Whether the hook is handed out when the configuration needs `active` ([`State::needs`]).
@@ -128,6 +131,7 @@ macro_rules! hook_table {
     (@per_thread $other:ident) => { false };
     (@needs split) => { $crate::intercept::NEEDS_SPLIT };
     (@needs pool) => { $crate::intercept::NEEDS_POOL };
+    (@needs limit) => { $crate::intercept::NEEDS_LIMIT };
     (@needs ptsz) => { 0 };
 }
 pub(crate) use hook_table;

@@ -25,5 +25,6 @@ mod reserve;
 mod sharing;
 mod split;
 mod state;
+mod teardown;
 mod units;
 mod view;

@@ -22,9 +22,10 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::quota::Quota;
 
-/// Device ordinals the shim accounts for; a device beyond this is passed through uncounted
-/// (and said so once in the log).
-pub const MAX_DEVICES: usize = 64;
+/// Device ordinals the shim accounts for (the program's, after hiding and splitting). A
+/// configuration that makes more devices is an error; an allocation on a device beyond this
+/// (a driver showing more GPUs) is refused while any limit is set, never passed uncounted.
+pub const MAX_DEVICES: usize = 256;
 
 const UNRESOLVED: u64 = u64::MAX;
 
@@ -182,6 +183,9 @@ pub struct Live {
     pub bytes: u64,
     /// Served from the device's reserve (`grow`/`preallocate`), not by the driver.
     pub served: bool,
+    /// The context an array was created in (0: not recorded; device memory's context is asked
+    /// of the driver when a context is torn down, see `teardown`).
+    pub ctx: usize,
 }
 
 const SHARDS: usize = 64;
@@ -232,9 +236,33 @@ impl LiveMap {
         &self.shards[kind as usize * SHARDS + h]
     }
 
-    pub fn insert(&self, kind: Kind, key: u64, live: Live) {
+    /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
+    /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
+    /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
+    /// credits it.
+    pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.insert(key, live);
+        shard.insert(key, live)
+    }
+
+    /// Removes `key` only if it still holds `expected` (not an entry recorded since).
+    pub fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
+        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.get(&key) == Some(expected) {
+            return shard.remove(&key);
+        }
+        None
+    }
+
+    /// A copy of every entry of `kind` (slow: for context teardown, never on the allocation
+    /// path). Each shard is locked only while it is copied.
+    pub fn entries(&self, kind: Kind) -> Vec<(u64, Live)> {
+        let mut all = Vec::new();
+        for shard in &self.shards[kind as usize * SHARDS..(kind as usize + 1) * SHARDS] {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(shard.iter().map(|(&k, &v)| (k, v)));
+        }
+        all
     }
 
     pub fn get(&self, kind: Kind, key: u64) -> Option<Live> {
@@ -314,11 +342,11 @@ mod tests {
     #[test]
     fn live_map_keys_are_per_kind() {
         let m = LiveMap::new();
-        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false });
-        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false });
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false }));
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, ctx: 0 });
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, ctx: 0 });
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, ctx: 0 }));
         assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false }));
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, ctx: 0 }));
     }
 }

@@ -32,13 +32,13 @@ const MIB: u64 = 1 << 20;
 /// The reserves of every device, and which devices have one.
 pub struct Reserves {
     arenas: [Mutex<Arena>; MAX_DEVICES],
-    /// Bit d: device d's arena has (or had) chunks.
-    present: AtomicU64,
+    /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
+    present: [AtomicU64; MAX_DEVICES / 64],
 }
 
 impl Reserves {
     pub const fn new() -> Self {
-        Reserves { arenas: [const { Mutex::new(Arena::new()) }; MAX_DEVICES], present: AtomicU64::new(0) }
+        Reserves { arenas: [const { Mutex::new(Arena::new()) }; MAX_DEVICES], present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
     }
 
     fn arena(&self, dev: usize) -> MutexGuard<'_, Arena> {
@@ -47,8 +47,8 @@ impl Reserves {
 
     /// Devices whose arena may hold chunks.
     fn devices(&self) -> impl Iterator<Item = usize> + '_ {
-        let present = self.present.load(Relaxed);
-        (0..MAX_DEVICES).filter(move |d| present & (1 << d) != 0)
+        let present: [u64; MAX_DEVICES / 64] = std::array::from_fn(|w| self.present[w].load(Relaxed));
+        (0..MAX_DEVICES).filter(move |d| present[d / 64] & (1 << (d % 64)) != 0)
     }
 }
 
@@ -92,7 +92,7 @@ impl State {
         }
     }
 
-    fn current_context(&self) -> Option<CUcontext> {
+    pub(crate) fn current_context(&self) -> Option<CUcontext> {
         let get = self.api().ctx_get_current?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -152,7 +152,7 @@ impl State {
             },
         };
         budget.take(size);
-        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true });
+        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, ctx: 0 });
         Some(Ok(ptr))
     }
 
@@ -191,7 +191,8 @@ impl State {
         let usable = (bytes - (base - ptr)) & !(GRANULE - 1);
         let mut arena = self.reserves.arena(dev as usize);
         arena.add_chunk(id, ctx as usize, base, usable);
-        self.reserves.present.fetch_or(1 << dev, Relaxed);
+        let d = dev as usize;
+        self.reserves.present[d / 64].fetch_or(1 << (d % 64), Relaxed);
         log!(
             Level::Debug,
             "device {dev}: reserve took {bytes} bytes from the driver ({} reserved, {} in use, limit {limit})",
@@ -205,7 +206,11 @@ impl State {
     /// once per context. A thread that finds another one doing it waits for it.
     fn preallocate(&self, dev: CUdevice, ctx: CUcontext, id: u64) {
         let index = dev as usize;
-        match self.reserves.arena(index).claim_preallocation(id) {
+        // The claim is read into a local first: a guard kept alive across the `match` (as a
+        // temporary of its scrutinee) would still be held in the `Pending` arm, which locks
+        // the same arena again while waiting: a deadlock for any two threads meeting here.
+        let claim = self.reserves.arena(index).claim_preallocation(id);
+        match claim {
             Preallocation::Done => return,
             Preallocation::Pending => {
                 let start = Instant::now();
@@ -263,7 +268,9 @@ impl State {
 
     /// Gives a served allocation back to its reserve. The context (or, for `cuMemFreeAsync`,
     /// the stream) is synchronised first, as the driver's free may do: the block can be handed
-    /// out again at once, so no earlier work may still use it.
+    /// out again at once, so no earlier work may still use it. If synchronising fails, the
+    /// block is not given back: it stays held (and counted) until a later free succeeds or its
+    /// context is destroyed.
     pub fn release_served(&self, ptr: CUdeviceptr, live: Live, stream: Option<CUstream>) -> CUresult {
         let found = match self.reserves.arena(live.device).lookup(ptr) {
             Lookup::Live(f) => f,
@@ -277,11 +284,19 @@ impl State {
             (None, _, Some(sync)) => self.with_context(found.ctx_handle as CUcontext, || unsafe { sync() }).unwrap_or(CUDA_SUCCESS),
             _ => CUDA_SUCCESS,
         };
+        if synced != CUDA_SUCCESS {
+            // Earlier work on the block may still be running (or failed): it must not be
+            // handed out again. It stays the program's (and counted) until a later free
+            // synchronises successfully or the context is destroyed; the error of that earlier
+            // asynchronous work is reported, as the driver's free would.
+            self.live.insert(Kind::DevicePtr, ptr, live);
+            log!(Level::Debug, "free of {ptr:#x}: synchronising failed ({synced}); the block stays held");
+            return synced;
+        }
         if let Some(freed) = self.reserves.arena(live.device).free(ptr) {
             self.budgets_of(live.device).give(freed.size);
         }
-        // An error of earlier asynchronous work is reported, as the driver's free would.
-        synced
+        CUDA_SUCCESS
     }
 
     /// A free of `ptr` the live map does not know: inside a reserve it is an interior pointer or
@@ -329,31 +344,6 @@ impl State {
             budget.release(dropped.reserved);
             log!(Level::Debug, "device {dev}: context destroyed; its {} reserved bytes are gone", dropped.reserved);
         }
-    }
-
-    /// The unique id of the primary context of driver device `driver`, if it is active (it is
-    /// about to be released or reset).
-    pub fn active_primary_id(&self, driver: CUdevice) -> Option<u64> {
-        if !self.pooled() {
-            return None;
-        }
-        let api = self.api();
-        let (state, retain, release) = (api.primary_ctx_get_state?, api.primary_ctx_retain?, api.primary_ctx_release?);
-        let (mut flags, mut active): (c_uint, std::ffi::c_int) = (0, 0);
-        // SAFETY: valid out-pointers.
-        if unsafe { state(driver, &mut flags, &mut active) } != CUDA_SUCCESS || active == 0 {
-            return None;
-        }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: the primary context is active: retaining and releasing it again only moves its
-        // reference count up and back.
-        if unsafe { retain(&mut ctx, driver) } != CUDA_SUCCESS {
-            return None;
-        }
-        let id = self.context_id(ctx);
-        // SAFETY: releases the reference taken just above.
-        unsafe { release(driver) };
-        Some(id)
     }
 
     /// Whether the primary context of driver device `driver` is still active.

@@ -183,7 +183,8 @@ impl State {
     #[inline]
     pub fn needs(&self) -> u8 {
         let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
-        split | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+        let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
+        split | limit | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
     }
 
     /// Records a configuration error: reported once, and CUDA initialisation will fail.
@@ -432,8 +433,12 @@ impl State {
 
     /// Reserves `bytes` on `dev`, runs `alloc` (which returns the driver's result and the key
     /// of what it allocated), and records the allocation or rolls the reservation back.
-    /// A device the shim cannot account for (no context, ordinal out of range) is passed
-    /// through: the driver answers for it.
+    ///
+    /// While any limit is set, nothing passes uncounted: a device the caller could not tell
+    /// (`None`: no stream context, a driver that lacks a function or refused a query) is the
+    /// current context's; if even that is unknown, or the device is one the shim cannot account
+    /// for (beyond [`MAX_DEVICES`], or its size unknown), the request is refused. Without any
+    /// limit such a request goes to the driver, which answers for it.
     pub fn counted(
         &self,
         what: &str,
@@ -442,8 +447,12 @@ impl State {
         kind: crate::memory::Kind,
         alloc: impl FnOnce() -> (crate::ffi::CUresult, u64),
     ) -> crate::ffi::CUresult {
+        let dev = dev.or_else(|| self.current_device());
         let Some((dev, budget, limit)) = dev.and_then(|d| Some((d, self.budget(d)?, self.limit(d)?))) else {
-            return alloc().0;
+            if !self.limits_apply() {
+                return alloc().0;
+            }
+            return self.refuse_unaccountable(what, dev, bytes);
         };
         if budget.try_reserve(bytes, limit).is_err() {
             self.report_refusal(what, dev, bytes);
@@ -452,11 +461,60 @@ impl State {
         let (result, key) = alloc();
         if result == crate::ffi::CUDA_SUCCESS {
             budget.take(bytes);
-            self.live.insert(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false });
+            // arrays remember their context: the driver destroys them with it (`teardown`)
+            let ctx = match kind {
+                crate::memory::Kind::Array | crate::memory::Kind::MipmappedArray => self.current_context_handle(),
+                _ => 0,
+            };
+            let live = crate::memory::Live { device: dev as usize, bytes, served: false, ctx };
+            if let Some(stale) = self.live.insert(kind, key, live) {
+                self.credit_stale(stale);
+            }
         } else {
             budget.release(bytes);
         }
         result
+    }
+
+    /// Whether any device of the program can have a limit: a memory limit (global or per
+    /// device), virtual devices (each part is limited to its size), a shared quota, or a memory
+    /// mode that serves from a reserve. Then every allocation must be counted or refused.
+    pub fn limits_apply(&self) -> bool {
+        self.mode == Mode::Active && self.settings.limits_anything()
+    }
+
+    /// Refuses a request the shim cannot count while limits are set (fail closed), with one
+    /// rate-limited `warn` line saying why.
+    #[cold]
+    fn refuse_unaccountable(&self, what: &str, dev: Option<CUdevice>, bytes: u64) -> crate::ffi::CUresult {
+        let (result, why) = match dev {
+            None => (crate::ffi::CUDA_ERROR_INVALID_CONTEXT, "no current context tells which device it is for".to_string()),
+            Some(d) if self.budget(d).is_none() => (
+                crate::ffi::CUDA_ERROR_OUT_OF_MEMORY,
+                format!("device {d} is beyond the {MAX_DEVICES} devices gpushim can account for"),
+            ),
+            Some(d) => (crate::ffi::CUDA_ERROR_OUT_OF_MEMORY, format!("the memory size of device {d} cannot be read from the driver")),
+        };
+        if let Some(b) = dev.and_then(|d| self.budget(d)) {
+            b.count_refusal();
+        }
+        if log::enabled(Level::Warn) && self.refusal_log.admit().is_some() {
+            log::emit(Level::Warn, format_args!("{what} of {bytes} bytes refused: {why}, and limits are set (refused rather than left uncounted)"));
+        }
+        result
+    }
+
+    /// An entry the driver freed without the shim seeing it (its pointer or handle was handed
+    /// out again): credits what it held.
+    #[cold]
+    pub(crate) fn credit_stale(&self, stale: crate::memory::Live) {
+        if stale.served {
+            return; // the reserve's blocks are the shim's own; never handed out twice
+        }
+        let budget = self.budgets_of(stale.device);
+        budget.release(stale.bytes);
+        budget.give(stale.bytes);
+        log!(Level::Debug, "device {}: {} bytes freed by the driver behind gpushim's back credited", stale.device, stale.bytes);
     }
 
     /// Forgets the allocation `key`, runs `free`, and credits its bytes once the driver freed
@@ -487,8 +545,8 @@ impl State {
             let budget = self.budgets_of(live.device);
             budget.release(live.bytes);
             budget.give(live.bytes);
-        } else {
-            self.live.insert(kind, key, live);
+        } else if let Some(stale) = self.live.insert(kind, key, live) {
+            self.credit_stale(stale);
         }
         result
     }

@@ -1372,11 +1372,9 @@ fn primary_ctx_reset_gives_the_reserve_back() {
     }
 }
 
-/// passthrough: the driver frees what a destroyed context held, so the shim must stop counting
-/// it. Not part of the memory modes' work: the shim hooks cuCtxDestroy only while devices are
-/// split, so today the destroyed context's bytes stay counted against the limit.
+/// passthrough: the driver frees what a destroyed context held, so the shim stops counting it
+/// (`src/teardown.rs`; more cases in `tests/hardening.rs`).
 #[test]
-#[ignore = "passthrough does not yet credit memory freed by cuCtxDestroy (the hook is split-only)"]
 fn passthrough_ctx_destroy_credits_the_context() {
     // 1 ctx=v2, 2 alloc 900M, 3 ctxdestroy, 4 sim, 5 ctx=v2, 6 info, 7 alloc 900M
     let args = args![

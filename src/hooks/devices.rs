@@ -150,11 +150,16 @@ pub unsafe fn primary_retain(st: &State, real: unsafe extern "C" fn(*mut CUconte
 /// `dev`) and, if that destroyed the context, forgets its reserve (`modes`).
 fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -> CUresult) -> CUresult {
     on_driver(st, dev, |d| {
-        let doomed = st.active_primary_id(d);
+        let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
+        let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
+        let doomed = primary.map(|c| st.context_allocations(c));
         let result = teardown(d);
-        if let (CUDA_SUCCESS, Some(id)) = (result, doomed) {
-            if !st.primary_active(d) {
+        if result == CUDA_SUCCESS && primary.is_some() && !st.primary_active(d) {
+            if let Some(id) = reserve {
                 st.forget_context_reserve(id);
+            }
+            if let Some(doomed) = doomed {
+                st.credit_context(doomed);
             }
         }
         result
@@ -224,12 +229,14 @@ pub unsafe fn ctx_create_v4(st: &State, real: unsafe extern "C" fn(*mut CUcontex
 
 pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
     let id = (st.pooled() && !ctx.is_null()).then(|| st.context_id(ctx));
+    let doomed = st.context_allocations(ctx);
     let result = real(ctx);
     if result == CUDA_SUCCESS {
         st.forget_context(ctx);
         if let Some(id) = id {
             st.forget_context_reserve(id);
         }
+        st.credit_context(doomed);
     }
     result
 }

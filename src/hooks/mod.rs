@@ -2,8 +2,9 @@
 //!
 //! To hook another function, add one line here and write its body; the export, the `dlsym` and
 //! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. A hook marked
-//! `split` and/or `pool` is handed out only while devices are split or a memory mode serves
-//! allocations from a reserve; otherwise the program gets the driver's own function. Keep the `since`
+//! `split`, `pool` and/or `limit` is handed out only while devices are split, a memory mode
+//! serves allocations from a reserve, or any limit applies (`State::limits_apply`); otherwise
+//! the program gets the driver's own function. Keep the `since`
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
 //! `cuGetProcAddress` callers ask with.
 
@@ -91,17 +92,17 @@ hook_table! {
     cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
-    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool (dev: CUdevice)                                                    => devices::primary_release;
-    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool (dev: CUdevice)                                                => devices::primary_release;
-    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool (dev: CUdevice)                                                      => devices::primary_reset;
-    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool (dev: CUdevice)                                                    => devices::primary_reset;
+    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool limit (dev: CUdevice)                                                    => devices::primary_release;
+    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool limit (dev: CUdevice)                                                => devices::primary_release;
+    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool limit (dev: CUdevice)                                                      => devices::primary_reset;
+    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool limit (dev: CUdevice)                                                    => devices::primary_reset;
     cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000 split (dev: CUdevice, flags: *mut c_uint, active: *mut c_int)          => devices::primary_get_state;
     cuDevicePrimaryCtxSetFlags = "cuDevicePrimaryCtxSetFlags" @ 7000 split (dev: CUdevice, flags: c_uint)                                   => devices::primary_set_flags;
     cuDevicePrimaryCtxSetFlags_v2 = "cuDevicePrimaryCtxSetFlags" @ 11000 split (dev: CUdevice, flags: c_uint)                               => devices::primary_set_flags;
     cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split pool  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
     cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split pool (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
     cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split pool (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
-    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool  (ctx: CUcontext)                                                      => devices::ctx_destroy;
+    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool limit  (ctx: CUcontext)                                                      => devices::ctx_destroy;
     cuCtxGetDevice            = "cuCtxGetDevice"        @ 2000 split  (dev: *mut CUdevice)                                                  => devices::ctx_get_device;
     cuCtxGetDevice_v2         = "cuCtxGetDevice"        @ 13000 split (dev: *mut CUdevice, ctx: CUcontext)                                  => devices::ctx_get_device_v2;
     cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity" @ 10020 split (gran: *mut usize, prop: *const CUmemAllocationProp, option: c_int) => devices::allocation_granularity;

@@ -48,6 +48,9 @@ macro_rules! exported_fns {
         )]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $hit(<$id>::$name);
+            if let Some(code) = $crate::faults::injected(stringify!($name)) {
+                return code as $ret;
+            }
             #[allow(unused_unsafe)]
             let r = $guard(move || -> $res { unsafe { $body } });
             if $trace_enabled() {

@@ -13,5 +13,6 @@
 
 pub mod config;
 pub mod counters;
+pub mod faults;
 pub mod ffi;
 pub mod identity;

@@ -1,0 +1,177 @@
+//! Corners where a limit could silently stop holding (issue "hardening"): devices beyond the
+//! first 64, allocations whose device the shim cannot tell, memory the driver frees with a
+//! context, reserve blocks freed while earlier work failed, and concurrent first use of a
+//! context in `preallocate`.
+//!
+//! The program is `tests/c/modes.c` (linked with `-lcuda`; no context until told) on the
+//! simulated driver; `GPUSIM_FAIL` (sim/common/src/faults.rs) makes a driver function fail, as
+//! a driver that returns an error the shim did not expect. Every case also runs without the
+//! shim, where the same program gets the unconstrained answer.
+
+mod common;
+
+use common::MemoryMode::{Grow, NoShim, Passthrough};
+use common::*;
+
+/// CUDA_ERROR_INVALID_CONTEXT
+const INVALID_CONTEXT: i64 = 201;
+/// CUDA_ERROR_INVALID_DEVICE
+const INVALID_DEVICE: i64 = 101;
+/// CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error of earlier asynchronous work)
+const ILLEGAL_ADDRESS: i64 = 700;
+
+fn alloc(bytes: u64) -> String {
+    format!("alloc=mem:{bytes}")
+}
+
+fn modes_run(mode: MemoryMode, env: &[(&str, &str)], args: &[String]) -> RunOutput {
+    let out = Run::program(Program::Modes)
+        .env("GPUSIM_DEVICES", "2")
+        .env("GPUSIM_MEMORY", "16GiB")
+        .envs(env)
+        .args(args)
+        .mode(mode)
+        .with_shim_report()
+        .run();
+    out.assert_completed();
+    assert_eq!(out.num("init.rc"), 0, "{mode:?}: CUDA init\n{}", out.dump());
+    out
+}
+
+fn rc(out: &RunOutput, op: usize) -> i64 {
+    out.num(&format!("op{op}.rc"))
+}
+
+fn strs(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// Program ordinals past 64 have budgets: `0:64x128MiB;1:2x1GiB` makes 66 devices; device 65
+/// (GPU 1's second part, 1 GiB) refuses its 1 GiB + 1st byte. Without the shim there is no
+/// device 65, and GPU 1 takes far more than 1 GiB.
+#[test]
+fn devices_past_64_are_limited() {
+    let split = [("GPUSHIM_VIRTUAL_DEVICES", "0:64x128MiB;1:2x1GiB")];
+    // 1 dev=65, 2 ctx=v2, 3 alloc 1GiB, 4 alloc 1, 5 info
+    let args = strs(&["dev=65", "ctx=v2", &alloc(GIB), &alloc(1), "info"]);
+    let out = modes_run(Passthrough, &split, &args);
+    assert_eq!([rc(&out, 1), rc(&out, 2), rc(&out, 3), rc(&out, 4)], [0, 0, 0, OOM], "{}", out.dump());
+    assert_eq!((out.u64("op5.total"), out.u64("op5.free")), (GIB, 0), "{}", out.dump());
+    assert_eq!(out.report().device(1).peak, GIB, "{}", out.dump());
+    assert_eq!(out.shim_report().device(65).refused, 1, "{}", out.dump());
+
+    let out = modes_run(NoShim, &[], &args);
+    assert_eq!(rc(&out, 1), INVALID_DEVICE, "{}", out.dump());
+    let out = modes_run(NoShim, &[], &strs(&["dev=1", "ctx=v2", &alloc(GIB), &alloc(GIB)]));
+    assert_eq!([rc(&out, 3), rc(&out, 4)], [0, 0], "{}", out.dump());
+}
+
+/// More program devices than gpushim can account for is a configuration error, not devices
+/// without a budget: 2 GPUs × 64 parts + … on 16 GPUs makes 1024 devices.
+#[test]
+fn too_many_virtual_devices_fail_closed() {
+    let spec: Vec<String> = (0..16).map(|d| format!("{d}:64x128MiB")).collect();
+    let out = Run::program(Program::Modes)
+        .env("GPUSIM_DEVICES", "16")
+        .env("GPUSIM_MEMORY", "16GiB")
+        .env("GPUSHIM_VIRTUAL_DEVICES", &spec.join(";"))
+        .args(["ctx=v2", &alloc(GIB)])
+        .mode(Passthrough)
+        .run();
+    out.assert_completed();
+    assert_eq!(out.num("init.rc"), NOT_INITIALIZED, "{}", out.dump());
+    assert!(out.stderr_text().contains("this makes 1024 devices; gpushim accounts for at most 256"), "{}", out.dump());
+}
+
+/// A driver whose `cuCtxGetDevice` fails: the shim cannot tell the device of a `cuMemAlloc`.
+/// Under a limit the allocation is refused, never passed uncounted; without a limit, and
+/// without the shim, the driver answers (2 GiB granted).
+#[test]
+fn allocations_of_an_unknown_device_are_refused_under_a_limit() {
+    let fail = ("GPUSIM_FAIL", "cuCtxGetDevice=201");
+    // 1 ctx=v2, 2 alloc 2GiB, 3 alloc=managed 2GiB, 4 alloc=array 16MiB
+    let args = strs(&["ctx=v2", &alloc(2 * GIB), &format!("alloc=managed:{}", 2 * GIB), "alloc=array:16777216"]);
+    let out = modes_run(Passthrough, &[fail, ("GPUSHIM_MEMORY_LIMIT", "1GiB")], &args);
+    assert_eq!([rc(&out, 1), rc(&out, 2), rc(&out, 3), rc(&out, 4)], [0, INVALID_CONTEXT, INVALID_CONTEXT, INVALID_CONTEXT], "{}", out.dump());
+    assert_eq!(out.report().device(0).peak, 0, "{}", out.dump());
+    let warn = out.warn_lines();
+    assert!(warn.iter().any(|l| l.contains("cuMemAlloc of 2147483648 bytes refused: no current context tells which device")), "{}", out.dump());
+
+    for (mode, env) in [(NoShim, vec![fail]), (Passthrough, vec![fail])] {
+        let out = modes_run(mode, &env, &args);
+        assert_eq!([rc(&out, 2), rc(&out, 3), rc(&out, 4)], [0, 0, 0], "{mode:?}\n{}", out.dump());
+        assert!(out.report().device(0).peak >= 4 * GIB, "{mode:?}\n{}", out.dump());
+    }
+}
+
+/// `cudaDeviceReset`, `cuCtxDestroy`, the last primary release: the driver frees the context's
+/// device memory, managed memory and arrays; in `passthrough` the shim credits them, so the
+/// whole limit can be allocated again. Without the shim the driver shows the same frees.
+#[test]
+fn passthrough_context_teardown_credits_what_the_driver_freed() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+    let teardown_cases: [(&str, &str); 2] = [("ctx=v2", "ctxdestroy"), ("ctx=primary", "reset")];
+    for (make, teardown) in teardown_cases {
+        // 1 make, 2 alloc 600M, 3 managed 200M, 4 array 64M, 5 async 100M (pool memory: not
+        // the context's), 6 teardown, 7 sim, 8 make, 9 info, 10 alloc 900M - 100M
+        let args = strs(&[
+            make,
+            &alloc(600 * MIB),
+            &format!("alloc=managed:{}", 200 * MIB),
+            &format!("alloc=array:{}", 64 * MIB),
+            &format!("alloc=async:{}", 100 * MIB),
+            teardown,
+            "sim=0",
+            make,
+            "info",
+            &alloc(900 * MIB - 100 * MIB),
+        ]);
+        for mode in MemoryMode::selected(&[NoShim, Passthrough, Grow]) {
+            let env: &[(&str, &str)] = if mode == NoShim { &[] } else { &limit };
+            let out = modes_run(mode, env, &args);
+            for op in [1, 2, 3, 4, 5, 6, 8, 9, 10] {
+                assert_eq!(rc(&out, op), 0, "{mode:?} {teardown}: op{op}\n{}", out.dump());
+            }
+            assert_eq!(out.num("op6.dropped"), 3, "{mode:?} {teardown}\n{}", out.dump());
+            assert_eq!(out.u64("op7.used"), 100 * MIB, "{mode:?} {teardown}: only the pool's memory stays\n{}", out.dump());
+            if mode != NoShim {
+                assert_eq!(out.u64("op9.total"), GIB, "{mode:?} {teardown}\n{}", out.dump());
+                assert_eq!(out.u64("op9.free"), GIB - 100 * MIB, "{mode:?} {teardown}: credited\n{}", out.dump());
+            }
+            assert_eq!(out.num("cleanup.failures"), 0, "{mode:?} {teardown}\n{}", out.dump());
+        }
+    }
+}
+
+/// A release that is not the last keeps the context: nothing is credited.
+#[test]
+fn a_primary_release_that_keeps_the_context_credits_nothing() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+    // 1 ctx=primary, 2 ctx=retain (second reference), 3 alloc 600M, 4 release? (not in modes.c)
+    let args = strs(&["ctx=primary", "ctx=retain", &alloc(600 * MIB), "info", &alloc(600 * MIB)]);
+    let out = modes_run(Passthrough, &limit, &args);
+    assert_eq!([rc(&out, 3), rc(&out, 4), rc(&out, 5)], [0, 0, OOM], "{}", out.dump());
+    assert_eq!(out.u64("op4.free"), GIB - 600 * MIB, "{}", out.dump());
+}
+
+/// `grow`: a free whose synchronisation fails (earlier asynchronous work failed) does not put
+/// the block back into the reserve: it stays held and counted, so the next allocation cannot
+/// be handed the same memory; a later free that synchronises gives it back.
+#[test]
+fn a_served_block_whose_free_fails_to_synchronise_stays_held() {
+    let env = [("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSIM_FAIL", "cuCtxSynchronize=700@1")];
+    // 1 ctx=v2, 2 alloc 600M, 3 freeat=2 (sync fails), 4 alloc 600M, 5 freeat=2 (sync ok),
+    // 6 alloc 600M, 7 diff=2,6
+    let args = strs(&["ctx=v2", &alloc(600 * MIB), "freeat=2:0", &alloc(600 * MIB), "freeat=2:0", &alloc(600 * MIB), "diff=2,6"]);
+    let out = modes_run(Grow, &env, &args);
+    assert_eq!(
+        [rc(&out, 1), rc(&out, 2), rc(&out, 3), rc(&out, 4), rc(&out, 5), rc(&out, 6)],
+        [0, 0, ILLEGAL_ADDRESS, OOM, 0, 0],
+        "{}",
+        out.dump()
+    );
+    assert_eq!(out.num("op7.diff"), 0, "the block is reused once it was freed\n{}", out.dump());
+    // Without the shim the driver's free does not synchronise: both allocations succeed.
+    let out = modes_run(NoShim, &[env[1]], &args);
+    assert_eq!([rc(&out, 3), rc(&out, 4)], [0, 0], "{}", out.dump());
+}
