@@ -368,6 +368,8 @@ pub enum Program {
     },
     /// `tests/c/race.c`
     Race,
+    /// `tests/c/stress.c`: every allocation API from threads, forks, teardowns
+    Stress,
     /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
     Modes,
     /// `tests/c/nvml.c`: NVML alone
@@ -395,6 +397,7 @@ impl Program {
                 format!("runtime{major}{}", if ptsz { "-ptsz" } else { "" })
             }
             Program::Race => "race".into(),
+            Program::Stress => "stress".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
@@ -437,9 +440,10 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race => {
+            Program::Race | Program::Stress => {
+                let file = if self == Program::Race { "race.c" } else { "stress.c" };
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
-                args.push(c.join("race.c").into());
+                args.push(c.join(file).into());
                 link_cuda(&mut args);
                 args.push("-lpthread".into());
             }

@@ -1,0 +1,50 @@
+//! The stress test the hardening issue asks for: every allocation API from 8 threads at once
+//! (`tests/c/stress.c`), starting with a concurrent first use of the primary context (the first
+//! preallocation in `preallocate`), with contexts destroyed under live allocations, a fork whose
+//! child exits, and a primary-context reset — checked against the simulated driver's own record
+//! of what is resident: its peak never passes the limit, and once everything is freed or torn
+//! down the whole limit is free again. Without the shim the same workload passes the limit, so
+//! the test can fail. A hang fails too (the harness gives each run 120 s).
+
+mod common;
+
+use common::MemoryMode::{Grow, NoShim, Passthrough, Preallocate};
+use common::*;
+
+const LIMIT: u64 = 64 * MIB;
+
+fn stress(mode: MemoryMode, seed: u64) -> RunOutput {
+    let out = Run::program(Program::Stress)
+        .env("GPUSIM_DEVICES", "1")
+        .env("GPUSIM_MEMORY", "4GiB")
+        .env("GPUSHIM_MEMORY_LIMIT", "64MiB")
+        .args(["8", "1500", &(8 * MIB).to_string(), &seed.to_string()])
+        .mode(mode)
+        .run();
+    out.assert_completed();
+    assert_eq!(out.num("init.rc"), 0, "{mode:?}\n{}", out.dump());
+    out
+}
+
+#[test]
+fn every_api_from_threads_forks_and_teardowns_never_passes_the_limit() {
+    for mode in MemoryMode::selected(&[NoShim, Passthrough, Grow, Preallocate]) {
+        for seed in 1..=3 {
+            let out = stress(mode, seed);
+            let what = format!("{mode:?} seed {seed}");
+            for key in ["errors", "free_errors", "info_bad", "reset.rc", "info.rc", "child.status"] {
+                assert_eq!(out.num(key), 0, "{what}: {key}\n{}", out.dump());
+            }
+            assert_eq!(out.num("first.ok"), 8, "{what}: every thread's first allocation\n{}", out.dump());
+            let sim = out.report().device(0);
+            if mode == NoShim {
+                assert!(sim.peak > LIMIT, "{what}: the workload never passes the limit ({}): make it heavier", sim.peak);
+                continue;
+            }
+            assert!(sim.peak <= LIMIT, "{what}: the driver held {} bytes, limit {LIMIT}\n{}", sim.peak, out.dump());
+            assert!(out.num("oom") > 0, "{what}: the limit was never reached\n{}", out.dump());
+            assert_eq!(out.u64("info.total"), LIMIT, "{what}\n{}", out.dump());
+            assert_eq!(out.u64("info.free"), LIMIT, "{what}: something stayed counted\n{}", out.dump());
+        }
+    }
+}
