@@ -8,6 +8,7 @@
 //! | `GPUSIM_DRIVER_VERSION` | what `cuDriverGetVersion` / `nvmlSystemGetCudaDriverVersion` return | 13050 |
 //! | report variable (`GPUSIM_REPORT` for the driver, `GPUSIM_NVML_REPORT` for NVML) | path of the library's JSON report written at exit | unset |
 //! | `GPUSIM_TRACE` | `1`/`true`/`yes`: one stderr line per call | unset |
+//! | `GPUSIM_FAIL` | `NAME=CODE[@N],…`: the function `NAME` fails with `CODE` (every call, or its N-th) — see `faults` | unset |
 //!
 //! An invalid value prints one warning (`<prefix>: …`) to stderr and the default is used.
 
