@@ -182,6 +182,10 @@ pub struct Api {
     pub primary_ctx_release: Option<unsafe extern "C" fn(CUdevice) -> CUresult>,
     pub primary_ctx_get_state: Option<unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CUresult>,
     pub pointer_get_attribute: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdeviceptr) -> CUresult>,
+    pub device_get_mem_pool: Option<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>,
+    pub device_get_default_mem_pool: Option<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>,
+    pub mem_pool_get_attribute: Option<unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult>,
+    pub mem_pool_trim_to: Option<unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
@@ -219,6 +223,10 @@ impl Api {
         primary_ctx_release: None,
         primary_ctx_get_state: None,
         pointer_get_attribute: None,
+        device_get_mem_pool: None,
+        device_get_default_mem_pool: None,
+        mem_pool_get_attribute: None,
+        mem_pool_trim_to: None,
     };
 
     pub fn load(lib: &Library) -> Api {
@@ -245,6 +253,10 @@ impl Api {
             primary_ctx_release: sym!(lib, c"cuDevicePrimaryCtxRelease_v2"),
             primary_ctx_get_state: sym!(lib, c"cuDevicePrimaryCtxGetState"),
             pointer_get_attribute: sym!(lib, c"cuPointerGetAttribute"),
+            device_get_mem_pool: sym!(lib, c"cuDeviceGetMemPool"),
+            device_get_default_mem_pool: sym!(lib, c"cuDeviceGetDefaultMemPool"),
+            mem_pool_get_attribute: sym!(lib, c"cuMemPoolGetAttribute"),
+            mem_pool_trim_to: sym!(lib, c"cuMemPoolTrimTo"),
         }
     }
 

@@ -18,6 +18,7 @@ mod md2;
 mod memory;
 mod modes;
 mod nvml_virtual;
+mod pools;
 mod private;
 mod quota;
 mod report;

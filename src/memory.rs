@@ -40,6 +40,10 @@ pub struct DeviceBudget {
     in_use: AtomicU64,
     peak_in_use: AtomicU64,
     refused: AtomicU64,
+    /// Bytes freed into stream-ordered pools that the driver may still hold (pools keep freed
+    /// memory until a synchronisation or a trim releases it): still in `reserved`, no longer in
+    /// `in_use`, credited once the driver shows the pools gave them back (`pools`).
+    pool_kept: AtomicU64,
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
     /// what every member holds.
     shared: OnceLock<(&'static Quota, usize)>,
@@ -61,6 +65,7 @@ impl DeviceBudget {
             in_use: AtomicU64::new(0),
             peak_in_use: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            pool_kept: AtomicU64::new(0),
             shared: OnceLock::new(),
         }
     }
@@ -158,6 +163,26 @@ impl DeviceBudget {
         let _ = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
     }
 
+    /// Bytes freed into stream-ordered pools and possibly still held by them.
+    pub fn pool_kept(&self) -> u64 {
+        self.pool_kept.load(Relaxed)
+    }
+
+    /// A pool allocation of `bytes` was freed: the program holds it no more, but its pool may
+    /// keep it, so it stays reserved.
+    pub fn keep_in_pool(&self, bytes: u64) {
+        self.give(bytes);
+        self.pool_kept.fetch_add(bytes, Relaxed);
+    }
+
+    /// The pools now keep at most `kept` bytes: credits what they gave back (never more than
+    /// was counted as kept).
+    pub fn pools_keep(&self, kept: u64) {
+        if let Ok(before) = self.pool_kept.fetch_update(Relaxed, Relaxed, |k| (k > kept).then_some(kept)) {
+            self.release(before - kept);
+        }
+    }
+
     /// Counts one of the program's requests as refused.
     pub fn count_refusal(&self) {
         self.refused.fetch_add(1, Relaxed);
@@ -183,6 +208,8 @@ pub struct Live {
     pub bytes: u64,
     /// Served from the device's reserve (`grow`/`preallocate`), not by the driver.
     pub served: bool,
+    /// Allocated from a stream-ordered pool: its pool may keep the memory after the free.
+    pub pool: bool,
     /// The context an array was created in (0: not recorded; device memory's context is asked
     /// of the driver when a context is torn down, see `teardown`).
     pub ctx: usize,
@@ -342,11 +369,11 @@ mod tests {
     #[test]
     fn live_map_keys_are_per_kind() {
         let m = LiveMap::new();
-        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, ctx: 0 });
-        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, ctx: 0 });
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, ctx: 0 }));
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0 });
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0 });
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0 }));
         assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, ctx: 0 }));
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0 }));
     }
 }

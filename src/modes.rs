@@ -152,7 +152,7 @@ impl State {
             },
         };
         budget.take(size);
-        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, ctx: 0 });
+        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0 });
         Some(Ok(ptr))
     }
 
@@ -160,6 +160,10 @@ impl State {
     /// block from it. If the driver has less than the chunk, tries the block alone.
     fn grow(&self, dev: CUdevice, ctx: CUcontext, id: u64, size: u64, requested: u64, limit: u64) -> Result<u64, CUresult> {
         let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        if limit.saturating_sub(budget.held()) < size && budget.pool_kept() > 0 {
+            // what stream-ordered pools keep after frees counts until they give it back (`pools`)
+            self.trim_pools(dev);
+        }
         let chunk = grow_chunk(size, limit.saturating_sub(budget.held())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut last = CUDA_ERROR_OUT_OF_MEMORY;
         for bytes in [chunk, size].into_iter().take(if chunk > size { 2 } else { 1 }) {

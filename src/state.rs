@@ -455,8 +455,12 @@ impl State {
             return self.refuse_unaccountable(what, dev, bytes);
         };
         if budget.try_reserve(bytes, limit).is_err() {
-            self.report_refusal(what, dev, bytes);
-            return crate::ffi::CUDA_ERROR_OUT_OF_MEMORY;
+            // What pools keep after frees counts until they give it back: make them give back
+            // what they do not use, then try once more.
+            if budget.pool_kept() == 0 || !self.trim_pools(dev) || budget.try_reserve(bytes, limit).is_err() {
+                self.report_refusal(what, dev, bytes);
+                return crate::ffi::CUDA_ERROR_OUT_OF_MEMORY;
+            }
         }
         let (result, key) = alloc();
         if result == crate::ffi::CUDA_SUCCESS {
@@ -466,7 +470,8 @@ impl State {
                 crate::memory::Kind::Array | crate::memory::Kind::MipmappedArray => self.current_context_handle(),
                 _ => 0,
             };
-            let live = crate::memory::Live { device: dev as usize, bytes, served: false, ctx };
+            let pool = matches!(what, "cuMemAllocAsync" | "cuMemAllocFromPoolAsync");
+            let live = crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx };
             if let Some(stale) = self.live.insert(kind, key, live) {
                 self.credit_stale(stale);
             }
@@ -543,8 +548,12 @@ impl State {
         let result = free();
         if result == crate::ffi::CUDA_SUCCESS {
             let budget = self.budgets_of(live.device);
-            budget.release(live.bytes);
-            budget.give(live.bytes);
+            if live.pool {
+                budget.keep_in_pool(live.bytes);
+            } else {
+                budget.release(live.bytes);
+                budget.give(live.bytes);
+            }
         } else if let Some(stale) = self.live.insert(kind, key, live) {
             self.credit_stale(stale);
         }
@@ -580,14 +589,20 @@ impl State {
     /// the limit; free is what the limit still allows and the driver has, plus what the
     /// reserve has free (`grow`/`preallocate`; nothing in `passthrough`).
     pub fn clamp_mem_info(&self, dev: CUdevice, driver_free: u64, driver_total: u64) -> (u64, u64) {
+        if self.budget(dev).is_some_and(|b| b.pool_kept() > 0) {
+            self.reconcile_pools(dev);
+        }
         match (self.budget(dev), self.limit(dev)) {
             (Some(b), Some(limit)) => {
                 // `held`: what counts against the limit (with a shared quota, every member's)
-                let (reserved, in_use, held) = (b.reserved(), b.in_use(), b.held());
+                // `kept`: what stream-ordered pools may still hold after frees (`pools`): neither
+                // the program's nor free
+                let (reserved, in_use, held, kept) = (b.reserved(), b.in_use(), b.held(), b.pool_kept());
                 let others = held.saturating_sub(reserved);
                 let headroom = limit.saturating_sub(held).min(driver_free);
-                let cap = limit.saturating_sub(others).saturating_sub(in_use);
-                (headroom.saturating_add(reserved.saturating_sub(in_use)).min(cap), limit)
+                let cap = limit.saturating_sub(others).saturating_sub(in_use).saturating_sub(kept);
+                let reserve_free = reserved.saturating_sub(in_use).saturating_sub(kept);
+                (headroom.saturating_add(reserve_free).min(cap), limit)
             }
             _ => (driver_free, driver_total),
         }

@@ -175,3 +175,45 @@ fn a_served_block_whose_free_fails_to_synchronise_stays_held() {
     let out = modes_run(NoShim, &[env[1]], &args);
     assert_eq!([rc(&out, 3), rc(&out, 4)], [0, 0], "{}", out.dump());
 }
+
+/// A stream-ordered pool keeps what is freed into it (here its release threshold is
+/// `UINT64_MAX`): the driver still holds those bytes, so they stay counted until the pool gives
+/// them back. A later allocation that needs them makes the shim trim the pool first: the driver
+/// never holds more than the limit. Without the shim the driver holds both (1.2 GiB).
+#[test]
+fn memory_a_pool_keeps_after_a_free_stays_counted() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+    for second in ["mem", "async"] {
+        // 1 ctx=v2, 2 poolkeep, 3 async 600M, 4 free=3, 5 pool, 6 info, 7 second 600M, 8 sim
+        let args = strs(&[
+            "ctx=v2",
+            "poolkeep",
+            &format!("alloc=async:{}", 600 * MIB),
+            "free=3",
+            "pool",
+            "info",
+            &format!("alloc={second}:{}", 600 * MIB),
+            "sim=0",
+        ]);
+        for mode in MemoryMode::selected(&[NoShim, Passthrough, Grow]) {
+            let env: &[(&str, &str)] = if mode == NoShim { &[] } else { &limit };
+            let out = modes_run(mode, env, &args);
+            let what = format!("{mode:?} then {second}");
+            for op in [1, 2, 3, 4, 5, 6, 7] {
+                assert_eq!(rc(&out, op), 0, "{what}: op{op}\n{}", out.dump());
+            }
+            assert_eq!((out.u64("op5.reserved"), out.u64("op5.used")), (600 * MIB, 0), "{what}: the pool keeps it\n{}", out.dump());
+            let peak = out.report().device(0).peak;
+            if mode == NoShim {
+                if second == "mem" {
+                    assert_eq!(peak, 1200 * MIB, "{what}: the driver holds both\n{}", out.dump());
+                }
+                continue;
+            }
+            assert_eq!(out.u64("op6.free"), GIB - 600 * MIB, "{what}: what the pool keeps is not free\n{}", out.dump());
+            assert!(peak <= GIB, "{what}: the driver held {peak} bytes\n{}", out.dump());
+            assert_eq!(out.u64("op8.used"), 600 * MIB, "{what}: the pool was trimmed\n{}", out.dump());
+            assert!(out.report().calls("cuMemPoolTrimTo") >= 1, "{what}\n{}", out.dump());
+        }
+    }
+}

@@ -41,6 +41,10 @@
  *   info           cuMemGetInfo_v2 -> opI.rc, opI.free, opI.total
  *   sim=P          the simulator's state of physical device P (sim_hooks.h) (no opI.rc)
  *   sync           cuCtxSynchronize
+ *   poolkeep       the device's current memory pool keeps what is freed into it
+ *                  (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = UINT64_MAX) -> opI.rc
+ *   pool           the current pool's RESERVED_MEM_CURRENT and USED_MEM_CURRENT -> opI.rc,
+ *                  opI.reserved, opI.used
  * Data
  *   neighbours=K,L  slots K and L (device memory of N_K and N_L bytes): cuMemsetD8 K to 0xAA and
  *                  L to 0x55, read both back; cuMemcpyHtoD a pattern into all of K, read both;
@@ -611,6 +615,18 @@ int main(int argc, char **argv) {
             sim_op(prefix, atoi(arg + 4));
         } else if (!strcmp(arg, "sync")) {
             kv("op%d.rc=%d", i, (int)cuCtxSynchronize());
+        } else if (!strcmp(arg, "poolkeep") || !strcmp(arg, "pool")) {
+            CUmemoryPool pool = NULL;
+            CUresult r = cuDeviceGetMemPool(&pool, device);
+            cuuint64_t reserved = 0, used = 0, keep = ~(cuuint64_t)0;
+            if (r == CUDA_SUCCESS && arg[4] == 'k') r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+            if (r == CUDA_SUCCESS && arg[4] == 0) {
+                r = cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+                if (r == CUDA_SUCCESS) r = cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+                kv("op%d.reserved=%llu", i, (unsigned long long)reserved);
+                kv("op%d.used=%llu", i, (unsigned long long)used);
+            }
+            kv("op%d.rc=%d", i, (int)r);
         } else if (starts_with(arg, "neighbours=")) {
             do_neighbours(i, arg + 11);
         } else if (starts_with(arg, "random=")) {

@@ -332,8 +332,16 @@ cu_api! {
         put(dev, c.ordinal)
     }
 
-    fn cuCtxSynchronize() { current().map(|_| ()) }
-    fn cuCtxSynchronize_v2(ctx: CUcontext) { or_current(ctx).map(|_| ()) }
+    fn cuCtxSynchronize() {
+        current()?;
+        crate::pools::synchronised();
+        Ok(())
+    }
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        or_current(ctx)?;
+        crate::pools::synchronised();
+        Ok(())
+    }
 
     fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32) {
         or_current(ctx)?;

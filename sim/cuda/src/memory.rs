@@ -144,13 +144,26 @@ pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
     if a.kind != Kind::Registered {
         unmap(base, a.len);
     }
-    if a.counted > 0 {
+    if a.kind == Kind::Pool {
+        // The pool keeps the memory (resident, still counted on the device) until a
+        // synchronisation or cuMemPoolTrimTo releases it (`pools`).
+        stats::count_free(a.physical);
+        crate::pools::released(a.pool, a.counted);
+    } else if a.counted > 0 {
         stats::release(a.physical, a.counted);
     }
-    if a.kind == Kind::Pool {
-        crate::pools::released(a.pool, a.size as u64);
-    }
     Ok(a)
+}
+
+/// `cuMemFree`: it synchronises, as on the real driver, so memory freed into a pool (stream-
+/// ordered memory may be freed this way) is given back as far as the pool's release threshold
+/// says at once.
+fn plain_free(base: usize) -> Res {
+    let a = free(base, is_device_kind)?;
+    if a.kind == Kind::Pool {
+        crate::pools::synchronised();
+    }
+    Ok(())
 }
 
 /// Frees every `cuMemAlloc*`/`cuMemAllocPitch*`/`cuMemAllocManaged` allocation made in the
@@ -456,7 +469,7 @@ cu_api! {
         if dptr == 0 {
             return Ok(());
         }
-        free(dptr as usize, is_device_kind).map(|_| ())
+        plain_free(dptr as usize)
     }
 
     fn cuMemFree(dptr: u32) {
@@ -464,7 +477,7 @@ cu_api! {
         if dptr == 0 {
             return Ok(());
         }
-        free(dptr as usize, is_device_kind).map(|_| ())
+        plain_free(dptr as usize)
     }
 
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) {

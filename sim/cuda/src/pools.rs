@@ -1,8 +1,13 @@
 //! Stream-ordered allocation and memory pools.
 //!
-//! No caching: a pool's memory is counted on its device from `cuMemAllocAsync` /
-//! `cuMemAllocFromPoolAsync` until the pointer is freed (`cuMemFreeAsync` or plain
-//! `cuMemFree`), so a pool's reserved memory always equals its used memory.
+//! As on the real driver, a pool keeps the memory of what is freed into it (`cuMemFreeAsync` or
+//! plain `cuMemFree` of a pool allocation): it stays resident on the device (counted in the
+//! device's `used`) and is reused by the pool's next allocations, until a synchronisation
+//! (`cuStreamSynchronize`, `cuCtxSynchronize`, `cuEventSynchronize`) releases what the pool
+//! holds above its release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default 0),
+//! `cuMemPoolTrimTo` releases down to its argument, or the pool is destroyed. The pool's
+//! reserved memory (`RESERVED_MEM_CURRENT`) is what it hands out plus what it keeps; frees are
+//! complete when called (nothing here is asynchronous).
 
 use crate::context::{self, Ctx};
 use crate::devices::{self, phys_of};
@@ -18,6 +23,8 @@ pub struct Pool {
     pub physical: usize,
     pub is_default: bool,
     used: AtomicU64,
+    /// Freed into the pool and kept: resident on the device, reusable.
+    cached: AtomicU64,
     high: AtomicU64,
     /// `CUmemPool_attribute` 1..=4: three reuse flags (int) and the release threshold.
     attrs: Mutex<[u64; 5]>,
@@ -41,6 +48,7 @@ fn new_pool(ordinal: CUdevice, physical: usize, is_default: bool) -> &'static Po
         physical,
         is_default,
         used: AtomicU64::new(0),
+        cached: AtomicU64::new(0),
         high: AtomicU64::new(0),
         attrs: Mutex::new([0, 1, 1, 1, 0]),
     }));
@@ -86,7 +94,7 @@ fn from_handle(h: CUmemoryPool) -> Res<&'static Pool> {
     Ok(unsafe { &*(h as *const Pool) })
 }
 
-/// Called by `memory::free` when a pool allocation goes away.
+/// Called by `memory::free` when a pool allocation goes away: the pool keeps its bytes.
 pub fn released(pool: usize, size: u64) {
     if pool != 0 {
         // SAFETY: pools are leaked, never freed; `pool` was a live pool when allocated from.
@@ -96,6 +104,45 @@ pub fn released(pool: usize, size: u64) {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
                 Some(u.saturating_sub(size))
             });
+        p.cached.fetch_add(size, Ordering::AcqRel);
+    }
+}
+
+impl Pool {
+    /// Gives back to the device what the pool keeps beyond `keep` bytes of reserved memory
+    /// (reserved = used + kept).
+    fn trim(&self, keep: u64) {
+        let target = keep.saturating_sub(self.used.load(Ordering::Acquire));
+        if let Ok(before) = self.cached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > target).then_some(target)) {
+            crate::stats::release_bytes(self.physical, before - target);
+        }
+    }
+
+    /// Takes up to `size` kept bytes for a new allocation: they leave the device's count here
+    /// and are counted again by the allocation (reused memory, not more).
+    fn reuse(&self, size: u64) -> u64 {
+        match self.cached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > 0).then(|| c - c.min(size))) {
+            Ok(before) => {
+                let taken = before.min(size);
+                crate::stats::release_bytes(self.physical, taken);
+                taken
+            }
+            Err(_) => 0,
+        }
+    }
+
+    fn threshold(&self) -> u64 {
+        self.attrs.lock().unwrap_or_else(|e| e.into_inner())[4]
+    }
+}
+
+/// A synchronisation point: every pool gives back what it keeps above its release threshold.
+pub fn synchronised() {
+    let pools: Vec<usize> = live().read().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+    for h in pools {
+        // SAFETY: pools are leaked, never freed.
+        let p = unsafe { &*(h as *const Pool) };
+        p.trim(p.threshold());
     }
 }
 
@@ -114,6 +161,7 @@ unsafe fn alloc_from(
     } else {
         context::primary(pool.ordinal)?.ctx
     };
+    pool.reuse(size as u64);
     let p = memory::alloc(
         size,
         Some(ctx),
@@ -185,6 +233,7 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         live().write().unwrap_or_else(|e| e.into_inner()).remove(&(pool as usize));
+        p.trim(0);
         let dp = device_pools()?;
         let _ = dp.current[p.ordinal as usize].compare_exchange(
             pool as usize,
@@ -196,8 +245,8 @@ cu_api! {
     }
 
     fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes: usize) {
-        let _ = min_bytes;
-        from_handle(pool).map(|_| ())
+        from_handle(pool)?.trim(min_bytes as u64);
+        Ok(())
     }
 
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: i32, value: *mut std::ffi::c_void) {
@@ -225,7 +274,8 @@ cu_api! {
         match attr {
             1..=3 => put(value as *mut i32, p.attrs.lock().unwrap_or_else(|e| e.into_inner())[attr as usize] as i32),
             4 => put(value as *mut u64, p.attrs.lock().unwrap_or_else(|e| e.into_inner())[4]),
-            5 | 7 => put(value as *mut u64, p.used.load(Ordering::Acquire)),
+            5 => put(value as *mut u64, p.used.load(Ordering::Acquire) + p.cached.load(Ordering::Acquire)),
+            7 => put(value as *mut u64, p.used.load(Ordering::Acquire)),
             6 | 8 => put(value as *mut u64, p.high.load(Ordering::Acquire)),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }

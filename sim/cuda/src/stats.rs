@@ -80,6 +80,23 @@ pub fn release(p: usize, size: u64) {
 }
 
 /// Undoes a `reserve` whose allocation could not be made after all (not counted as a free).
+/// A free whose bytes stay resident (a stream-ordered pool keeps them): counts the free only.
+pub fn count_free(p: usize) {
+    if let Some(s) = all().get(p) {
+        s.frees.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes a pool kept after their free, now given back to the device (not a free of its own).
+pub fn release_bytes(p: usize, size: u64) {
+    if let Some(s) = all().get(p) {
+        let _ = s.used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| Some(u.saturating_sub(size)));
+        if let Some(n) = node::active() {
+            n.release(p, size);
+        }
+    }
+}
+
 pub fn unreserve(p: usize, size: u64) {
     if let Some(s) = all().get(p) {
         let _ = s

@@ -225,8 +225,16 @@ cu_api! {
     fn cuStreamCreateWithPriority(ph: *mut CUstream, flags: u32, priority: i32) { create_stream(ph, flags, priority) }
     fn cuStreamDestroy(h: CUstream) { destroy_stream(h) }
     fn cuStreamDestroy_v2(h: CUstream) { destroy_stream(h) }
-    fn cuStreamSynchronize(h: CUstream) { ctx_of(h).map(|_| ()) }
-    fn cuStreamSynchronize_ptsz(h: CUstream) { ctx_of(h).map(|_| ()) }
+    fn cuStreamSynchronize(h: CUstream) {
+        ctx_of(h)?;
+        crate::pools::synchronised();
+        Ok(())
+    }
+    fn cuStreamSynchronize_ptsz(h: CUstream) {
+        ctx_of(h)?;
+        crate::pools::synchronised();
+        Ok(())
+    }
     fn cuStreamQuery(h: CUstream) { ctx_of(h).map(|_| ()) }
     fn cuStreamQuery_ptsz(h: CUstream) { ctx_of(h).map(|_| ()) }
     fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) { stream_ctx(h, pctx) }
@@ -266,7 +274,11 @@ cu_api! {
 
     fn cuEventRecord(e: CUevent, s: CUstream) { record(e, s) }
     fn cuEventRecord_ptsz(e: CUevent, s: CUstream) { record(e, s) }
-    fn cuEventSynchronize(e: CUevent) { event(e).map(|_| ()) }
+    fn cuEventSynchronize(e: CUevent) {
+        event(e)?;
+        crate::pools::synchronised();
+        Ok(())
+    }
     fn cuEventQuery(e: CUevent) { event(e).map(|_| ()) }
     fn cuEventDestroy(e: CUevent) { destroy_event(e) }
     fn cuEventDestroy_v2(e: CUevent) { destroy_event(e) }

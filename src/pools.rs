@@ -1,0 +1,105 @@
+//! Memory that stream-ordered pools keep after a free.
+//!
+//! A pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) does not give freed memory back to the
+//! device at the free: it keeps it for its next allocations until a synchronisation releases
+//! what it holds above its release threshold, `cuMemPoolTrimTo` trims it, or the pool is
+//! destroyed. The shim credits a pool allocation's free only once the driver shows its pools
+//! gave the memory back: until then the bytes stay reserved against the limit
+//! ([`DeviceBudget::pool_kept`](crate::memory::DeviceBudget::pool_kept)), so a program cannot
+//! hold more than its limit through a pool's cache (e.g. a release threshold of `UINT64_MAX`).
+//!
+//! The figures are asked of the driver only off the allocation path: when an allocation would
+//! be refused (then the device's pools are first trimmed of what they do not use, and the
+//! request is tried once more) and when the program reads its free memory (`cuMemGetInfo`).
+//! What the pools keep is the sum over the device's pools — its default pool, its current pool
+//! and the pools the program created on it — of reserved minus used memory; only up to what
+//! was counted as kept is credited (the driver's own rounding is not counted, as elsewhere).
+
+use std::ffi::{c_int, c_void};
+
+use crate::ffi::*;
+use crate::state::State;
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+const RESERVED_MEM_CURRENT: c_int = 5;
+const USED_MEM_CURRENT: c_int = 7;
+
+impl State {
+    /// The pools of program device `dev`, as the driver's handles (no duplicates).
+    fn device_pools(&self, dev: CUdevice) -> Vec<CUmemoryPool> {
+        let api = self.api();
+        let mut pools: Vec<CUmemoryPool> = Vec::new();
+        if let Some(driver) = self.driver_of(dev) {
+            for get in [api.device_get_default_mem_pool, api.device_get_mem_pool].into_iter().flatten() {
+                let mut pool: CUmemoryPool = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer; `driver` is a driver ordinal.
+                if unsafe { get(&mut pool, driver) } == CUDA_SUCCESS && !pool.is_null() && !pools.contains(&pool) {
+                    pools.push(pool);
+                }
+            }
+        }
+        let created = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        for &(pool, d) in created.iter() {
+            let pool = pool as CUmemoryPool;
+            if d == dev && !pools.contains(&pool) {
+                pools.push(pool);
+            }
+        }
+        pools
+    }
+
+    /// What the device's pools keep beyond what they hand out, per the driver; `None` when a
+    /// figure cannot be read (then nothing is credited: fail closed).
+    fn pools_kept_by_driver(&self, pools: &[CUmemoryPool]) -> Option<u64> {
+        let get = self.api().mem_pool_get_attribute?;
+        let mut kept = 0u64;
+        for &pool in pools {
+            let (mut reserved, mut used) = (0u64, 0u64);
+            // SAFETY: valid out-pointers of the attributes' size (cuuint64_t); `pool` is a
+            // handle the driver gave.
+            let ok = unsafe {
+                get(pool, RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
+                    && get(pool, USED_MEM_CURRENT, (&mut used as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
+            };
+            if !ok {
+                return None;
+            }
+            kept = kept.saturating_add(reserved.saturating_sub(used));
+        }
+        Some(kept)
+    }
+
+    /// Credits what the pools of `dev` gave back since their frees were counted as kept.
+    pub fn reconcile_pools(&self, dev: CUdevice) {
+        let Some(budget) = self.budget(dev) else { return };
+        if budget.pool_kept() == 0 {
+            return;
+        }
+        let pools = self.device_pools(dev);
+        if let Some(kept) = self.pools_kept_by_driver(&pools) {
+            budget.pools_keep(kept);
+        }
+    }
+
+    /// Trims the pools of `dev` of what they keep unused, then credits what they gave back.
+    /// Returns whether anything was credited.
+    pub fn trim_pools(&self, dev: CUdevice) -> bool {
+        let Some(budget) = self.budget(dev) else { return false };
+        let before = budget.pool_kept();
+        let pools = self.device_pools(dev);
+        if let Some(trim) = self.api().mem_pool_trim_to {
+            for &pool in &pools {
+                // SAFETY: a pool handle the driver gave; trimming only releases unused memory.
+                unsafe { trim(pool, 0) };
+            }
+        }
+        if let Some(kept) = self.pools_kept_by_driver(&pools) {
+            budget.pools_keep(kept);
+        }
+        let credited = budget.pool_kept() < before;
+        if credited {
+            crate::log::log!(crate::log::Level::Debug, "device {dev}: trimmed its memory pools; {} bytes they kept were given back", before - budget.pool_kept());
+        }
+        credited
+    }
+}
