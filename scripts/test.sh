@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's whole test command (CI runs exactly this through .ci/run):
-#   1. fetch the CUDA runtime wheels the tests need (scripts/fetch-deps.sh, idempotent),
+#   1. fetch the CUDA runtime wheels the tests need (scripts/fetch-deps.sh, idempotent) and real
+#      NVIDIA driver libraries from Debian's non-free archive (scripts/fetch-drivers.sh),
 #   2. build every crate of the workspace (the shim, the simulated driver, test clients),
 #   3. run every test of the workspace against those builds.
 # No GPU is needed. Extra arguments go to `cargo test` (e.g. a test-name filter).
@@ -20,8 +21,10 @@ need() {
 need gcc gcc
 need python3 python3
 need cargo cargo
+need nm binutils
 python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || need pip3 python3-pip
 
 bash scripts/fetch-deps.sh
+bash scripts/fetch-drivers.sh
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"

@@ -189,6 +189,9 @@ pub struct Api {
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
+/// `NVML_ERROR_DRIVER_NOT_LOADED`: NVML's answer on a machine without the NVIDIA kernel driver.
+const NVML_ERROR_DRIVER_NOT_LOADED: c_int = 9;
+
 macro_rules! sym {
     ($lib:expr, $name:literal) => {{
         let p = lookup($lib.handle, $name);
@@ -407,6 +410,11 @@ impl NvmlApi {
 
     /// Every physical device, in NVML's order (PCI bus order). Initialises NVML for the time
     /// of the call (NVML counts initialisations, so a program's own stays untouched).
+    /// The error [`NvmlApi::inventory`] gives on a machine whose NVIDIA kernel driver is not
+    /// loaded (no GPU): the program will find no device, and the shim says nothing about it at
+    /// the default log level.
+    pub const NO_DRIVER: &'static str = "nvmlInit: the NVIDIA driver is not loaded (error 9)";
+
     pub fn inventory(&self) -> Result<Vec<crate::view::Physical>, String> {
         let (init, shutdown, count, by_index, pci, memory) =
             match (self.init, self.shutdown, self.count, self.by_index, self.pci, self.memory) {
@@ -416,6 +424,10 @@ impl NvmlApi {
         // SAFETY: plain NVML calls with valid out-pointers; init and shutdown are paired.
         unsafe {
             let r = init();
+            if r == NVML_ERROR_DRIVER_NOT_LOADED {
+                // a machine without an NVIDIA kernel driver: not worth a warning (CUDA says so)
+                return Err(Self::NO_DRIVER.into());
+            }
             if r != 0 {
                 return Err(format!("nvmlInit failed with error {r}"));
             }

@@ -241,7 +241,12 @@ impl State {
                     self.load(Lib::Nvml, None, false);
                 }
                 let nvml = self.nvml.get()?;
-                nvml.inventory().map_err(|e| log!(Level::Warn, "cannot list the devices through NVML: {e}")).ok()
+                nvml.inventory()
+                    .map_err(|e| {
+                        let level = if e == NvmlApi::NO_DRIVER { Level::Debug } else { Level::Warn };
+                        log!(level, "cannot list the devices through NVML: {e}")
+                    })
+                    .ok()
             })
             .as_ref()
     }

@@ -370,6 +370,8 @@ pub enum Program {
     Race,
     /// `tests/c/stress.c`: every allocation API from threads, forks, teardowns
     Stress,
+    /// `tests/c/realdrv.c`: what a real driver library answers (`dlopen`, no link)
+    RealDriver,
     /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
     Modes,
     /// `tests/c/nvml.c`: NVML alone
@@ -398,6 +400,7 @@ impl Program {
             }
             Program::Race => "race".into(),
             Program::Stress => "stress".into(),
+            Program::RealDriver => "realdrv".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
@@ -446,6 +449,10 @@ impl Program {
                 args.push(c.join(file).into());
                 link_cuda(&mut args);
                 args.push("-lpthread".into());
+            }
+            Program::RealDriver => {
+                args.push(c.join("realdrv.c").into());
+                args.push("-ldl".into());
             }
             Program::Modes => {
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
