@@ -4,7 +4,9 @@
 //! child exits, and a primary-context reset — checked against the simulated driver's own record
 //! of what is resident: its peak never passes the limit, and once everything is freed or torn
 //! down the whole limit is free again. Without the shim the same workload passes the limit, so
-//! the test can fail. A hang fails too (the harness gives each run 120 s).
+//! the test can fail (a fill at the end, alone, reaches the limit exactly with the shim and
+//! twice the limit without; how much the threads overlap depends on the machine's load, so no
+//! assertion rests on it). A hang fails too (the harness gives each run 120 s).
 
 mod common;
 
@@ -18,7 +20,7 @@ fn stress(mode: MemoryMode, seed: u64) -> RunOutput {
         .env("GPUSIM_DEVICES", "1")
         .env("GPUSIM_MEMORY", "4GiB")
         .env("GPUSHIM_MEMORY_LIMIT", "64MiB")
-        .args(["8", "1500", &(8 * MIB).to_string(), &seed.to_string()])
+        .args(["8", "1500", &(8 * MIB).to_string(), &seed.to_string(), &(2 * LIMIT).to_string()])
         .mode(mode)
         .run();
     out.assert_completed();
@@ -36,13 +38,16 @@ fn every_api_from_threads_forks_and_teardowns_never_passes_the_limit() {
                 assert_eq!(out.num(key), 0, "{what}: {key}\n{}", out.dump());
             }
             assert_eq!(out.num("first.ok"), 8, "{what}: every thread's first allocation\n{}", out.dump());
+            // (how much the threads overlap depends on the machine's load: only the fill at the
+            // end, alone, is asserted to reach the limit)
             let sim = out.report().device(0);
             if mode == NoShim {
-                assert!(sim.peak > LIMIT, "{what}: the workload never passes the limit ({}): make it heavier", sim.peak);
+                assert_eq!((out.u64("fill.bytes"), out.num("fill.refused")), (2 * LIMIT, 0), "{what}\n{}", out.dump());
+                assert!(sim.peak >= 2 * LIMIT, "{what}");
                 continue;
             }
+            assert_eq!((out.u64("fill.bytes"), out.num("fill.refused")), (LIMIT, 1), "{what}: filled to the limit exactly\n{}", out.dump());
             assert!(sim.peak <= LIMIT, "{what}: the driver held {} bytes, limit {LIMIT}\n{}", sim.peak, out.dump());
-            assert!(out.num("oom") > 0, "{what}: the limit was never reached\n{}", out.dump());
             assert_eq!(out.u64("info.total"), LIMIT, "{what}\n{}", out.dump());
             assert_eq!(out.u64("info.free"), LIMIT, "{what}: something stayed counted\n{}", out.dump());
         }

@@ -3,7 +3,7 @@
  * driver hold more than the limit, and nothing may stay counted once everything is freed.
  * Linked with -lcuda.
  *
- *   stress THREADS ROUNDS MAX_BYTES SEED
+ *   stress THREADS ROUNDS MAX_BYTES SEED FILL_CAP
  *
  * 1. First use, concurrently: THREADS threads wait at a barrier, then each retains the primary
  *    context of device 0 and allocates at once (the first context, the first preallocation).
@@ -15,7 +15,10 @@
  * 3. Main: fork a child that exits at once (exit handlers run in it), wait for it.
  * 4. Main: retain the primary context, allocate three things, cuDevicePrimaryCtxReset (the
  *    driver frees them), release what the threads retained.
- * 5. Main: retain again, cuMemGetInfo -> info.free, info.total.
+ * 5. Main: fill: cuMemAlloc_v2 of 1 MiB (a size every mode tiles the limit with) until refused
+ *    or FILL_CAP bytes are held ->
+ *    fill.bytes, fill.refused (1 if it stopped at a refusal); then free them.
+ * 6. Main: cuMemGetInfo -> info.free, info.total.
  * Prints first.ok (threads whose first allocation succeeded), ok, oom, errors (anything else),
  * free_errors, info_bad (free > total), child.status, reset.rc, info.rc, done=1.
  */
@@ -28,6 +31,7 @@
 #include "scenario.h"
 
 #define HELD 8
+#define FILL_BLOCK (1u << 20)
 
 enum kind { NONE, DEV, MANAGED, ASYNC, ARRAY };
 
@@ -170,6 +174,7 @@ int main(int argc, char **argv) {
     if (argc > 2) rounds = atoi(argv[2]);
     if (argc > 3) max_bytes = strtoull(argv[3], NULL, 10);
     uint64_t seed = argc > 4 ? strtoull(argv[4], NULL, 10) : 1;
+    unsigned long long fill_cap = argc > 5 ? strtoull(argv[5], NULL, 10) : (256ull << 20);
     if (threads < 1 || threads > 64 || rounds < 0 || max_bytes < 1) {
         fprintf(stderr, "usage: stress THREADS ROUNDS MAX_BYTES SEED\n");
         return 2;
@@ -223,6 +228,26 @@ int main(int argc, char **argv) {
         if (r[k] != CUDA_SUCCESS && r[k] != CUDA_ERROR_OUT_OF_MEMORY) errors++;
     kv("reset.rc=%d", (int)cuDevicePrimaryCtxReset(device));
     if (cuDevicePrimaryCtxRetain(&primary, device) != CUDA_SUCCESS || cuCtxSetCurrent(primary) != CUDA_SUCCESS) errors++;
+    static CUdeviceptr filled[4096];
+    int n = 0, refused = 0;
+    unsigned long long held_bytes = 0;
+    while (n < 4096 && held_bytes < fill_cap) {
+        CUresult fr = cuMemAlloc(&filled[n], FILL_BLOCK);
+        if (fr == CUDA_ERROR_OUT_OF_MEMORY) {
+            refused = 1;
+            break;
+        }
+        if (fr != CUDA_SUCCESS) {
+            errors++;
+            break;
+        }
+        held_bytes += FILL_BLOCK;
+        n++;
+    }
+    kv("fill.bytes=%llu", held_bytes);
+    kv("fill.refused=%d", refused);
+    while (n > 0)
+        if (cuMemFree(filled[--n]) != CUDA_SUCCESS) free_errors++;
     size_t f = 0, t = 0;
     kv("info.rc=%d", (int)cuMemGetInfo(&f, &t));
     kv("info.free=%zu", f);
