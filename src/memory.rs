@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 use crate::quota::Quota;
@@ -44,6 +44,9 @@ pub struct DeviceBudget {
     /// memory until a synchronisation or a trim releases it): still in `reserved`, no longer in
     /// `in_use`, credited once the driver shows the pools gave them back (`pools`).
     pool_kept: AtomicU64,
+    /// Bumped by every free into a pool (after the driver's free, before `pool_kept` grows): a
+    /// reconciliation whose driver figures may predate a free credits nothing.
+    pool_epoch: AtomicU64,
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
     /// what every member holds.
     shared: OnceLock<(&'static Quota, usize)>,
@@ -66,6 +69,7 @@ impl DeviceBudget {
             peak_in_use: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             pool_kept: AtomicU64::new(0),
+            pool_epoch: AtomicU64::new(0),
             shared: OnceLock::new(),
         }
     }
@@ -172,14 +176,31 @@ impl DeviceBudget {
     /// keep it, so it stays reserved.
     pub fn keep_in_pool(&self, bytes: u64) {
         self.give(bytes);
-        self.pool_kept.fetch_add(bytes, Relaxed);
+        self.pool_epoch.fetch_add(1, SeqCst);
+        self.pool_kept.fetch_add(bytes, SeqCst);
     }
 
-    /// The pools now keep at most `kept` bytes: credits what they gave back (never more than
-    /// was counted as kept).
-    pub fn pools_keep(&self, kept: u64) {
-        if let Ok(before) = self.pool_kept.fetch_update(Relaxed, Relaxed, |k| (k > kept).then_some(kept)) {
-            self.release(before - kept);
+    /// Read before asking the driver what the pools keep (see [`DeviceBudget::pools_keep`]).
+    pub fn pool_epoch(&self) -> u64 {
+        self.pool_epoch.load(SeqCst)
+    }
+
+    /// The pools keep at most `kept` bytes, by driver figures read after `epoch` was: credits
+    /// what they gave back (never more than was counted as kept). Nothing is credited if a
+    /// pool free happened since `epoch` (its bytes may be missing from the figures).
+    pub fn pools_keep(&self, kept: u64, epoch: u64) {
+        loop {
+            if self.pool_epoch.load(SeqCst) != epoch {
+                return;
+            }
+            let before = self.pool_kept.load(SeqCst);
+            if before <= kept {
+                return;
+            }
+            if self.pool_kept.compare_exchange(before, kept, SeqCst, SeqCst).is_ok() {
+                self.release(before - kept);
+                return;
+            }
         }
     }
 
@@ -364,6 +385,22 @@ mod tests {
         }
         assert_eq!(b.reserved(), 0);
         assert!(b.peak_reserved() <= 10_000 && b.peak_reserved() > 9_000);
+    }
+
+    #[test]
+    fn pool_credits_wait_for_figures_taken_after_the_last_free() {
+        let b = DeviceBudget::new();
+        b.try_reserve(300, 1000).unwrap();
+        b.take(300);
+        let stale = b.pool_epoch();
+        b.keep_in_pool(100);
+        assert_eq!((b.in_use(), b.reserved(), b.pool_kept()), (200, 300, 100));
+        b.pools_keep(0, stale); // figures read before that free: nothing credited
+        assert_eq!((b.reserved(), b.pool_kept()), (300, 100));
+        b.pools_keep(40, b.pool_epoch());
+        assert_eq!((b.reserved(), b.pool_kept()), (240, 40));
+        b.pools_keep(500, b.pool_epoch()); // never more than was counted
+        assert_eq!((b.reserved(), b.pool_kept()), (240, 40));
     }
 
     #[test]

@@ -160,9 +160,15 @@ impl State {
     /// block from it. If the driver has less than the chunk, tries the block alone.
     fn grow(&self, dev: CUdevice, ctx: CUcontext, id: u64, size: u64, requested: u64, limit: u64) -> Result<u64, CUresult> {
         let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        if limit.saturating_sub(budget.held()) < size && budget.pool_kept() > 0 {
-            // what stream-ordered pools keep after frees counts until they give it back (`pools`)
-            self.trim_pools(dev);
+        if budget.pool_kept() > 0 {
+            // What stream-ordered pools keep after frees counts until they give it back
+            // (`pools`): settle it before sizing the chunk (taking a chunk is rare), and make
+            // the pools give back what they do not use if the block would not fit otherwise.
+            if limit.saturating_sub(budget.held()) < size {
+                self.trim_pools(dev);
+            } else {
+                self.reconcile_pools(dev);
+            }
         }
         let chunk = grow_chunk(size, limit.saturating_sub(budget.held())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut last = CUDA_ERROR_OUT_OF_MEMORY;

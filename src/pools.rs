@@ -76,8 +76,19 @@ impl State {
             return;
         }
         let pools = self.device_pools(dev);
-        if let Some(kept) = self.pools_kept_by_driver(&pools) {
-            budget.pools_keep(kept);
+        self.settle_pools(budget, &pools);
+    }
+
+    /// Reads the pools' figures and credits what they gave back; tried again (a few times) when
+    /// a pool free by another thread raced with the reading.
+    fn settle_pools(&self, budget: &crate::memory::DeviceBudget, pools: &[CUmemoryPool]) {
+        for _ in 0..4 {
+            let epoch = budget.pool_epoch();
+            let Some(kept) = self.pools_kept_by_driver(pools) else { return };
+            budget.pools_keep(kept, epoch);
+            if budget.pool_epoch() == epoch {
+                return;
+            }
         }
     }
 
@@ -93,9 +104,7 @@ impl State {
                 unsafe { trim(pool, 0) };
             }
         }
-        if let Some(kept) = self.pools_kept_by_driver(&pools) {
-            budget.pools_keep(kept);
-        }
+        self.settle_pools(budget, &pools);
         let credited = budget.pool_kept() < before;
         if credited {
             crate::log::log!(crate::log::Level::Debug, "device {dev}: trimmed its memory pools; {} bytes they kept were given back", before - budget.pool_kept());
