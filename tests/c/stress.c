@@ -6,7 +6,8 @@
  *   stress THREADS ROUNDS MAX_BYTES SEED FILL_CAP
  *
  * 1. First use, concurrently: THREADS threads wait at a barrier, then each retains the primary
- *    context of device 0 and allocates at once (the first context, the first preallocation).
+ *    context of device 0 and allocates 4 KiB at once (the first context, the first
+ *    preallocation); they meet at the barrier again before going on.
  * 2. Each thread then runs ROUNDS random steps (xorshift from SEED and its index): allocate
  *    (cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync on the NULL stream
  *    then cuStreamSynchronize, cuArrayCreate_v2; 1..MAX_BYTES), free one (its API's own free),
@@ -140,6 +141,8 @@ static void *work(void *arg) {
         w->first_ok++;
     }
     tally(w, rc);
+    /* every first allocation is made before any thread goes on (none can crowd another out) */
+    pthread_barrier_wait(&start);
     for (int step = 0; step < rounds; step++) {
         struct held *h = &held[next_random(&w->seed) % HELD];
         uint64_t what = next_random(&w->seed) % 10;
