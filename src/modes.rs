@@ -200,6 +200,13 @@ impl State {
         let base = ptr.next_multiple_of(GRANULE);
         let usable = (bytes - (base - ptr)) & !(GRANULE - 1);
         let mut arena = self.reserves.arena(dev as usize);
+        // Memory of a destroyed context the shim has not yet forgotten (another thread is between
+        // the driver's destroy and `forget_context_reserve`): the driver handing it out again
+        // proves it is gone.
+        let stale = arena.drop_overlapping(base, usable);
+        if stale.reserved > 0 {
+            self.credit_dropped(dev as usize, &stale);
+        }
         arena.add_chunk(id, ctx as usize, base, usable);
         let d = dev as usize;
         self.reserves.present[d / 64].fetch_or(1 << (d % 64), Relaxed);
@@ -342,18 +349,30 @@ impl State {
             return;
         }
         for dev in self.reserves.devices() {
-            let dropped = self.reserves.arena(dev).drop_context(id);
+            let mut arena = self.reserves.arena(dev);
+            let dropped = arena.drop_context(id);
             if dropped.reserved == 0 && dropped.live.is_empty() {
                 continue;
             }
-            let budget = self.budgets_of(dev);
-            for (ptr, size) in &dropped.live {
-                self.live.remove(Kind::DevicePtr, *ptr);
-                budget.give(*size);
-            }
-            budget.release(dropped.reserved);
+            // (under the arena's lock: no chunk can be added at these addresses, and no block of
+            // one served, before their live entries are gone)
+            self.credit_dropped(dev, &dropped);
+            drop(arena);
             log!(Level::Debug, "device {dev}: context destroyed; its {} reserved bytes are gone", dropped.reserved);
         }
+    }
+
+    /// Credits chunks the driver freed and forgets what the program held in them. Called with
+    /// the device's arena locked (the live map's locks are never held while taking it).
+    fn credit_dropped(&self, dev: usize, dropped: &crate::reserve::Dropped) {
+        let budget = self.budgets_of(dev);
+        for (ptr, size) in &dropped.live {
+            if self.live.get(Kind::DevicePtr, *ptr).is_some_and(|l| l.served) {
+                self.live.remove(Kind::DevicePtr, *ptr);
+            }
+            budget.give(*size);
+        }
+        budget.release(dropped.reserved);
     }
 
     /// Whether the primary context of driver device `driver` is still active.

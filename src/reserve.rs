@@ -252,25 +252,48 @@ impl Arena {
         let mut dropped = Dropped::default();
         let bases: Vec<u64> = self.chunks.iter().filter(|(_, c)| c.ctx == ctx).map(|(&b, _)| b).collect();
         for base in bases {
-            let Some(chunk) = self.chunks.remove(&base) else { continue };
-            let blocks: Vec<(u64, Block)> = self.blocks.range(base..base + chunk.size).map(|(&a, &b)| (a, b)).collect();
-            for (addr, block) in blocks {
-                self.blocks.remove(&addr);
-                match block.live {
-                    Some(_) => {
-                        self.in_use -= block.size;
-                        dropped.live.push((addr, block.size));
-                    }
-                    None => {
-                        self.free.remove(&(ctx, block.size, addr));
-                    }
-                }
-            }
-            self.reserved -= chunk.size;
-            dropped.reserved += chunk.size;
+            self.drop_chunk(base, &mut dropped);
         }
         self.preallocated.retain(|&(c, _)| c != ctx);
         dropped
+    }
+
+    /// Drops the chunks that overlap `[base, base + size)`: the driver has just handed out that
+    /// memory again, which proves it freed them (their context was destroyed, and the shim has
+    /// not yet heard of it).
+    pub fn drop_overlapping(&mut self, base: u64, size: u64) -> Dropped {
+        let mut dropped = Dropped::default();
+        let end = base.saturating_add(size);
+        let bases: Vec<u64> = self
+            .chunks
+            .range(..end)
+            .rev()
+            .take_while(|(&b, c)| b.saturating_add(c.size) > base)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in bases {
+            self.drop_chunk(b, &mut dropped);
+        }
+        dropped
+    }
+
+    fn drop_chunk(&mut self, base: u64, dropped: &mut Dropped) {
+        let Some(chunk) = self.chunks.remove(&base) else { return };
+        let blocks: Vec<(u64, Block)> = self.blocks.range(base..base + chunk.size).map(|(&a, &b)| (a, b)).collect();
+        for (addr, block) in blocks {
+            self.blocks.remove(&addr);
+            match block.live {
+                Some(_) => {
+                    self.in_use -= block.size;
+                    dropped.live.push((addr, block.size));
+                }
+                None => {
+                    self.free.remove(&(chunk.ctx, block.size, addr));
+                }
+            }
+        }
+        self.reserved -= chunk.size;
+        dropped.reserved += chunk.size;
     }
 
     /// Checks the arena's invariants; `Err` says which one broke. Blocks tile every chunk
@@ -330,6 +353,25 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_the_driver_hands_out_again_drop_the_stale_ones() {
+        let mut a = Arena::new();
+        a.add_chunk(1, 0x10, 0x100000, 0x4000);
+        a.add_chunk(2, 0x20, 0x200000, 0x4000);
+        let p = a.alloc(1, 0x1000, 0x1000).unwrap();
+        // a new chunk of context 3 where context 1's was: context 1's memory is gone
+        let stale = a.drop_overlapping(0x102000, 0x8000);
+        assert_eq!(stale.reserved, 0x4000);
+        assert_eq!(stale.live, vec![(p, 0x1000)]);
+        a.add_chunk(3, 0x30, 0x102000, 0x8000);
+        assert_eq!((a.reserved(), a.in_use()), (0xC000, 0));
+        assert_eq!(a.drop_overlapping(0x300000, 0x1000).reserved, 0);
+        assert_eq!(a.drop_context(1).reserved, 0, "already dropped");
+        assert_eq!(a.drop_context(3).reserved, 0x8000);
+        assert_eq!(a.drop_context(2).reserved, 0x4000);
+        assert_eq!(a.reserved(), 0);
+    }
 
     const MIB: u64 = 1 << 20;
 
