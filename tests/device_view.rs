@@ -297,3 +297,50 @@ fn a_worker_given_one_device_of_the_view_agrees_too() {
         assert_eq!(s.nvml, uuids(&want), "{what}: NVML\n{}", out.dump());
     }
 }
+
+/// NVML_ERROR_UNINITIALIZED: what every NVML function gives under a configuration error.
+const NVML_UNINITIALIZED: i64 = 1;
+
+/// An NVML program with and without the shim: without it NVML lists the 3 devices; with it
+/// `nvmlDeviceGetCount` gives NVML_ERROR_UNINITIALIZED (nvmlInit itself is the driver's) and
+/// exactly one gpushim line is printed, which is returned.
+fn nvml_fails_closed(path: NvmlPath, env: (&str, &str)) -> String {
+    let run = || Run::program(Program::Nvml(path)).env("GPUSIM_DEVICES", "3").env("GPUSIM_MEMORY", "16GiB").env(env.0, env.1).arg("list");
+    let what = format!("{path:?} {}={}", env.0, env.1);
+    let plain = run().run();
+    plain.assert_completed();
+    assert_eq!(plain.num("count.rc"), 0, "{what}\n{}", plain.dump());
+    assert_eq!(plain.u64("count"), 3, "{what}\n{}", plain.dump());
+    let out = run().shim(true).run();
+    out.assert_completed();
+    assert_eq!(out.num("count.rc"), NVML_UNINITIALIZED, "{what}: nvmlDeviceGetCount\n{}", out.dump());
+    assert!(!out.kv.contains_key("idx0.uuid"), "{what}: a device listed\n{}", out.dump());
+    let lines = out.gpushim_lines();
+    assert_eq!(lines.len(), 1, "{what}: exactly one gpushim line\n{}", out.dump());
+    lines[0].clone()
+}
+
+/// A `GPUSHIM_VIRTUAL_DEVICES` that cannot split the devices (parts larger than the GPU, a
+/// selector naming no device) fails NVML as it fails CUDA: `nvmlDeviceGetCount` gives
+/// NVML_ERROR_UNINITIALIZED, as for any other configuration error (a bad memory limit here),
+/// and the one line printed is the one CUDA prints.
+#[test]
+fn bad_virtual_devices_fail_nvml_as_they_fail_cuda() {
+    nvml_sim_library();
+    for path in NvmlPath::ALL {
+        nvml_fails_closed(path, ("GPUSHIM_MEMORY_LIMIT", "4 gigs"));
+    }
+    for value in ["0:2x9GiB", "5:1GiB", "GPU-ff:1GiB", "0:8GiB,8GiB,1"] {
+        let cuda = check_fails_closed(|| {
+            Run::program(Program::Runtime { major: 12, ptsz: false })
+                .env("GPUSIM_DEVICES", "3")
+                .env("GPUSIM_MEMORY", "16GiB")
+                .env("GPUSHIM_VIRTUAL_DEVICES", value)
+        });
+        assert_fails_closed(&cuda.shim, "GPUSHIM_VIRTUAL_DEVICES", value);
+        for path in NvmlPath::ALL {
+            let line = nvml_fails_closed(path, ("GPUSHIM_VIRTUAL_DEVICES", value));
+            assert_eq!(line, cuda.line, "{path:?} GPUSHIM_VIRTUAL_DEVICES={value}: the line NVML's error prints");
+        }
+    }
+}
