@@ -377,4 +377,77 @@ mod tests {
         assert_eq!(select(&sel(&["0000:99:00.0"]), None, &inv).unwrap_err(), "no device has PCI bus id 0000:99:00.0");
         assert_eq!(select(&sel(&["0", "GPU-1"]), None, &inv).unwrap_err(), "GPU-10aa-0 is selected twice");
     }
+
+    fn changes(vars: &[(&str, &str)]) -> Vec<(&'static str, Option<String>)> {
+        load_time_changes(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    fn set(name: &'static str, v: &str) -> (&'static str, Option<String>) {
+        (name, Some(v.to_string()))
+    }
+
+    #[test]
+    fn load_time_rewrite() {
+        let gvd = crate::config::ENV_VISIBLE_DEVICES;
+        // Nothing asked for: nothing changed.
+        assert_eq!(changes(&[]), vec![]);
+        assert_eq!(changes(&[("CUDA_VISIBLE_DEVICES", "1,2")]), vec![]);
+        assert_eq!(changes(&[(gvd, "1"), ("GPUSHIM_DISABLE", "1"), ("CUDA_VISIBLE_DEVICES", "1,2")]), vec![]);
+        // A bad setting: left for the error at first use.
+        assert_eq!(changes(&[(gvd, "1,,2")]), vec![]);
+        // Afresh: one entry per selector, the original kept (or its absence).
+        let fresh = |orig: Option<&str>, written: &str| {
+            vec![
+                (ORIGINAL_CVD, orig.map(str::to_string)),
+                (APPLIED_MARKER, None),
+                set(PENDING_MARKER, written),
+                set(CUDA_VISIBLE_DEVICES, written),
+            ]
+        };
+        assert_eq!(changes(&[(gvd, "1"), ("CUDA_VISIBLE_DEVICES", "1,2")]), fresh(Some("1,2"), "0"));
+        assert_eq!(changes(&[(gvd, "2, GPU-3")]), fresh(None, "0,1"));
+        assert_eq!(changes(&[(gvd, "none"), ("CUDA_VISIBLE_DEVICES", "0")]), fresh(Some("0"), ""));
+        // A child of a pending parent: unchanged, or its entries index the parent's view.
+        let pending = [(gvd, "2,0,1"), (PENDING_MARKER, "0,1,2"), (ORIGINAL_CVD, "1,2,3")];
+        assert_eq!(changes(&[pending[0], pending[1], pending[2], ("CUDA_VISIBLE_DEVICES", "0,1,2")]), vec![]);
+        assert_eq!(
+            changes(&[pending[0], pending[1], pending[2], ("CUDA_VISIBLE_DEVICES", "2,0")]),
+            vec![set(PENDING_MARKER, "2,0"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        let grandchild = [(gvd, "2,0,1"), (PENDING_MARKER, "2,0"), (ORIGINAL_CVD, "1,2,3"), ("CUDA_VISIBLE_DEVICES", "1")];
+        assert_eq!(changes(&grandchild), vec![set(PENDING_MARKER, "0"), set(CUDA_VISIBLE_DEVICES, "0")]);
+        // CUDA_VISIBLE_DEVICES removed: afresh, against all devices.
+        assert_eq!(changes(&pending), fresh(None, "0,1,2"));
+        // A child of a parent that applied the view (UUIDs): unchanged, or narrowed.
+        let applied = [(gvd, "1,0"), (APPLIED_MARKER, "GPU-b,GPU-a")];
+        assert_eq!(changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "GPU-b,GPU-a")]), vec![]);
+        assert_eq!(
+            changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "1")]),
+            vec![set(CUDA_VISIBLE_DEVICES, "GPU-a"), set(APPLIED_MARKER, "GPU-a")]
+        );
+        // The shim's setting removed under a pending parent: the original put back.
+        assert_eq!(
+            changes(&[(PENDING_MARKER, "0"), (ORIGINAL_CVD, "1,2"), ("CUDA_VISIBLE_DEVICES", "0")]),
+            undo_pending(Some("1,2".into()))
+        );
+    }
+
+    #[test]
+    fn pending_view_at_first_use() {
+        let get = |vars: &'static [(&'static str, &'static str)]| {
+            pending(move |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+        };
+        assert_eq!(get(&[("CUDA_VISIBLE_DEVICES", "0")]), None);
+        assert_eq!(
+            get(&[(PENDING_MARKER, "1"), (ORIGINAL_CVD, "2,3"), ("CUDA_VISIBLE_DEVICES", "0")]),
+            Some((Some("2,3".into()), Some("1".into())))
+        );
+        assert_eq!(get(&[(PENDING_MARKER, ""), ("CUDA_VISIBLE_DEVICES", "")]), Some((None, Some("".into()))));
+        // Set by the program itself before using CUDA: the selectors compose with it.
+        assert_eq!(
+            get(&[(PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "2,3"), ("CUDA_VISIBLE_DEVICES", "1,2")]),
+            Some((Some("1,2".into()), None))
+        );
+        assert_eq!(get(&[(PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "2,3")]), Some((None, None)));
+    }
 }

@@ -344,3 +344,28 @@ fn bad_virtual_devices_fail_nvml_as_they_fail_cuda() {
         }
     }
 }
+
+/// What a process that never touches CUDA (`env`) is started with under the shim: nothing
+/// changed without `GPUSHIM_VISIBLE_DEVICES`; with it, `CUDA_VISIBLE_DEVICES` indexes the
+/// narrowed list and the original is kept. Never any output or file.
+#[test]
+fn load_time_rewrite_in_a_process_that_never_uses_cuda() {
+    let env = |vars: &[(&str, &str)], shim: bool| {
+        let out = Run::new("env").arg("done=1").envs(vars).shim(shim).run();
+        out.assert_completed();
+        assert!(out.gpushim_lines().is_empty(), "{}", out.dump());
+        out
+    };
+    for shim in [false, true] {
+        let out = env(&[("CUDA_VISIBLE_DEVICES", "1,2")], shim);
+        assert_eq!(out.get("CUDA_VISIBLE_DEVICES"), "1,2", "{}", out.dump());
+        assert!(!out.kv.keys().any(|k| k.starts_with("GPUSHIM_VIEW") || k.starts_with("GPUSHIM_ORIGINAL")), "{}", out.dump());
+        let out = env(&[("CUDA_VISIBLE_DEVICES", "1,2"), ("GPUSHIM_VISIBLE_DEVICES", "1,0")], shim);
+        let (cvd, original) = if shim { ("0,1", Some("1,2")) } else { ("1,2", None) };
+        assert_eq!(out.get("CUDA_VISIBLE_DEVICES"), cvd, "shim={shim}\n{}", out.dump());
+        assert_eq!(out.kv.get("GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES").map(String::as_str), original, "shim={shim}\n{}", out.dump());
+        let out = env(&[("GPUSHIM_VISIBLE_DEVICES", "1")], shim);
+        assert_eq!(out.kv.get("CUDA_VISIBLE_DEVICES").map(String::as_str), shim.then_some("0"), "shim={shim}\n{}", out.dump());
+        assert!(!out.kv.contains_key("GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES"), "{}", out.dump());
+    }
+}
