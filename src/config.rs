@@ -102,6 +102,12 @@ pub const ENV_DRIVER_PATH: &str = "GPUSHIM_DRIVER_PATH";
 pub const ENV_NVML_PATH: &str = "GPUSHIM_NVML_PATH";
 /// Set by the shim itself for child processes (see `view`), never by users.
 pub const ENV_VIEW_APPLIED: &str = "GPUSHIM_VIEW_APPLIED";
+/// Set by the shim at load time (see `view::at_load`), never by users: the devices of the view
+/// still to be resolved, as indices into the list `GPUSHIM_VISIBLE_DEVICES` selects.
+pub const ENV_VIEW_PENDING: &str = "GPUSHIM_VIEW_PENDING";
+/// Set by the shim at load time, never by users: the `CUDA_VISIBLE_DEVICES` the process was
+/// started with (absent: it was unset), which selectors compose with.
+pub const ENV_ORIGINAL_CUDA_VISIBLE_DEVICES: &str = "GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES";
 /// Where shared quota files live (see `quota`).
 pub const ENV_STATE_DIR: &str = "GPUSHIM_STATE_DIR";
 /// Read by the `gpushim` command and the container entrypoint (where the library is), not
@@ -129,6 +135,8 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_DRIVER_PATH,
     ENV_NVML_PATH,
     ENV_VIEW_APPLIED,
+    ENV_VIEW_PENDING,
+    ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
     ENV_STATE_DIR,
 ];
 
@@ -1783,7 +1791,8 @@ mod tests {
     #[test]
     fn empty_values_are_errors_except_disable() {
         // The view marker is the shim's own bookkeeping (empty = the view `none`), not a setting.
-        for var in SETTING_ENV.iter().filter(|v| **v != ENV_DISABLE && **v != ENV_VIEW_APPLIED) {
+        let markers = [ENV_VIEW_APPLIED, ENV_VIEW_PENDING, ENV_ORIGINAL_CUDA_VISIBLE_DEVICES];
+        for var in SETTING_ENV.iter().filter(|v| **v != ENV_DISABLE && !markers.contains(*v)) {
             for empty in ["", " \t"] {
                 let e = err(&[(var, empty)]);
                 assert!(
@@ -1793,7 +1802,9 @@ mod tests {
             }
         }
         assert!(!ok(&[("GPUSHIM_DISABLE", "")]).disable);
-        assert!(ok(&[(ENV_VIEW_APPLIED, "")]).warnings.is_empty());
+        for marker in markers {
+            assert!(ok(&[(marker, "")]).warnings.is_empty(), "{marker}");
+        }
         // the tools' own variables are theirs to check, and are no unknown names
         for var in TOOL_ENV {
             assert!(ok(&[(var, "")]).warnings.is_empty(), "{var}");

@@ -158,6 +158,9 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         if st.broken() && !hook.works_when_broken() {
             return uninitialised;
         }
+        if hook.lib() == Lib::Nvml && st.nvml_split_failed() {
+            return uninitialised;
+        }
         body(st, real)
     }))
     .unwrap_or(unknown)

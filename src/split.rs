@@ -34,6 +34,10 @@ pub(crate) struct PartPrimary {
     flags: std::sync::atomic::AtomicU32,
 }
 
+/// Set when `GPUSHIM_VIRTUAL_DEVICES` could not split NVML's list (see
+/// [`State::nvml_split_failed`]); the state is one per process.
+static NVML_SPLIT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One device of the list NVML shows while devices are split.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvmlPart {
@@ -65,7 +69,15 @@ impl State {
                     .iter()
                     .map(|&p| DriverDevice { uuid: inventory[p].uuid.clone(), pci: inventory[p].pci.clone(), total: inventory[p].total })
                     .collect();
-                let devices = crate::devices::expand(&self.settings.virtual_devices, &driver).ok()?;
+                let devices = match crate::devices::expand(&self.settings.virtual_devices, &driver) {
+                    Ok(devices) => devices,
+                    Err(reason) => {
+                        // The error CUDA reports at initialisation: NVML refuses as CUDA does.
+                        crate::state::report_config_error(&self.virtual_devices_error(reason));
+                        NVML_SPLIT_FAILED.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                };
                 Some(
                     devices
                         .list
@@ -82,6 +94,26 @@ impl State {
                 )
             })
             .as_ref()
+    }
+
+    /// Whether `GPUSHIM_VIRTUAL_DEVICES` cannot split the devices NVML lists (parts larger than
+    /// the device, a selector naming no device): a configuration error, and NVML then fails as
+    /// CUDA initialisation does.
+    #[inline]
+    pub fn nvml_split_failed(&self) -> bool {
+        self.split_configured() && {
+            let _ = self.nvml_parts();
+            NVML_SPLIT_FAILED.load(Ordering::Relaxed)
+        }
+    }
+
+    /// The configuration error line for a `GPUSHIM_VIRTUAL_DEVICES` that cannot split the devices.
+    fn virtual_devices_error(&self, reason: String) -> String {
+        let (setting, value) = match self.settings.source_of("virtual_devices") {
+            config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_default()),
+            other => (format!("virtual_devices ({other})"), String::new()),
+        };
+        config::ConfigError::new(setting, value, reason).to_string()
     }
 
     /// Splits the driver's devices once it initialised (`GPUSHIM_VIRTUAL_DEVICES`). An error is
@@ -107,13 +139,7 @@ impl State {
             })
             .collect();
         let list: Vec<DriverDevice> = driver.iter().map(|(d, _, _)| d.clone()).collect();
-        let devices = crate::devices::expand(&self.settings.virtual_devices, &list).map_err(|reason| {
-            let (setting, value) = match self.settings.source_of("virtual_devices") {
-                config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_default()),
-                other => (format!("virtual_devices ({other})"), String::new()),
-            };
-            config::ConfigError::new(setting, value, reason).to_string()
-        })?;
+        let devices = crate::devices::expand(&self.settings.virtual_devices, &list).map_err(|reason| self.virtual_devices_error(reason))?;
         let facts = devices
             .list
             .iter()

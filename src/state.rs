@@ -106,6 +106,10 @@ fn build() -> Box<State> {
         Err(e) => state.fail(e),
     }
     log::configure(state.settings.log_level, state.settings.log_file.as_deref());
+    if state.mode == Mode::Disabled && std::env::var_os(view::PENDING_MARKER).is_some() {
+        // Disabled by the config file, which the load-time rewrite does not read: undo it.
+        view::apply_changes(&view::undo_pending(std::env::var(view::ORIGINAL_CVD).ok()));
+    }
     if state.mode == Mode::Active {
         if let Err(e) = state.apply_view().and_then(|_| crate::sharing::join_quota(&state.settings)) {
             state.fail(e);
@@ -198,8 +202,14 @@ impl State {
     /// to the UUIDs of the view, before the driver initialises.
     fn apply_view(&mut self) -> Result<(), config::ConfigError> {
         let Some(selectors) = self.settings.visible_devices.clone() else { return Ok(()) };
-        let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok();
-        let parent = std::env::var(view::APPLIED_MARKER).ok();
+        // A load-time rewrite (view::load_time_changes) kept the original CUDA_VISIBLE_DEVICES,
+        // which the selectors compose with, and the view as indices into what they select.
+        let pending = view::pending(|name| std::env::var(name).ok());
+        let cvd = match &pending {
+            Some((original, _)) => original.clone(),
+            None => std::env::var(view::CUDA_VISIBLE_DEVICES).ok(),
+        };
+        let parent = if pending.is_some() { None } else { std::env::var(view::APPLIED_MARKER).ok() };
         let entries: Vec<String> = match (&parent, &cvd) {
             (Some(p), Some(c)) if p == c => {
                 log!(Level::Debug, "device view already applied by a parent process: CUDA_VISIBLE_DEVICES={c}");
@@ -224,6 +234,13 @@ impl State {
                 }
             }
         };
+        let entries = match &pending {
+            Some((_, Some(pick))) => view::narrow(&entries.join(","), pick),
+            _ => entries,
+        };
+        if pending.is_some() {
+            view::apply_changes(&[(view::PENDING_MARKER, None), (view::ORIGINAL_CVD, None)]);
+        }
         let value = entries.join(",");
         log!(Level::Debug, "CUDA_VISIBLE_DEVICES={value} (was {cvd:?})");
         std::env::set_var(view::CUDA_VISIBLE_DEVICES, &value);

@@ -172,6 +172,121 @@ pub fn narrow(parent: &str, cvd: &str) -> Vec<String> {
     out
 }
 
+/// Set at load time: the view's devices still to be resolved, as indices into the list the
+/// selectors give (see [`at_load`]).
+pub const PENDING_MARKER: &str = crate::config::ENV_VIEW_PENDING;
+/// Set at load time: the `CUDA_VISIBLE_DEVICES` the process started with (absent: unset).
+pub const ORIGINAL_CVD: &str = crate::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES;
+
+/// `0,1,…,n-1`: the `CUDA_VISIBLE_DEVICES` that indexes a narrowed list of `n` devices.
+fn indices(n: usize) -> String {
+    (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// What the load-time rewrite changes in the environment: `(name, Some(value))` to set,
+/// `(name, None)` to remove. `env` reads a variable. String work only (no driver, NVML or
+/// file): it runs in every process the library is loaded into.
+///
+/// Programs that count devices through NVML themselves (PyTorch's `_device_count_nvml`) apply
+/// the `CUDA_VISIBLE_DEVICES` they read at start to NVML's list, which the shim narrows to the
+/// view. So when `GPUSHIM_VISIBLE_DEVICES` asks for a view, `CUDA_VISIBLE_DEVICES` is rewritten
+/// before the program starts to the entries that index the narrowed list (`0,…,n-1`, one per
+/// selector), the original is kept in [`ORIGINAL_CVD`] for the resolution at first CUDA or NVML
+/// use ([`resolve_pending`]), and [`PENDING_MARKER`] holds the view as indices into the list the
+/// selectors give. A child given its own `CUDA_VISIBLE_DEVICES` narrows its parent's view
+/// (pending or applied) here, so that it, too, starts with entries that match its NVML list.
+pub fn load_time_changes(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, Option<String>)> {
+    use crate::config::{parse_disable, parse_visible_devices, ENV_DISABLE, ENV_VISIBLE_DEVICES};
+    let cvd = env(CUDA_VISIBLE_DEVICES);
+    let pending = env(PENDING_MARKER);
+    let selectors = match env(ENV_VISIBLE_DEVICES) {
+        Some(s) if !env(ENV_DISABLE).as_deref().is_some_and(parse_disable) => parse_visible_devices(&s).ok(),
+        _ => None,
+    };
+    let Some(selectors) = selectors else {
+        // No view asked for (or a bad setting, reported at first use): undo a rewrite inherited
+        // from a parent, so the driver and the program read the original.
+        return match pending {
+            Some(_) => undo_pending(env(ORIGINAL_CVD)),
+            None => Vec::new(),
+        };
+    };
+    match (pending, env(APPLIED_MARKER), cvd) {
+        // A parent's rewrite, still pending: the child's entries index it.
+        (Some(pick), _, Some(c)) => {
+            if c == indices(pick.split(',').filter(|e| !e.is_empty()).count()) {
+                return Vec::new();
+            }
+            let pick = narrow(&pick, &c);
+            vec![(PENDING_MARKER, Some(pick.join(","))), (CUDA_VISIBLE_DEVICES, Some(indices(pick.len())))]
+        }
+        // A parent applied the view (UUIDs): the program reads them, NVML shows them.
+        (None, Some(applied), Some(c)) => {
+            if applied == c {
+                return Vec::new();
+            }
+            let entries = narrow(&applied, &c).join(",");
+            vec![(CUDA_VISIBLE_DEVICES, Some(entries.clone())), (APPLIED_MARKER, Some(entries))]
+        }
+        // Afresh: the selectors index the devices the original CUDA_VISIBLE_DEVICES shows.
+        (_, _, cvd) => {
+            let written = indices(selectors.len());
+            vec![
+                (ORIGINAL_CVD, cvd),
+                (APPLIED_MARKER, None),
+                (PENDING_MARKER, Some(written.clone())),
+                (CUDA_VISIBLE_DEVICES, Some(written)),
+            ]
+        }
+    }
+}
+
+/// Puts back the `CUDA_VISIBLE_DEVICES` a load-time rewrite replaced (`original`: its value,
+/// `None`: it was unset) and removes the rewrite's markers.
+pub fn undo_pending(original: Option<String>) -> Vec<(&'static str, Option<String>)> {
+    vec![(CUDA_VISIBLE_DEVICES, original), (PENDING_MARKER, None), (ORIGINAL_CVD, None)]
+}
+
+/// A pending load-time rewrite, for the resolution at first use: the `CUDA_VISIBLE_DEVICES` the
+/// selectors compose with, and the view as indices into the list they give (`None`: all of it).
+/// `None`: nothing pending. A `CUDA_VISIBLE_DEVICES` the program set (or removed) itself
+/// before using CUDA replaces the original: the selectors compose with it, as in a program
+/// started with it.
+pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, Option<String>)> {
+    let pick = env(PENDING_MARKER)?;
+    let written = indices(pick.split(',').filter(|e| !e.is_empty()).count());
+    match env(CUDA_VISIBLE_DEVICES) {
+        Some(c) if c == written => Some((env(ORIGINAL_CVD), Some(pick))),
+        other => Some((other, None)),
+    }
+}
+
+/// Applies [`load_time_changes`] to the process environment.
+fn rewrite_environment() {
+    let changes = load_time_changes(|name| std::env::var(name).ok());
+    apply_changes(&changes);
+}
+
+/// Sets or removes each variable.
+pub fn apply_changes(changes: &[(&'static str, Option<String>)]) {
+    for (name, value) in changes {
+        match value {
+            Some(v) => std::env::set_var(name, v),
+            None => std::env::remove_var(name),
+        }
+    }
+}
+
+/// The library's constructor: runs when the library is loaded (with `LD_PRELOAD`, before the
+/// program's `main` and before an interpreter copies the environment).
+extern "C" fn at_load() {
+    let _ = std::panic::catch_unwind(rewrite_environment);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +376,78 @@ mod tests {
         assert_eq!(select(&sel(&["GPU-"]), None, &inv).unwrap_err(), "GPU- matches several devices: give more of the UUID");
         assert_eq!(select(&sel(&["0000:99:00.0"]), None, &inv).unwrap_err(), "no device has PCI bus id 0000:99:00.0");
         assert_eq!(select(&sel(&["0", "GPU-1"]), None, &inv).unwrap_err(), "GPU-10aa-0 is selected twice");
+    }
+
+    fn changes(vars: &[(&str, &str)]) -> Vec<(&'static str, Option<String>)> {
+        load_time_changes(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    fn set(name: &'static str, v: &str) -> (&'static str, Option<String>) {
+        (name, Some(v.to_string()))
+    }
+
+    #[test]
+    fn load_time_rewrite() {
+        let gvd = crate::config::ENV_VISIBLE_DEVICES;
+        // Nothing asked for: nothing changed.
+        assert_eq!(changes(&[]), vec![]);
+        assert_eq!(changes(&[("CUDA_VISIBLE_DEVICES", "1,2")]), vec![]);
+        assert_eq!(changes(&[(gvd, "1"), ("GPUSHIM_DISABLE", "1"), ("CUDA_VISIBLE_DEVICES", "1,2")]), vec![]);
+        // A bad setting: left for the error at first use.
+        assert_eq!(changes(&[(gvd, "1,,2")]), vec![]);
+        // Afresh: one entry per selector, the original kept (or its absence).
+        let fresh = |orig: Option<&str>, written: &str| {
+            vec![
+                (ORIGINAL_CVD, orig.map(str::to_string)),
+                (APPLIED_MARKER, None),
+                set(PENDING_MARKER, written),
+                set(CUDA_VISIBLE_DEVICES, written),
+            ]
+        };
+        assert_eq!(changes(&[(gvd, "1"), ("CUDA_VISIBLE_DEVICES", "1,2")]), fresh(Some("1,2"), "0"));
+        assert_eq!(changes(&[(gvd, "2, GPU-3")]), fresh(None, "0,1"));
+        assert_eq!(changes(&[(gvd, "none"), ("CUDA_VISIBLE_DEVICES", "0")]), fresh(Some("0"), ""));
+        // A child of a pending parent: unchanged, or its entries index the parent's view.
+        let pending = [(gvd, "2,0,1"), (PENDING_MARKER, "0,1,2"), (ORIGINAL_CVD, "1,2,3")];
+        assert_eq!(changes(&[pending[0], pending[1], pending[2], ("CUDA_VISIBLE_DEVICES", "0,1,2")]), vec![]);
+        assert_eq!(
+            changes(&[pending[0], pending[1], pending[2], ("CUDA_VISIBLE_DEVICES", "2,0")]),
+            vec![set(PENDING_MARKER, "2,0"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        let grandchild = [(gvd, "2,0,1"), (PENDING_MARKER, "2,0"), (ORIGINAL_CVD, "1,2,3"), ("CUDA_VISIBLE_DEVICES", "1")];
+        assert_eq!(changes(&grandchild), vec![set(PENDING_MARKER, "0"), set(CUDA_VISIBLE_DEVICES, "0")]);
+        // CUDA_VISIBLE_DEVICES removed: afresh, against all devices.
+        assert_eq!(changes(&pending), fresh(None, "0,1,2"));
+        // A child of a parent that applied the view (UUIDs): unchanged, or narrowed.
+        let applied = [(gvd, "1,0"), (APPLIED_MARKER, "GPU-b,GPU-a")];
+        assert_eq!(changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "GPU-b,GPU-a")]), vec![]);
+        assert_eq!(
+            changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "1")]),
+            vec![set(CUDA_VISIBLE_DEVICES, "GPU-a"), set(APPLIED_MARKER, "GPU-a")]
+        );
+        // The shim's setting removed under a pending parent: the original put back.
+        assert_eq!(
+            changes(&[(PENDING_MARKER, "0"), (ORIGINAL_CVD, "1,2"), ("CUDA_VISIBLE_DEVICES", "0")]),
+            undo_pending(Some("1,2".into()))
+        );
+    }
+
+    #[test]
+    fn pending_view_at_first_use() {
+        let get = |vars: &'static [(&'static str, &'static str)]| {
+            pending(move |name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+        };
+        assert_eq!(get(&[("CUDA_VISIBLE_DEVICES", "0")]), None);
+        assert_eq!(
+            get(&[(PENDING_MARKER, "1"), (ORIGINAL_CVD, "2,3"), ("CUDA_VISIBLE_DEVICES", "0")]),
+            Some((Some("2,3".into()), Some("1".into())))
+        );
+        assert_eq!(get(&[(PENDING_MARKER, ""), ("CUDA_VISIBLE_DEVICES", "")]), Some((None, Some("".into()))));
+        // Set by the program itself before using CUDA: the selectors compose with it.
+        assert_eq!(
+            get(&[(PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "2,3"), ("CUDA_VISIBLE_DEVICES", "1,2")]),
+            Some((Some("1,2".into()), None))
+        );
+        assert_eq!(get(&[(PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "2,3")]), Some((None, None)));
     }
 }
