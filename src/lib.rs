@@ -27,3 +27,4 @@ mod split;
 mod state;
 mod units;
 mod view;
+mod vmm;
