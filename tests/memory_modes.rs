@@ -1393,3 +1393,46 @@ fn passthrough_ctx_destroy_credits_the_context() {
     assert_sim_used(&out, Passthrough, 4, 0);
     assert_at(&out, Passthrough, 6, "free", LIMIT);
 }
+
+/// preallocate reserves the whole limit for cuMemAlloc-style allocations: stream-ordered and
+/// VMM allocations are refused, and the first refusal says why and what to use, once.
+#[test]
+fn preallocate_explains_unserved_refusals_once() {
+    let args = args![
+        "ctx=primary",                   // 1: takes the reserve
+        alloc(MIB),                      // 2
+        format!("alloc=async:{MIB}"),    // 3
+        format!("alloc=async:{MIB}"),    // 4
+        format!("alloc=vmm:{}", 2 * MIB), // 5
+    ];
+    let want = "cuMemAllocAsync refused: GPUSHIM_MEMORY_MODE=preallocate reserved the whole limit for \
+        cuMemAlloc/cudaMalloc-style allocations, and stream-ordered pools (cuMemAllocAsync, \
+        cuMemAllocFromPoolAsync) and virtual memory (cuMemCreate) are not served from that reserve; \
+        use GPUSHIM_MEMORY_MODE=grow for programs using them (PyTorch backend:cudaMallocAsync or \
+        expandable_segments, CuPy MemoryAsyncPool)";
+    for mode in MemoryMode::selected(&[NoShim, Grow, Preallocate]) {
+        let out = run(mode, &args);
+        let refused = if mode == Preallocate { common::OOM } else { 0 };
+        assert_rcs(&out, mode, &[(1, 0), (2, 0), (3, refused), (4, refused), (5, refused)]);
+        let said = out.gpushim_lines_with("not served from that reserve");
+        if mode == Preallocate {
+            assert_eq!(said.len(), 1, "{mode:?}\n{}", out.dump());
+            assert!(said[0].ends_with(want), "{mode:?}: {}\n{}", said[0], out.dump());
+        } else {
+            assert!(said.is_empty(), "{mode:?}\n{}", out.dump());
+        }
+    }
+}
+
+/// The same for a program that only uses VMM (cuMemCreate refused first).
+#[test]
+fn preallocate_explains_vmm_refusal() {
+    let args = args!["ctx=primary", alloc(MIB), format!("alloc=vmm:{}", 2 * MIB), format!("alloc=vmm:{}", 2 * MIB)];
+    let out = run(Preallocate, &args);
+    assert_rcs(&out, Preallocate, &[(1, 0), (2, 0), (3, common::OOM), (4, common::OOM)]);
+    let said = out.gpushim_lines_with("not served from that reserve");
+    assert_eq!(said.len(), 1, "{}", out.dump());
+    assert!(said[0].contains("cuMemCreate refused: GPUSHIM_MEMORY_MODE=preallocate"), "{}", out.dump());
+    let plain = run(NoShim, &args);
+    assert_rcs(&plain, NoShim, &[(1, 0), (2, 0), (3, 0), (4, 0)]);
+}
