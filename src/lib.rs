@@ -29,3 +29,4 @@ mod state;
 mod teardown;
 mod units;
 mod view;
+mod vmm;

@@ -382,6 +382,19 @@ impl State {
         // SAFETY: valid out-pointers.
         (unsafe { state(driver, &mut flags, &mut active) }) != CUDA_SUCCESS || active != 0
     }
+
+    /// In `preallocate` mode, says once per process why a stream-ordered or VMM allocation
+    /// (`what`, refused out of memory) got nothing: they are not served from the reserve.
+    pub fn explain_unserved_refusal(&self, what: &str) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !self.preallocating() || SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        log!(
+            Level::Warn,
+            "{what} refused: GPUSHIM_MEMORY_MODE=preallocate reserved the whole limit for cuMemAlloc/cudaMalloc-style allocations, and stream-ordered pools (cuMemAllocAsync, cuMemAllocFromPoolAsync) and virtual memory (cuMemCreate) are not served from that reserve; use GPUSHIM_MEMORY_MODE=grow for programs using them (PyTorch backend:cudaMallocAsync or expandable_segments, CuPy MemoryAsyncPool)"
+        );
+    }
 }
 
 #[cfg(test)]

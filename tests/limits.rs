@@ -581,3 +581,91 @@ fn per_device_limit_follows_cuda_visible_devices() {
         }
     }
 }
+
+/// Runs the driver program (linked, and through cuGetProcAddress) with a 64 MiB limit, without
+/// and with the shim.
+fn vmm_runs(args: &[String]) -> Vec<(bool, RunOutput)> {
+    let mut runs = Vec::new();
+    for path in [DriverPath::Link, DriverPath::Gpa] {
+        for shim in [false, true] {
+            let o = driver_run(path, LIMIT_ENV).args(args).shim(shim).run();
+            o.assert_completed();
+            assert_eq!(o.num("cleanup.failures"), 0, "{}", o.dump());
+            assert_eq!(o.report().device(0).used, 0, "{}", o.dump());
+            runs.push((shim, o));
+        }
+    }
+    runs
+}
+
+/// A VMM handle released while still mapped holds its memory (the driver frees it once it is
+/// both released and unmapped, as NVIDIA's samples rely on): the shim keeps counting it.
+#[test]
+fn vmm_released_while_mapped_counts_until_unmapped() {
+    let m = 40 * MIB;
+    let args: Vec<String> = [
+        format!("alloc=vmm:{m}"), // 1
+        "vrelease=1".into(),      // 2: mapping stays
+        "sim=0".into(),           // 3: still resident
+        format!("alloc=vmm:{m}"), // 4: over the limit while 1 is mapped
+        format!("vunmap=1:0:{m}"), // 5: now freed
+        "sim=0".into(),           // 6
+        format!("alloc=vmm:{m}"), // 7: fits
+        "vrelease=1".into(),      // 8: already released
+        format!("vunmap=7:{}:{}", 2 * m, MIB * 2), // 9: not mapped: the driver's answer
+    ]
+    .into();
+    for (shim, o) in vmm_runs(&args) {
+        assert_eq!(o.num("op1.rc"), 0, "{}", o.dump());
+        assert_eq!(o.num("op2.rc"), 0, "{}", o.dump());
+        assert_eq!(o.u64("op3.used"), m, "{}", o.dump());
+        assert_eq!(o.num("op4.rc"), if shim { OOM } else { 0 }, "{}", o.dump());
+        assert_eq!(o.num("op5.rc"), 0, "{}", o.dump());
+        assert_eq!(o.u64("op6.used"), if shim { 0 } else { m }, "{}", o.dump());
+        assert_eq!(o.num("op7.rc"), 0, "{}", o.dump());
+        assert_eq!(o.num("op8.rc"), 1, "{}", o.dump());
+        assert_eq!(o.num("op9.rc"), 1, "{}", o.dump());
+        if shim {
+            assert!(o.report().device(0).peak <= LIMIT, "{}", o.dump());
+        } else {
+            assert_eq!(o.report().device(0).peak, 2 * m, "{}", o.dump());
+        }
+    }
+}
+
+/// cuMemRetainAllocationHandle adds a reference: released and unmapped, the handle still
+/// counts until that reference is released too. Partial unmaps free it only with the last.
+#[test]
+fn vmm_retained_and_partly_unmapped_handles_count() {
+    let m = 40 * MIB;
+    let half = m / 2;
+    let args: Vec<String> = [
+        format!("alloc=vmmhalves:{m}"),   // 1
+        "vretain=1".into(),               // 2: a second reference
+        "vrelease=1".into(),              // 3
+        format!("vunmap=1:0:{half}"),     // 4: first half
+        format!("alloc=vmm:{m}"),         // 5: 1 still mapped
+        format!("vunmap=1:{half}:{half}"), // 6: all unmapped, one reference left
+        format!("alloc=vmm:{m}"),         // 7: still held
+        "sim=0".into(),                   // 8
+        "vrelease=1".into(),              // 9: the retained reference: freed
+        "sim=0".into(),                   // 10
+        format!("alloc=vmm:{m}"),         // 11: fits
+    ]
+    .into();
+    for (shim, o) in vmm_runs(&args) {
+        for op in [1, 2, 3, 4, 6, 9, 11] {
+            assert_eq!(o.num(&format!("op{op}.rc")), 0, "op{op}: {}", o.dump());
+        }
+        assert_eq!(o.num("op2.same"), 1, "{}", o.dump());
+        let refused = if shim { OOM } else { 0 };
+        assert_eq!(o.num("op5.rc"), refused, "{}", o.dump());
+        assert_eq!(o.num("op7.rc"), refused, "{}", o.dump());
+        let others = if shim { 0 } else { 2 * m };
+        assert_eq!(o.u64("op8.used"), m + others, "{}", o.dump());
+        assert_eq!(o.u64("op10.used"), others, "{}", o.dump());
+        if shim {
+            assert!(o.report().device(0).peak <= LIMIT, "{}", o.dump());
+        }
+    }
+}

@@ -132,8 +132,9 @@ fn assert_quiet(out: &RunOutput, mode: MemoryMode) {
 
 /// One refusal warning per `(request, limit)`, in order: `device 0: WHAT of N bytes refused: U
 /// bytes in use, limit L bytes`.
+/// (preallocate's one-time explanation of an unserved refusal is checked on its own.)
 fn assert_refusals(out: &RunOutput, mode: MemoryMode, refusals: &[(u64, u64)]) {
-    let warns = out.warn_lines();
+    let warns: Vec<String> = out.warn_lines().into_iter().filter(|l| !l.contains("not served from that reserve")).collect();
     assert_eq!(
         warns.len(),
         refusals.len(),
@@ -1390,4 +1391,47 @@ fn passthrough_ctx_destroy_credits_the_context() {
     assert_ok(&out, Passthrough, [1, 2, 3, 5, 6, 7]);
     assert_sim_used(&out, Passthrough, 4, 0);
     assert_at(&out, Passthrough, 6, "free", LIMIT);
+}
+
+/// preallocate reserves the whole limit for cuMemAlloc-style allocations: stream-ordered and
+/// VMM allocations are refused, and the first refusal says why and what to use, once.
+#[test]
+fn preallocate_explains_unserved_refusals_once() {
+    let args = args![
+        "ctx=primary",                   // 1: takes the reserve
+        alloc(MIB),                      // 2
+        format!("alloc=async:{MIB}"),    // 3
+        format!("alloc=async:{MIB}"),    // 4
+        format!("alloc=vmm:{}", 2 * MIB), // 5
+    ];
+    let want = "cuMemAllocAsync refused: GPUSHIM_MEMORY_MODE=preallocate reserved the whole limit for \
+        cuMemAlloc/cudaMalloc-style allocations, and stream-ordered pools (cuMemAllocAsync, \
+        cuMemAllocFromPoolAsync) and virtual memory (cuMemCreate) are not served from that reserve; \
+        use GPUSHIM_MEMORY_MODE=grow for programs using them (PyTorch backend:cudaMallocAsync or \
+        expandable_segments, CuPy MemoryAsyncPool)";
+    for mode in MemoryMode::selected(&[NoShim, Grow, Preallocate]) {
+        let out = run(mode, &args);
+        let refused = if mode == Preallocate { common::OOM } else { 0 };
+        assert_rcs(&out, mode, &[(1, 0), (2, 0), (3, refused), (4, refused), (5, refused)]);
+        let said = out.gpushim_lines_with("not served from that reserve");
+        if mode == Preallocate {
+            assert_eq!(said.len(), 1, "{mode:?}\n{}", out.dump());
+            assert!(said[0].ends_with(want), "{mode:?}: {}\n{}", said[0], out.dump());
+        } else {
+            assert!(said.is_empty(), "{mode:?}\n{}", out.dump());
+        }
+    }
+}
+
+/// The same for a program that only uses VMM (cuMemCreate refused first).
+#[test]
+fn preallocate_explains_vmm_refusal() {
+    let args = args!["ctx=primary", alloc(MIB), format!("alloc=vmm:{}", 2 * MIB), format!("alloc=vmm:{}", 2 * MIB)];
+    let out = run(Preallocate, &args);
+    assert_rcs(&out, Preallocate, &[(1, 0), (2, 0), (3, common::OOM), (4, common::OOM)]);
+    let said = out.gpushim_lines_with("not served from that reserve");
+    assert_eq!(said.len(), 1, "{}", out.dump());
+    assert!(said[0].contains("cuMemCreate refused: GPUSHIM_MEMORY_MODE=preallocate"), "{}", out.dump());
+    let plain = run(NoShim, &args);
+    assert_rcs(&plain, NoShim, &[(1, 0), (2, 0), (3, 0), (4, 0)]);
 }

@@ -157,7 +157,9 @@ pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdevicept
     if dptr.is_null() {
         return real(dptr, bytes, stream);
     }
-    st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr))
+    let result = st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr));
+    refused_unserved(st, result, "cuMemAllocAsync");
+    result
 }
 
 pub unsafe fn alloc_from_pool_async(
@@ -172,7 +174,9 @@ pub unsafe fn alloc_from_pool_async(
         return real(dptr, bytes, pool, stream);
     }
     let dev = pool_device(st, pool).or_else(|| st.stream_device(stream));
-    st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr))
+    let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr));
+    refused_unserved(st, result, "cuMemAllocFromPoolAsync");
+    result
 }
 
 pub unsafe fn free_async(st: &State, real: unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
@@ -235,11 +239,71 @@ pub unsafe fn vmm_create(
     let Some(driver) = st.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
     let mut on_driver = *prop;
     on_driver.location.id = driver;
-    st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, || (real(handle, bytes, &on_driver, flags), *handle))
+    let result = st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, || (real(handle, bytes, &on_driver, flags), *handle));
+    if result == CUDA_SUCCESS {
+        crate::vmm::created(*handle);
+    }
+    refused_unserved(st, result, "cuMemCreate");
+    result
 }
 
+/// A handle the shim counted is credited once the driver freed it: released (every reference)
+/// and unmapped (`crate::vmm`). Unknown handles go to the driver as they are.
 pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
-    st.uncounted(Kind::VmmHandle, handle, None, || real(handle))
+    if !crate::vmm::known(handle) {
+        return st.uncounted(Kind::VmmHandle, handle, None, || real(handle));
+    }
+    let result = real(handle);
+    if result == CUDA_SUCCESS && crate::vmm::released(handle) {
+        st.uncounted(Kind::VmmHandle, handle, None, || CUDA_SUCCESS);
+    }
+    result
+}
+
+pub unsafe fn vmm_map(
+    _st: &State,
+    real: unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let result = real(ptr, size, offset, handle, flags);
+    if result == CUDA_SUCCESS {
+        crate::vmm::mapped(ptr, size as u64, handle);
+    }
+    result
+}
+
+pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let result = real(ptr, size);
+    if result == CUDA_SUCCESS {
+        for handle in crate::vmm::unmapped(ptr, size as u64) {
+            st.uncounted(Kind::VmmHandle, handle, None, || CUDA_SUCCESS);
+        }
+    }
+    result
+}
+
+pub unsafe fn vmm_retain(
+    _st: &State,
+    real: unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut std::ffi::c_void) -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut std::ffi::c_void,
+) -> CUresult {
+    let result = real(handle, addr);
+    if result == CUDA_SUCCESS && !handle.is_null() {
+        crate::vmm::retained(*handle);
+    }
+    result
+}
+
+/// Says once why preallocate refused a stream-ordered or VMM allocation.
+fn refused_unserved(st: &State, result: CUresult, what: &str) {
+    if result == CUDA_ERROR_OUT_OF_MEMORY {
+        st.explain_unserved_refusal(what);
+    }
 }
 
 // --- arrays -----------------------------------------------------------------------------------

@@ -54,9 +54,13 @@ hook_table! {
     cuMemPoolCreate           = "cuMemPoolCreate"       @ 11020 (pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix)                => memory::pool_create;
     cuMemPoolDestroy          = "cuMemPoolDestroy"      @ 11020 (pool: CUmemoryPool)                                                         => memory::pool_destroy;
 
-    // Virtual memory management: physical memory is counted from create to release.
+    // Virtual memory management: physical memory is counted from create until released...
     cuMemCreate               = "cuMemCreate"           @ 10020 (handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create;
     cuMemRelease              = "cuMemRelease"          @ 10020 (handle: CUmemGenericAllocationHandle)                                       => memory::vmm_release;
+    // ... and stays counted while mapped (src/vmm.rs): released *and* unmapped frees it.
+    cuMemMap                  = "cuMemMap"              @ 10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map;
+    cuMemUnmap                = "cuMemUnmap"            @ 10020 (ptr: CUdeviceptr, size: usize)                                              => memory::vmm_unmap;
+    cuMemRetainAllocationHandle = "cuMemRetainAllocationHandle" @ 11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)    => memory::vmm_retain;
 
     // Pointer queries about memory served from a reserve (grow/preallocate; hooks/reserve.rs).
     cuMemGetAddressRange      = "cuMemGetAddressRange"  @ 2000 pool (base: *mut CUdeviceptr_v1, size: *mut c_uint, ptr: CUdeviceptr_v1)  => reserve::address_range_v1;

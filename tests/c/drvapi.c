@@ -31,7 +31,11 @@
  *   splitident   where the device-translating names resolve: splitident.dlsym.NAME (dlsym on the
  *                driver's handle; link mode: the global scope) and, for cuGetProcAddress modes,
  *                splitident.gpa.NAME: driver / other / null
- * APIs: mem v1 pitch managed async pool vmm array array3d mipmap host hostalloc hostreg
+ * Virtual memory on a vmm slot K (mapped whole, or in two halves with API vmmhalves):
+ *   vrelease=K   cuMemRelease of its handle (the mapping stays; cleanup then only unmaps) -> opI.rc
+ *   vretain=K    cuMemRetainAllocationHandle of its address -> opI.rc, opI.same (the same handle)
+ *   vunmap=K:OFF:LEN  cuMemUnmap(address + OFF, LEN) -> opI.rc
+ * APIs: mem v1 pitch managed async pool vmm vmmhalves array array3d mipmap host hostalloc hostreg
  * BYTES must be a multiple of 2 MiB for vmm and of 256 KiB for the array APIs.
  */
 #include <cuda.h>
@@ -78,6 +82,8 @@
     X(MemMap, cuMemMap, "cuMemMap", "cuMemMap", "cuMemMap", 10020)                                \
     X(MemUnmap, cuMemUnmap, "cuMemUnmap", "cuMemUnmap", "cuMemUnmap", 10020)                      \
     X(MemSetAccess, cuMemSetAccess, "cuMemSetAccess", "cuMemSetAccess", "cuMemSetAccess", 10020)  \
+    X(MemRetainAllocationHandle, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle",      \
+      "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 11000)                        \
     X(ArrayCreate, cuArrayCreate, "cuArrayCreate_v2", "cuArrayCreate_v2", "cuArrayCreate", 3020)  \
     X(Array3DCreate, cuArray3DCreate, "cuArray3DCreate_v2", "cuArray3DCreate_v2", "cuArray3DCreate", 3020) \
     X(ArrayDestroy, cuArrayDestroy, "cuArrayDestroy", "cuArrayDestroy", "cuArrayDestroy", 2000)   \
@@ -338,6 +344,7 @@ struct slot {
     CUdeviceptr dptr;
     unsigned int dptr_v1;
     CUmemGenericAllocationHandle handle;
+    int refs; /* vmm: references still to release */
     size_t bytes;
     CUarray array;
     CUmipmappedArray mipmap;
@@ -394,12 +401,13 @@ static void do_alloc(int i, const char *name, unsigned long long bytes) {
             rc = CALL(MemAllocFromPoolAsync, &s->dptr, bytes, pool, (CUstream)0);
             if (rc == CUDA_SUCCESS) kv("op%d.sync=%d", i, (int)CALL(CtxSynchronize));
         }
-    } else if (!strcmp(name, "vmm")) {
+    } else if (!strcmp(name, "vmm") || !strcmp(name, "vmmhalves")) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location = device_location();
         s->kind = K_VMM;
+        s->refs = 1;
         rc = CALL(MemCreate, &s->handle, bytes, &prop, 0);
         if (rc == CUDA_SUCCESS) {
             /* map it like PyTorch's expandable segments do */
@@ -408,7 +416,12 @@ static void do_alloc(int i, const char *name, unsigned long long bytes) {
             access.location = device_location();
             access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             CUresult m = CALL(MemAddressReserve, &s->dptr, bytes, 0, 0, 0);
-            if (m == CUDA_SUCCESS) m = CALL(MemMap, s->dptr, bytes, 0, s->handle, 0);
+            if (m == CUDA_SUCCESS && !strcmp(name, "vmmhalves")) {
+                m = CALL(MemMap, s->dptr, bytes / 2, 0, s->handle, 0);
+                if (m == CUDA_SUCCESS) m = CALL(MemMap, s->dptr + bytes / 2, bytes / 2, bytes / 2, s->handle, 0);
+            } else if (m == CUDA_SUCCESS) {
+                m = CALL(MemMap, s->dptr, bytes, 0, s->handle, 0);
+            }
             if (m == CUDA_SUCCESS) m = CALL(MemSetAccess, s->dptr, bytes, &access, 1);
             kv("op%d.maprc=%d", i, (int)m);
         }
@@ -467,7 +480,8 @@ static int release_slot(int k) {
             CALL(MemUnmap, s->dptr, s->bytes);
             CALL(MemAddressFree, s->dptr, s->bytes);
         }
-        rc = CALL(MemRelease, s->handle);
+        rc = CUDA_SUCCESS;
+        while (s->refs-- > 0 && rc == CUDA_SUCCESS) rc = CALL(MemRelease, s->handle);
         break;
     case K_ARRAY: rc = CALL(ArrayDestroy, s->array); break;
     case K_MIPMAP: rc = CALL(MipmappedArrayDestroy, s->mipmap); break;
@@ -481,6 +495,34 @@ static int release_slot(int k) {
     s->kind = K_NONE;
     if (back != current_device) use_device(back);
     return rc;
+}
+
+/* vrelease=K, vretain=K, vunmap=K:OFF:LEN on a vmm slot */
+static void do_vmm_op(int i, const char *arg) {
+    const char *eq = strchr(arg, '=') + 1;
+    int k = atoi(eq);
+    struct slot *s = (k >= 0 && k < MAX_OPS) ? &slots[k] : NULL;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (!s || s->kind != K_VMM) {
+        kv("op%d.rc=%d", i, (int)rc);
+        return;
+    }
+    if (starts_with(arg, "vrelease=")) {
+        rc = CALL(MemRelease, s->handle);
+        if (rc == CUDA_SUCCESS) s->refs--;
+    } else if (starts_with(arg, "vretain=")) {
+        CUmemGenericAllocationHandle h = 0;
+        rc = CALL(MemRetainAllocationHandle, &h, (void *)(uintptr_t)s->dptr);
+        if (rc == CUDA_SUCCESS) s->refs++;
+        kv("op%d.same=%d", i, h == s->handle);
+    } else {
+        const char *c1 = strchr(eq, ':');
+        const char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) usage_error(arg);
+        size_t off = strtoull(c1 + 1, NULL, 10), len = strtoull(c2 + 1, NULL, 10);
+        rc = CALL(MemUnmap, s->dptr + off, len);
+    }
+    kv("op%d.rc=%d", i, (int)rc);
 }
 
 /* ---- queries ---- */
@@ -843,6 +885,8 @@ int main(int argc, char **argv) {
                 slots[k].kind = K_NONE;
             }
             kv("op%d.rc=%d", i, (int)rc);
+        } else if (starts_with(arg, "vrelease=") || starts_with(arg, "vretain=") || starts_with(arg, "vunmap=")) {
+            do_vmm_op(i, arg);
         } else if (!strcmp(arg, "infonull")) {
             do_infonull(i);
         } else if (!strcmp(arg, "totalmem")) {

@@ -1,7 +1,10 @@
 //! Virtual memory management: `cuMemCreate` handles, reserved address ranges and mappings.
 //!
-//! A handle with a device location is counted on that device from `cuMemCreate` until its last
-//! `cuMemRelease` (`cuMemRetainAllocationHandle` adds a reference), whatever is mapped. A
+//! A handle with a device location holds its physical memory from `cuMemCreate` until it has
+//! been released (`cuMemRelease` of the creator's reference and of every reference
+//! `cuMemRetainAllocationHandle` added) *and* unmapped (every `cuMemMap` of it undone by
+//! `cuMemUnmap`), as on the real driver: releasing a mapped handle only invalidates the handle
+//! value. `cuMemAddressFree` of a range that still has mappings is refused. A
 //! reservation is an anonymous read-write `MAP_NORESERVE` range, so mapped memory can be read
 //! and written; `cuMemUnmap` discards the pages (contents are not shared between two mappings
 //! of one handle).
@@ -22,7 +25,11 @@ struct Handle {
     /// Physical device it is counted on, if any.
     physical: Option<usize>,
     ordinal: CUdevice,
+    /// References: the creator's and one per retain; 0 once released (the handle value is then
+    /// invalid, but the memory stays while mapped).
     refs: u64,
+    /// Mappings of (part of) this handle.
+    maps: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -102,24 +109,32 @@ pub fn ptr_info(addr: usize) -> Option<PtrInfo> {
     })
 }
 
-fn release(h: u64) -> Res {
-    let gone = {
-        let mut st = lock();
-        let hd = st.handles.get_mut(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        hd.refs -= 1;
-        if hd.refs == 0 {
-            st.handles.remove(&h)
-        } else {
-            None
+impl State {
+    /// The handle `h` if it is still referenced (not fully released).
+    fn referenced(&mut self, h: u64) -> Option<&mut Handle> {
+        self.handles.get_mut(&h).filter(|hd| hd.refs > 0)
+    }
+
+    /// Drops handle `h` if nothing references or maps it; returns what to credit.
+    fn collect(&mut self, h: u64) -> Option<(usize, u64)> {
+        let hd = self.handles.get(&h)?;
+        if hd.refs > 0 || hd.maps > 0 {
+            return None;
         }
+        let hd = self.handles.remove(&h)?;
+        hd.physical.map(|p| (p, hd.size as u64))
+    }
+}
+
+fn release(h: u64) -> Res {
+    let freed = {
+        let mut st = lock();
+        let hd = st.referenced(h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        hd.refs -= 1;
+        st.collect(h)
     };
-    if let Some(Handle {
-        size,
-        physical: Some(p),
-        ..
-    }) = gone
-    {
-        stats::release(p, size as u64);
+    if let Some((p, size)) = freed {
+        stats::release(p, size);
     }
     Ok(())
 }
@@ -150,7 +165,7 @@ cu_api! {
             let mut st = lock();
             let h = st.next_handle;
             st.next_handle += 1;
-            st.handles.insert(h, Handle { size, prop: pr, physical, ordinal, refs: 1 });
+            st.handles.insert(h, Handle { size, prop: pr, physical, ordinal, refs: 1, maps: 0 });
             h
         };
         put(handle, h)
@@ -168,6 +183,7 @@ cu_api! {
         }
         let mut st = lock();
         let (_, m) = st.mapping_of(addr as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // a mapped handle can be retained again even after its creator released it
         let hd = st.handles.get_mut(&m.handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         hd.refs += 1;
         put(handle, m.handle)
@@ -175,7 +191,7 @@ cu_api! {
 
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
         devices::visible()?;
-        let pr = lock().handles.get(&handle).map(|h| h.prop).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let pr = lock().referenced(handle).map(|h| h.prop).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(prop, pr)
     }
 
@@ -209,11 +225,11 @@ cu_api! {
             if size > len {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            st.reservations.remove(&base);
-            let inside: Vec<usize> = st.mappings.range(base..base + len).map(|(b, _)| *b).collect();
-            for b in inside {
-                st.mappings.remove(&b);
+            // still mapped: unmap first (the memory stays held until then)
+            if st.mappings.range(base..base + len).next().is_some() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
             }
+            st.reservations.remove(&base);
             len
         };
         memory::unmap(base, len);
@@ -227,7 +243,7 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let mut st = lock();
-        let h = st.handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = st.referenced(handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if offset.checked_add(size).is_none_or(|e| e > h.size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -237,13 +253,18 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         st.mappings.insert(addr, Mapping { size, handle, ordinal });
+        if let Some(h) = st.handles.get_mut(&handle) {
+            h.maps += 1;
+        }
         Ok(())
     }
 
     /// Unmaps every mapping inside `[ptr, ptr+size)`; one that straddles the range is an error.
+    /// A handle released and no longer mapped frees its memory.
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
         devices::visible()?;
         let (addr, end) = (ptr as usize, (ptr as usize).checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+        let mut freed = Vec::new();
         {
             let mut st = lock();
             if let Some((b, m)) = st.mapping_of(addr) {
@@ -255,9 +276,16 @@ cu_api! {
             if inside.is_empty() || inside.iter().any(|(b, m)| b + m.size > end) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            for (b, _) in inside {
+            for (b, m) in inside {
                 st.mappings.remove(&b);
+                if let Some(h) = st.handles.get_mut(&m.handle) {
+                    h.maps -= 1;
+                }
+                freed.extend(st.collect(m.handle));
             }
+        }
+        for (p, size) in freed {
+            stats::release(p, size);
         }
         // Discard the pages, keeping the reserved range readable and writable.
         // SAFETY: the range lies inside a reservation this crate mapped.

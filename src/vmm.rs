@@ -1,0 +1,116 @@
+//! Virtual memory management handles: when the driver really frees their memory.
+//!
+//! On the driver a `cuMemCreate` handle holds its physical memory until it has been released
+//! (the creator's reference and every `cuMemRetainAllocationHandle` reference) *and* unmapped
+//! (every `cuMemMap` of it undone). The handle's live entry (`Kind::VmmHandle`) stays counted
+//! until both are true. Only handles the shim counted are tracked; the state is updated after
+//! the driver's call succeeded, never across it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+#[derive(Default)]
+struct Handles {
+    /// handle -> (references, mappings)
+    handles: HashMap<u64, (u64, u64)>,
+    /// mapped address -> (size, handle)
+    mappings: BTreeMap<u64, (u64, u64)>,
+}
+
+static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Handles>> {
+    HANDLES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with<R>(f: impl FnOnce(&mut Handles) -> R) -> R {
+    f(lock().get_or_insert_with(Handles::default))
+}
+
+/// Drops `h` if nothing references or maps it; true when its memory is now free.
+fn collect(t: &mut Handles, h: u64) -> bool {
+    if t.handles.get(&h).is_some_and(|&(r, m)| r == 0 && m == 0) {
+        t.handles.remove(&h);
+        return true;
+    }
+    false
+}
+
+/// A counted `cuMemCreate` succeeded: one reference, no mapping.
+pub fn created(h: u64) {
+    with(|t| t.handles.insert(h, (1, 0)));
+}
+
+/// Whether the shim tracks handle `h`.
+pub fn known(h: u64) -> bool {
+    with(|t| t.handles.contains_key(&h))
+}
+
+/// The driver accepted `cuMemRelease(h)`: true when the memory is now free.
+pub fn released(h: u64) -> bool {
+    with(|t| {
+        if let Some(e) = t.handles.get_mut(&h) {
+            e.0 = e.0.saturating_sub(1);
+        }
+        collect(t, h)
+    })
+}
+
+/// The driver accepted `cuMemRetainAllocationHandle`, which returned `h`.
+pub fn retained(h: u64) {
+    with(|t| {
+        if let Some(e) = t.handles.get_mut(&h) {
+            e.0 += 1;
+        }
+    });
+}
+
+/// The driver accepted `cuMemMap(addr, size, .., h)`.
+pub fn mapped(addr: u64, size: u64, h: u64) {
+    with(|t| {
+        if let Some(e) = t.handles.get_mut(&h) {
+            e.1 += 1;
+            t.mappings.insert(addr, (size, h));
+        }
+    });
+}
+
+/// The driver accepted `cuMemUnmap(addr, size)`: the handles whose memory is now free.
+pub fn unmapped(addr: u64, size: u64) -> Vec<u64> {
+    let end = addr.saturating_add(size);
+    with(|t| {
+        let inside: Vec<(u64, u64)> = t.mappings.range(addr..end).map(|(&a, &(_, h))| (a, h)).collect();
+        let mut freed = Vec::new();
+        for (a, h) in inside {
+            t.mappings.remove(&a);
+            if let Some(e) = t.handles.get_mut(&h) {
+                e.1 = e.1.saturating_sub(1);
+            }
+            if collect(t, h) {
+                freed.push(h);
+            }
+        }
+        freed
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_once_released_and_unmapped() {
+        created(0x77);
+        mapped(0x1000, 0x100, 0x77);
+        mapped(0x1100, 0x100, 0x77);
+        assert!(!released(0x77));
+        retained(0x77);
+        assert_eq!(unmapped(0x1000, 0x100), Vec::<u64>::new());
+        assert_eq!(unmapped(0x1100, 0x100), Vec::<u64>::new());
+        assert!(known(0x77));
+        assert!(released(0x77));
+        assert!(!known(0x77));
+        mapped(0x5000, 0x100, 0x99); // unknown handle: not tracked
+        assert_eq!(unmapped(0x5000, 0x100), Vec::<u64>::new());
+    }
+}
