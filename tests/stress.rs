@@ -1,5 +1,5 @@
 //! The stress test the hardening issue asks for: every allocation API from 8 threads at once
-//! (`tests/c/stress.c`), starting with a concurrent first use of the primary context (the first
+//! (`tests/c/stress.c`; VMM memory created, mapped and released at once, freed by unmapping), starting with a concurrent first use of the primary context (the first
 //! preallocation in `preallocate`), with contexts destroyed under live allocations, a fork whose
 //! child exits, and a primary-context reset — checked against the simulated driver's own record
 //! of what is resident: its peak never passes the limit, and once everything is freed or torn

@@ -10,7 +10,8 @@
  *    preallocation); they meet at the barrier again before going on.
  * 2. Each thread then runs ROUNDS random steps (xorshift from SEED and its index): allocate
  *    (cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync on the NULL stream
- *    then cuStreamSynchronize, cuArrayCreate_v2; 1..MAX_BYTES), free one (its API's own free),
+ *    then cuStreamSynchronize, cuArrayCreate_v2; 1..MAX_BYTES; or VMM: cuMemCreate of 2-8 MiB,
+ *    mapped and released at once, freed by cuMemUnmap), free one (its API's own free),
  *    read cuMemGetInfo (free ≤ total), and now and then (thread 0, every 16th step) create its
  *    own context, allocate twice in it and destroy it without freeing.
  * 3. Main: fork a child that exits at once (exit handlers run in it), wait for it.
@@ -34,12 +35,13 @@
 #define HELD 8
 #define FILL_BLOCK (1u << 20)
 
-enum kind { NONE, DEV, MANAGED, ASYNC, ARRAY };
+enum kind { NONE, DEV, MANAGED, ASYNC, ARRAY, VMM };
 
 struct held {
     enum kind kind;
     CUdeviceptr ptr;
     CUarray array;
+    size_t vmm_size;
 };
 
 struct worker {
@@ -71,7 +73,28 @@ static void tally(struct worker *w, CUresult rc) {
 static CUresult allocate(struct worker *w, struct held *h) {
     size_t bytes = 1 + (size_t)(next_random(&w->seed) % max_bytes);
     CUresult rc;
-    switch (next_random(&w->seed) % 5) {
+    switch (next_random(&w->seed) % 6) {
+    case 5: {
+        /* as NVIDIA's samples do: create, map, release at once; the memory stays until unmapped */
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle handle = 0;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = device;
+        size_t size = (size_t)(2u << 20) * (1 + bytes % 4);
+        h->kind = VMM;
+        h->vmm_size = size;
+        rc = cuMemCreate(&handle, size, &prop, 0);
+        if (rc != CUDA_SUCCESS) break;
+        rc = cuMemAddressReserve(&h->ptr, size, 0, 0, 0);
+        if (rc == CUDA_SUCCESS) {
+            rc = cuMemMap(h->ptr, size, 0, handle, 0);
+            if (rc != CUDA_SUCCESS) cuMemAddressFree(h->ptr, size);
+        }
+        if (cuMemRelease(handle) != CUDA_SUCCESS) w->errors++;
+        break;
+    }
     case 0:
         h->kind = DEV;
         rc = cuMemAlloc(&h->ptr, bytes);
@@ -117,6 +140,10 @@ static CUresult release(struct held *h) {
         if (rc == CUDA_SUCCESS) rc = cuStreamSynchronize((CUstream)0);
         break;
     case ARRAY: rc = cuArrayDestroy(h->array); break;
+    case VMM:
+        rc = cuMemUnmap(h->ptr, h->vmm_size);
+        if (rc == CUDA_SUCCESS) rc = cuMemAddressFree(h->ptr, h->vmm_size);
+        break;
     case NONE: break;
     }
     h->kind = NONE;
