@@ -152,6 +152,10 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
             st.load(hook.lib(), None, true);
             real = REAL[index].load(Relaxed);
             if real == 0 {
+                // No driver on this machine: CUDA's own answer for that, quietly.
+                if hook.lib() == Lib::Cuda && !st.opened(Lib::Cuda) {
+                    return CUDA_ERROR_NO_DEVICE;
+                }
                 return not_found;
             }
         }
@@ -192,6 +196,8 @@ pub fn resolve_real(lib: &driver::Library, which: Lib) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
+        // an indirect-branch target under CET/IBT (programs call dlsym through the PLT or a pointer)
+        "endbr64",
         "push rdi",
         "push rsi",
         "sub rsp, 8",
@@ -263,7 +269,12 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     // The driver's own address tells which library the program uses; the shim's own export
     // (found through RTLD_DEFAULT) says nothing about that.
     let hint = (found != ours).then_some(found as *const c_void);
-    let Some(st) = state::get() else { return 0 };
+    let Some(st) = state::get() else {
+        // This thread's own start-up (a library's own look-ups): the driver's function. Any
+        // other thread that could not wait for start-up gets the hook, which refuses until
+        // the state exists: never the driver's function unlimited.
+        return if state::initialising_here() { 0 } else { ours };
+    };
     if st.passthrough() || !HOOKS[index].wanted(st.needs()) {
         return 0;
     }
@@ -316,6 +327,14 @@ pub fn substitute(st: &State, symbol: &CStr, version: c_int, flags: u64, found: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn dlsym_starts_with_endbr64() {
+        // SAFETY: reads the first 4 bytes of a function's code (mapped readable).
+        let first = unsafe { std::ptr::read_unaligned(dlsym as *const [u8; 4]) };
+        assert_eq!(first, [0xf3, 0x0f, 0x1e, 0xfa]);
+    }
 
     #[test]
     fn table_names_are_unique_and_nul_terminated() {

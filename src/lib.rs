@@ -11,6 +11,8 @@ mod config;
 mod devices;
 mod driver;
 mod ffi;
+#[cfg(test)]
+mod fuzz;
 mod hooks;
 mod intercept;
 mod log;

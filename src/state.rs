@@ -86,14 +86,84 @@ pub fn get_if_ready() -> Option<&'static State> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
+/// Set while one thread builds the state: the others wait for it (one state, one NVML
+/// initialisation, one quota place, one `setenv`).
+static BUILDING: AtomicBool = AtomicBool::new(false);
+
+/// How long a thread waits for another one's start-up before it gives up (fail closed: its
+/// hooks refuse). Start-up takes milliseconds; this only bounds a pathological wait, e.g. on a
+/// loader lock the waiting thread itself holds.
+const START_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether this thread is building the state (its lookups are the start-up's own).
+pub fn initialising_here() -> bool {
+    INITIALISING.try_with(Cell::get).unwrap_or(false)
+}
+
 #[cold]
 fn init() -> Option<&'static State> {
-    if INITIALISING.with(|f| f.replace(true)) {
+    if initialising_here() {
+        // a library's own start-up (NVML's, the driver's) looking functions up: not the program's
         return None;
     }
-    let state = publish(build());
-    INITIALISING.with(|f| f.set(false));
-    Some(state)
+    quiet_panics();
+    if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return wait_for_start_up();
+    }
+    if let Some(state) = get_if_ready() {
+        return Some(state); // published between our first look and the claim
+    }
+    /// Clears this thread's flag however `build` ends.
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            let _ = INITIALISING.try_with(|f| f.set(false));
+        }
+    }
+    let _done = Done;
+    let _ = INITIALISING.try_with(|f| f.set(true));
+    // Any failure inside start-up (a bug) publishes a broken state: CUDA initialisation fails
+    // with a message, and the program never runs without its limits.
+    let state = std::panic::catch_unwind(build).unwrap_or_else(|_| {
+        let mut state = Box::new(State::empty());
+        state.fail_internal("an internal error stopped gpushim's start-up");
+        state
+    });
+    Some(publish(state))
+}
+
+/// A panic inside the shim (a bug; every entry point catches it) prints one `error` line, not
+/// Rust's default message and backtrace into the program's stderr. The hook is the shim's own:
+/// the library has its own copy of the standard library.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            log::emit_plain(&format!("gpushim: error: internal error{place} (a bug; please report it)"));
+        }))
+    });
+}
+
+/// Another thread builds the state: wait for it, a bounded time.
+#[cold]
+fn wait_for_start_up() -> Option<&'static State> {
+    let start = std::time::Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if let Some(state) = get_if_ready() {
+            return Some(state);
+        }
+        if start.elapsed() > START_UP_WAIT {
+            return None;
+        }
+        spins += 1;
+        if spins < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
 }
 
 fn build() -> Box<State> {
@@ -189,6 +259,14 @@ impl State {
         let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
         split | limit | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+    }
+
+    /// Records an internal failure: reported once, and CUDA initialisation will fail.
+    fn fail_internal(&mut self, what: &str) {
+        report_config_error(&format!(
+            "gpushim: {what} (a bug; please report it); CUDA initialisation fails, so that the program never runs without its limits"
+        ));
+        self.mode = Mode::Broken;
     }
 
     /// Records a configuration error: reported once, and CUDA initialisation will fail.
@@ -301,6 +379,14 @@ impl State {
         self.cuda.get().unwrap_or(&NONE)
     }
 
+    /// Whether `lib` has been opened.
+    pub fn opened(&self, lib: Lib) -> bool {
+        match lib {
+            Lib::Cuda => self.cuda.get().is_some(),
+            Lib::Nvml => self.nvml.get().is_some(),
+        }
+    }
+
     pub fn nvml_api(&self) -> Option<&NvmlApi> {
         if self.nvml.get().is_none() {
             self.load(Lib::Nvml, None, true);
@@ -335,7 +421,11 @@ impl State {
             Err(e) => {
                 if report && !LIBRARY_ERROR_REPORTED[lib as usize].swap(true, Ordering::Relaxed) {
                     let what = if lib == Lib::Cuda { "the CUDA driver" } else { "NVML" };
-                    log!(Level::Error, "cannot load {what}: {e}");
+                    // A machine without the driver (a CPU node with gpushim in
+                    // /etc/ld.so.preload) is no error: the program finds no device. A path the
+                    // user named that cannot be opened is.
+                    let level = if explicit.is_some() { Level::Error } else { Level::Debug };
+                    log!(level, "cannot load {what}: {e}");
                 }
             }
         }

@@ -56,8 +56,8 @@ pub fn driver_view(cvd: Option<&str>, inventory: &[Physical]) -> View {
     for entry in cvd.split(',').map(str::trim) {
         let found = if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
             entry.parse::<usize>().ok().filter(|&i| i < inventory.len())
-        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
-            let prefix = format!("GPU-{}", entry[4..].to_ascii_lowercase());
+        } else if let Some(rest) = uuid_rest(entry) {
+            let prefix = format!("GPU-{}", rest.to_ascii_lowercase());
             unique(inventory, |p| p.uuid.starts_with(&prefix)).ok()
         } else {
             None
@@ -68,6 +68,14 @@ pub fn driver_view(cvd: Option<&str>, inventory: &[Physical]) -> View {
         }
     }
     View { devices }
+}
+
+/// What follows `GPU-` (any case) in a `CUDA_VISIBLE_DEVICES` entry, if anything does. Byte
+/// by byte: an entry may hold any UTF-8 (the first four bytes, when they are `GPU-`, are ASCII,
+/// so what follows starts on a character boundary).
+fn uuid_rest(entry: &str) -> Option<&str> {
+    let b = entry.as_bytes();
+    (b.len() > 4 && b[..4].eq_ignore_ascii_case(b"GPU-")).then(|| &entry[4..])
 }
 
 fn unique(inventory: &[Physical], pred: impl Fn(&Physical) -> bool) -> Result<usize, usize> {
@@ -154,8 +162,8 @@ pub fn narrow(parent: &str, cvd: &str) -> Vec<String> {
     for entry in cvd.split(',').map(str::trim) {
         let found = if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
             entry.parse::<usize>().ok().and_then(|i| parent.get(i))
-        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
-            let prefix = format!("GPU-{}", entry[4..].to_ascii_lowercase());
+        } else if let Some(rest) = uuid_rest(entry) {
+            let prefix = format!("GPU-{}", rest.to_ascii_lowercase());
             let mut hits = parent.iter().filter(|p| p.to_ascii_lowercase().replacen("gpu-", "GPU-", 1).starts_with(&prefix));
             match (hits.next(), hits.next()) {
                 (Some(p), None) => Some(p),

@@ -217,3 +217,125 @@ fn memory_a_pool_keeps_after_a_free_stays_counted() {
         }
     }
 }
+
+/// Eight threads meet at a barrier and make their first CUDA call at once: one state is built
+/// (one NVML initialisation for the view, one quota place), the others wait for it, and all of
+/// them see the same view. Before start-up was serialised each thread built its own.
+#[test]
+fn concurrent_first_use_builds_one_state() {
+    let nvml_report = work_dir().join(format!("firstuse-nvml-{}.json", std::process::id()));
+    for round in 0..3 {
+        let _ = std::fs::remove_file(&nvml_report);
+        let out = Run::program(Program::FirstUse)
+            .env("GPUSIM_DEVICES", "2")
+            .env("GPUSIM_NVML_REPORT", &nvml_report)
+            .env("GPUSHIM_VISIBLE_DEVICES", "1")
+            .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+            .env("GPUSHIM_SHARED_QUOTA", "first")
+            .args(["8"])
+            .mode(Passthrough)
+            .run();
+        out.assert_completed();
+        assert_eq!((out.num("found"), out.num("init.ok"), out.num("count")), (8, 8, 1), "round {round}\n{}", out.dump());
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&nvml_report).unwrap()).unwrap();
+        let inits: u64 = ["nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags"].iter().filter_map(|n| report["calls"][n].as_u64()).sum();
+        assert_eq!(inits, 1, "round {round}: NVML initialised {inits} times\n{}", out.dump());
+        assert_eq!(out.stderr_text(), "", "round {round}");
+    }
+}
+
+/// Odd bytes — multi-byte UTF-8, invalid UTF-8 — in `CUDA_VISIBLE_DEVICES` and in every
+/// `GPUSHIM_` variable never leave the program unlimited: either CUDA initialisation fails with
+/// the shim's message, or the 1 GiB limit holds (2 GiB refused). `0,1,GPUé` used to panic
+/// inside start-up and leave every later lookup to the raw driver.
+#[test]
+fn odd_bytes_in_any_variable_never_unlimit_the_program() {
+    use std::os::unix::ffi::OsStringExt;
+    let odd: Vec<std::ffi::OsString> = vec![
+        "0,1,GPUé".into(),
+        "GPU-漢字,0".into(),
+        "é".into(),
+        "🚀GiB".into(),
+        std::ffi::OsString::from_vec(vec![b'0', b',', 0xff, 0xfe, b'G', b'P', b'U', b'-', 0xc3]),
+    ];
+    let vars = [
+        "CUDA_VISIBLE_DEVICES",
+        "GPUSHIM_VISIBLE_DEVICES",
+        "GPUSHIM_MEMORY_LIMIT",
+        "GPUSHIM_MEMORY_LIMIT_0",
+        "GPUSHIM_VIRTUAL_DEVICES",
+        "GPUSHIM_MEMORY_MODE",
+        "GPUSHIM_LOG",
+        "GPUSHIM_SHARED_QUOTA",
+        "GPUSHIM_CONFIG",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+    ];
+    for var in vars {
+        for value in &odd {
+            for visible in [None, Some("0")] {
+                let mut run = Run::program(Program::Modes)
+                    .env("GPUSIM_DEVICES", "2")
+                    .env("GPUSIM_MEMORY", "16GiB")
+                    .args(["ctx=v2", &alloc(2 * GIB)])
+                    .mode(Passthrough);
+                if var != "GPUSHIM_MEMORY_LIMIT" {
+                    run = run.env("GPUSHIM_MEMORY_LIMIT", "1GiB");
+                }
+                if let Some(v) = visible.filter(|_| var != "GPUSHIM_VISIBLE_DEVICES") {
+                    run = run.env("GPUSHIM_VISIBLE_DEVICES", v);
+                }
+                let out = run.env(var, value.clone()).run();
+                out.assert_completed();
+                let what = format!("{var}={value:?} (GPUSHIM_VISIBLE_DEVICES {visible:?})");
+                let init = out.num("init.rc");
+                if init == NOT_INITIALIZED {
+                    assert!(out.stderr_text().contains("gpushim: "), "{what}: the reason is said\n{}", out.dump());
+                } else if init != 0 {
+                    // the driver's own answer: `CUDA_VISIBLE_DEVICES` ends at its first bad entry
+                    assert_eq!((var, init), ("CUDA_VISIBLE_DEVICES", 100), "{what}\n{}", out.dump());
+                } else {
+                    assert_eq!(rc(&out, 2), OOM, "{what}: the 1 GiB limit holds\n{}", out.dump());
+                }
+                assert!(!out.stderr_text().contains("panicked"), "{what}\n{}", out.dump());
+            }
+        }
+    }
+}
+
+/// A machine without the CUDA driver (gpushim in /etc/ld.so.preload on a CPU node): a program
+/// that finds the shim's `cuInit` gets `CUDA_ERROR_NO_DEVICE` and the shim prints nothing at
+/// the default log level; a `GPUSHIM_DRIVER_PATH` that cannot be opened is said.
+#[test]
+fn without_a_driver_cuda_finds_no_device_quietly() {
+    const NO_DEVICE: i64 = 100;
+    for env in [&[][..], &[("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSHIM_VISIBLE_DEVICES", "0")][..]] {
+        let out = Run::program(Program::FirstUse).without_sim().envs(env).args(["4"]).mode(Passthrough).run();
+        out.assert_completed();
+        assert_eq!((out.num("found"), out.num("init.ok"), out.num("init.rc")), (4, 0, NO_DEVICE), "{env:?}\n{}", out.dump());
+        assert_eq!(out.stderr_text(), "", "{env:?}");
+    }
+    let out = Run::program(Program::FirstUse)
+        .without_sim()
+        .env("GPUSHIM_DRIVER_PATH", "/nonexistent/libcuda.so.1")
+        .args(["1"])
+        .mode(Passthrough)
+        .run();
+    assert_eq!(out.num("init.rc"), NO_DEVICE, "{}", out.dump());
+    assert!(out.stderr_text().contains("cannot load the CUDA driver"), "{}", out.dump());
+    let out = Run::program(Program::FirstUse).without_sim().args(["1"]).mode(NoShim).run();
+    assert_eq!(out.num("found"), 0, "no cuInit anywhere without the shim\n{}", out.dump());
+}
+
+/// `cuMemSetAccess` with a count far beyond the descriptors the caller has: refused before the
+/// shim reads past them (it used to build a slice over the caller's count).
+#[test]
+fn a_hostile_access_descriptor_count_is_refused() {
+    let out = Run::program(Program::FirstUse)
+        .env("GPUSIM_DEVICES", "1")
+        .env("GPUSHIM_VIRTUAL_DEVICES", "0:2x1GiB")
+        .args(["1", "setaccess=1099511627776"])
+        .mode(Passthrough)
+        .run();
+    out.assert_completed();
+    assert_eq!((out.num("init.ok"), out.num("setaccess.rc")), (1, 1), "{}", out.dump());
+}

@@ -293,7 +293,19 @@ pub struct CUmemAccessDesc {
     pub flags: c_int,
 }
 
+/// More access descriptors than any program could mean (one per location: devices, host, NUMA
+/// nodes): a larger count is refused before reading any of them.
+const MAX_ACCESS_DESCS: usize = 4096;
+
+/// The caller's `count` descriptors with their locations translated. `count` is the caller's
+/// and checked first: the slice is only built over at most [`MAX_ACCESS_DESCS`] entries, which
+/// the driver would read as well.
 unsafe fn descs_on_driver(st: &State, desc: *const CUmemAccessDesc, count: usize) -> Result<Vec<CUmemAccessDesc>, CUresult> {
+    if count > MAX_ACCESS_DESCS || !desc.is_aligned() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: `desc` is non-NULL (checked by the callers) and aligned, `count` is bounded; the
+    // caller promises `count` readable descriptors, as the driver's own reading assumes.
     std::slice::from_raw_parts(desc, count)
         .iter()
         .map(|d| Ok(CUmemAccessDesc { location: location_on_driver(st, d.location)?, flags: d.flags }))

@@ -372,6 +372,8 @@ pub enum Program {
     Stress,
     /// `tests/c/realdrv.c`: what a real driver library answers (`dlopen`, no link)
     RealDriver,
+    /// `tests/c/firstuse.c`: concurrent first use through `dlsym(RTLD_DEFAULT)` (no link)
+    FirstUse,
     /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
     Modes,
     /// `tests/c/nvml.c`: NVML alone
@@ -401,6 +403,7 @@ impl Program {
             Program::Race => "race".into(),
             Program::Stress => "stress".into(),
             Program::RealDriver => "realdrv".into(),
+            Program::FirstUse => "firstuse".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
@@ -450,9 +453,11 @@ impl Program {
                 link_cuda(&mut args);
                 args.push("-lpthread".into());
             }
-            Program::RealDriver => {
-                args.push(c.join("realdrv.c").into());
+            Program::RealDriver | Program::FirstUse => {
+                let file = if self == Program::RealDriver { "realdrv.c" } else { "firstuse.c" };
+                args.push(c.join(file).into());
                 args.push("-ldl".into());
+                args.push("-lpthread".into());
             }
             Program::Modes => {
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());

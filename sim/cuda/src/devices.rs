@@ -75,7 +75,7 @@ pub fn parse_visible(spec: Option<&str>, phys: &[Phys]) -> Vec<usize> {
         let e = entry.trim();
         let found = if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) {
             e.parse::<usize>().ok().filter(|&i| i < phys.len())
-        } else if e.len() > 4 && e[..4].eq_ignore_ascii_case("GPU-") {
+        } else if e.len() > 4 && e.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-") {
             let want = e.to_ascii_lowercase();
             let mut hits = phys
                 .iter()
