@@ -186,6 +186,11 @@ pub struct Api {
     pub device_get_default_mem_pool: Option<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>,
     pub mem_pool_get_attribute: Option<unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult>,
     pub mem_pool_trim_to: Option<unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult>,
+    pub stream_is_capturing: Option<unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult>,
+    pub graph_get_nodes: Option<unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> CUresult>,
+    pub graph_node_get_type: Option<unsafe extern "C" fn(*mut c_void, *mut c_int) -> CUresult>,
+    pub graph_mem_alloc_node_get_params: Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> CUresult>,
+    pub device_get_graph_mem_attribute: Option<unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
@@ -230,6 +235,11 @@ impl Api {
         device_get_default_mem_pool: None,
         mem_pool_get_attribute: None,
         mem_pool_trim_to: None,
+        stream_is_capturing: None,
+        graph_get_nodes: None,
+        graph_node_get_type: None,
+        graph_mem_alloc_node_get_params: None,
+        device_get_graph_mem_attribute: None,
     };
 
     pub fn load(lib: &Library) -> Api {
@@ -260,6 +270,11 @@ impl Api {
             device_get_default_mem_pool: sym!(lib, c"cuDeviceGetDefaultMemPool"),
             mem_pool_get_attribute: sym!(lib, c"cuMemPoolGetAttribute"),
             mem_pool_trim_to: sym!(lib, c"cuMemPoolTrimTo"),
+            stream_is_capturing: sym!(lib, c"cuStreamIsCapturing"),
+            graph_get_nodes: sym!(lib, c"cuGraphGetNodes"),
+            graph_node_get_type: sym!(lib, c"cuGraphNodeGetType"),
+            graph_mem_alloc_node_get_params: sym!(lib, c"cuGraphMemAllocNodeGetParams"),
+            device_get_graph_mem_attribute: sym!(lib, c"cuDeviceGetGraphMemAttribute"),
         }
     }
 

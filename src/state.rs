@@ -56,6 +56,8 @@ pub struct State {
     pub pools: std::sync::Mutex<Vec<(usize, CUdevice)>>,
     /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
     pub(crate) reserves: crate::modes::Reserves,
+    /// What CUDA graphs' memory nodes hold (`graphs`).
+    pub(crate) graphs: crate::graphs::Graphs,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -237,6 +239,7 @@ impl State {
             refusal_log: log::RateLimit::new(),
             pools: std::sync::Mutex::new(Vec::new()),
             reserves: crate::modes::Reserves::new(),
+            graphs: crate::graphs::Graphs::new(),
         }
     }
 

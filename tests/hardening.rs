@@ -339,3 +339,55 @@ fn a_hostile_access_descriptor_count_is_refused() {
     out.assert_completed();
     assert_eq!((out.num("init.ok"), out.num("setaccess.rc")), (1, 1), "{}", out.dump());
 }
+
+/// Graph memory: an executable graph's allocation nodes take memory from the device's graph
+/// pool at its first launch (explicit `cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured
+/// from a stream), and the pool keeps it until `cuDeviceGraphMemTrim`. Under a 1 GiB limit a
+/// launch that would pass it is refused; the pool's memory counts until trimmed. Without the
+/// shim the driver holds 1.25 GiB.
+#[test]
+fn graph_memory_counts_from_launch_until_trimmed() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+    for build in ["galloc", "gcapture"] {
+        // 1 ctx=v2, 2 alloc 512M, 3 graph of 768M, 4 glaunch=3, 5 sim, 6 free=2, 7 glaunch=3,
+        // 8 gmem, 9 alloc 512M, 10 gdestroy=3, 11 alloc 512M, 12 gtrim, 13 alloc 512M, 14 sim,
+        // 15 info
+        let args = strs(&[
+            "ctx=v2",
+            &alloc(512 * MIB),
+            &format!("{build}={}", 768 * MIB),
+            "glaunch=3",
+            "sim=0",
+            "free=2",
+            "glaunch=3",
+            "gmem",
+            &alloc(512 * MIB),
+            "gdestroy=3",
+            &alloc(512 * MIB),
+            "gtrim",
+            &alloc(512 * MIB),
+            "sim=0",
+            "info",
+        ]);
+        let out = modes_run(NoShim, &[], &args);
+        let ops = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13].map(|op| rc(&out, op));
+        assert_eq!(ops, [0; 12], "{build} without the shim\n{}", out.dump());
+        assert_eq!(out.u64("op5.used"), 512 * MIB + 768 * MIB, "{build}: the driver holds both\n{}", out.dump());
+        for mode in MemoryMode::selected(&[Passthrough, Grow]) {
+            let out = modes_run(mode, &limit, &args);
+            let what = format!("{build} {mode:?}");
+            let ops = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13].map(|op| rc(&out, op));
+            if mode == Grow {
+                // grow keeps the freed 512 MiB in its reserve: the graph never fits
+                assert_eq!(ops, [0, 0, 0, OOM, 0, OOM, 0, 0, 0, 0, 0, OOM], "{what}\n{}", out.dump());
+                assert!(out.report().device(0).peak <= GIB, "{what}\n{}", out.dump());
+                continue;
+            }
+            assert_eq!(ops, [0, 0, 0, OOM, 0, 0, 0, OOM, 0, OOM, 0, 0], "{what}\n{}", out.dump());
+            assert_eq!((out.u64("op8.used"), out.u64("op8.reserved")), (768 * MIB, 768 * MIB), "{what}\n{}", out.dump());
+            assert!(out.report().device(0).peak <= GIB, "{what}: the driver held {}\n{}", out.report().device(0).peak, out.dump());
+            assert_eq!(out.u64("op15.free"), GIB - 512 * MIB, "{what}: the trimmed pool is credited\n{}", out.dump());
+            assert!(out.warn_lines().iter().any(|l| l.contains("cuGraphLaunch of 805306368 bytes refused")), "{what}\n{}", out.dump());
+        }
+    }
+}

@@ -129,7 +129,11 @@ pub unsafe fn exec_affinity_support(st: &State, real: unsafe extern "C" fn(*mut 
 }
 
 pub unsafe fn graph_mem_trim(st: &State, real: unsafe extern "C" fn(CUdevice) -> CUresult, dev: CUdevice) -> CUresult {
-    on_driver(st, dev, |d| real(d))
+    let result = on_driver(st, dev, |d| real(d));
+    if result == CUDA_SUCCESS {
+        st.settle_graph_pool(dev);
+    }
+    result
 }
 
 pub unsafe fn graph_mem_attribute(st: &State, real: unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult, dev: CUdevice, attr: c_int, value: *mut c_void) -> CUresult {

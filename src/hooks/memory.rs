@@ -154,7 +154,8 @@ pub unsafe fn free_v1(st: &State, real: unsafe extern "C" fn(CUdeviceptr_v1) -> 
 // --- stream-ordered ---------------------------------------------------------------------------
 
 pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
-    if dptr.is_null() {
+    if dptr.is_null() || st.capturing(stream) {
+        // (captured: a node of the graph, counted when the graph is launched: `graphs`)
         return real(dptr, bytes, stream);
     }
     let result = st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr));
@@ -170,7 +171,7 @@ pub unsafe fn alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    if dptr.is_null() {
+    if dptr.is_null() || st.capturing(stream) {
         return real(dptr, bytes, pool, stream);
     }
     let dev = pool_device(st, pool).or_else(|| st.stream_device(stream));

@@ -9,6 +9,7 @@
 //! `cuGetProcAddress` callers ask with.
 
 mod devices;
+mod graph;
 mod info;
 mod memory;
 mod nvml;
@@ -92,7 +93,7 @@ hook_table! {
     cuDeviceSetMemPool        = "cuDeviceSetMemPool"    @ 11020 split (dev: CUdevice, pool: CUmemoryPool)                                   => devices::set_mem_pool;
     cuDeviceGetTexture1DLinearMaxWidth = "cuDeviceGetTexture1DLinearMaxWidth" @ 11010 split (max: *mut usize, format: c_int, channels: c_uint, dev: CUdevice) => devices::texture_1d_max_width;
     cuDeviceGetExecAffinitySupport = "cuDeviceGetExecAffinitySupport" @ 11040 split (pi: *mut c_int, kind: c_int, dev: CUdevice)           => devices::exec_affinity_support;
-    cuDeviceGraphMemTrim      = "cuDeviceGraphMemTrim"  @ 11040 split (dev: CUdevice)                                                   => devices::graph_mem_trim;
+    cuDeviceGraphMemTrim      = "cuDeviceGraphMemTrim"  @ 11040 split limit (dev: CUdevice)                                                  => devices::graph_mem_trim;
     cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
@@ -124,6 +125,18 @@ hook_table! {
     // The runtime's private tables (src/private.rs): wrapped while splitting.
     cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::private::get_export_table;
     cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split pool (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
+
+    // Graph memory (src/graphs.rs): handed out while a limit applies.
+    cuGraphInstantiate        = "cuGraphInstantiate"    @ 10000 limit (exec: *mut *mut c_void, graph: *mut c_void, node: *mut c_void, log: *mut c_char, size: usize) => graph::instantiate_v1;
+    cuGraphInstantiate_v2     = "cuGraphInstantiate"    @ 11000 limit (exec: *mut *mut c_void, graph: *mut c_void, node: *mut c_void, log: *mut c_char, size: usize) => graph::instantiate_v1;
+    cuGraphInstantiateWithFlags = "cuGraphInstantiateWithFlags" @ 11040 limit (exec: *mut *mut c_void, graph: *mut c_void, flags: u64)        => graph::instantiate_with_flags;
+    cuGraphInstantiateWithParams = "cuGraphInstantiateWithParams" @ 12000 limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
+    cuGraphInstantiateWithParams_ptsz = "cuGraphInstantiateWithParams" @ 12000 ptsz limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
+    cuGraphLaunch             = "cuGraphLaunch"         @ 10000 limit (exec: *mut c_void, stream: CUstream)                                  => graph::launch;
+    cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::launch;
+    cuGraphUpload             = "cuGraphUpload"         @ 11010 limit (exec: *mut c_void, stream: CUstream)                                  => graph::upload;
+    cuGraphUpload_ptsz        = "cuGraphUpload"         @ 11010 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::upload;
+    cuGraphExecDestroy        = "cuGraphExecDestroy"    @ 10000 limit (exec: *mut c_void)                                                    => graph::exec_destroy;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;

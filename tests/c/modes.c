@@ -45,6 +45,15 @@
  *                  (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = UINT64_MAX) -> opI.rc
  *   pool           the current pool's RESERVED_MEM_CURRENT and USED_MEM_CURRENT -> opI.rc,
  *                  opI.reserved, opI.used
+ * Graphs (graph slot I)
+ *   galloc=N       a graph with one memory-allocation node of N bytes on the device and a free
+ *                  node, instantiated (cuGraphInstantiate) -> opI.rc
+ *   gcapture=N     a stream captures cuMemAllocAsync(N) and cuMemFreeAsync into a graph, which
+ *                  is instantiated -> opI.rc (the first failure)
+ *   glaunch=K      cuGraphLaunch(graph K, NULL stream) -> opI.rc;  gupload=K: cuGraphUpload
+ *   gdestroy=K     cuGraphExecDestroy(graph K) -> opI.rc
+ *   gtrim          cuDeviceGraphMemTrim(device) -> opI.rc
+ *   gmem           the device's graph memory: opI.rc, opI.used, opI.reserved
  * Data
  *   neighbours=K,L  slots K and L (device memory of N_K and N_L bytes): cuMemsetD8 K to 0xAA and
  *                  L to 0x55, read both back; cuMemcpyHtoD a pattern into all of K, read both;
@@ -94,6 +103,7 @@ struct slot {
 };
 static struct slot slots[SLOTS];
 static CUdevice device;
+static CUgraphExec graph_execs[SLOTS];
 static CUcontext created, primary;
 
 /* The v1 (32-bit) entry points, as a linked program would get them: the global scope (the shim
@@ -613,6 +623,48 @@ int main(int argc, char **argv) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, "op%d.", i);
             sim_op(prefix, atoi(arg + 4));
+        } else if (starts_with(arg, "galloc=") || starts_with(arg, "gcapture=")) {
+            size_t n = (size_t)strtoull(strchr(arg, '=') + 1, NULL, 10);
+            CUgraph g = NULL;
+            CUresult r;
+            if (arg[1] == 'a') {
+                CUDA_MEM_ALLOC_NODE_PARAMS params;
+                CUgraphNode alloc_node = NULL, free_node = NULL;
+                memset(&params, 0, sizeof params);
+                params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+                params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                params.poolProps.location.id = device;
+                params.bytesize = n;
+                r = cuGraphCreate(&g, 0);
+                if (r == CUDA_SUCCESS) r = cuGraphAddMemAllocNode(&alloc_node, g, NULL, 0, &params);
+                if (r == CUDA_SUCCESS) r = cuGraphAddMemFreeNode(&free_node, g, &alloc_node, 1, params.dptr);
+            } else {
+                CUstream s = NULL;
+                CUdeviceptr p = 0;
+                r = cuStreamCreate(&s, 0);
+                if (r == CUDA_SUCCESS) r = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+                if (r == CUDA_SUCCESS) r = cuMemAllocAsync(&p, n, s);
+                if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, s);
+                if (r == CUDA_SUCCESS) r = cuStreamEndCapture(s, &g);
+            }
+            if (r == CUDA_SUCCESS) r = cuGraphInstantiate(&graph_execs[i], g, 0);
+            kv("op%d.rc=%d", i, (int)r);
+        } else if (starts_with(arg, "glaunch=") || starts_with(arg, "gupload=")) {
+            int k = atoi(arg + 8);
+            CUgraphExec e = (k >= 0 && k < SLOTS) ? graph_execs[k] : NULL;
+            kv("op%d.rc=%d", i, (int)(arg[1] == 'l' ? cuGraphLaunch(e, (CUstream)0) : cuGraphUpload(e, (CUstream)0)));
+        } else if (starts_with(arg, "gdestroy=")) {
+            int k = atoi(arg + 9);
+            kv("op%d.rc=%d", i, (int)cuGraphExecDestroy((k >= 0 && k < SLOTS) ? graph_execs[k] : NULL));
+        } else if (!strcmp(arg, "gtrim")) {
+            kv("op%d.rc=%d", i, (int)cuDeviceGraphMemTrim(device));
+        } else if (!strcmp(arg, "gmem")) {
+            cuuint64_t used = 0, reserved = 0;
+            CUresult r = cuDeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used);
+            if (r == CUDA_SUCCESS) r = cuDeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
+            kv("op%d.rc=%d", i, (int)r);
+            kv("op%d.used=%llu", i, (unsigned long long)used);
+            kv("op%d.reserved=%llu", i, (unsigned long long)reserved);
         } else if (!strcmp(arg, "sync")) {
             kv("op%d.rc=%d", i, (int)cuCtxSynchronize());
         } else if (!strcmp(arg, "poolkeep") || !strcmp(arg, "pool")) {

@@ -176,6 +176,12 @@ unsafe fn alloc_from(
 
 unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> Res {
     let ctx = streams::ctx_of(s)?;
+    if let Some(g) = crate::graphs::capturing(s) {
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        return put(dptr, crate::graphs::capture_alloc(g, ctx.ordinal, size)?);
+    }
     let dp = device_pools()?;
     let cur = dp.current[ctx.ordinal as usize].load(Ordering::Acquire);
     let pool = from_handle(cur as CUmemoryPool)?;
@@ -190,11 +196,21 @@ unsafe fn alloc_from_pool(
 ) -> Res {
     let ctx = streams::ctx_of(s)?;
     let pool = from_handle(h)?;
+    if let Some(g) = crate::graphs::capturing(s) {
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        return put(dptr, crate::graphs::capture_alloc(g, pool.ordinal, size)?);
+    }
     alloc_from(pool, ctx, dptr, size)
 }
 
 fn free_async(dptr: CUdeviceptr, s: CUstream) -> Res {
     streams::lookup(s)?;
+    if let Some(g) = crate::graphs::capturing(s) {
+        let _ = dptr;
+        return crate::graphs::capture_free(g);
+    }
     memory::free(dptr as usize, memory::is_device_kind).map(|_| ())
 }
 

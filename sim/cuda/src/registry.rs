@@ -12,6 +12,7 @@ use crate::context::*;
 use crate::devices::*;
 use crate::errors::*;
 use crate::export_tables::*;
+use crate::graphs::*;
 use crate::ipc::*;
 use crate::kernels::*;
 use crate::memory::*;
@@ -82,6 +83,13 @@ gpusim_common::exports! {
     cuModuleGetLoadingMode, cuModuleLoadData, cuLaunchKernel, cuLaunchKernel_ptsz,
     // export_tables
     cuGetExportTable,
+    // graphs
+    cuGraphCreate, cuGraphDestroy, cuGraphAddMemAllocNode, cuGraphAddMemFreeNode,
+    cuGraphMemAllocNodeGetParams, cuGraphNodeGetType, cuGraphGetNodes, cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphUpload,
+    cuGraphUpload_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz, cuDeviceGraphMemTrim,
+    cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute, cuStreamBeginCapture_v2,
+    cuStreamBeginCapture_v2_ptsz, cuStreamEndCapture, cuStreamEndCapture_ptsz,
     // procaddr
     cuGetProcAddress, cuGetProcAddress_v2
 }

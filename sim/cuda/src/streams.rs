@@ -184,9 +184,10 @@ unsafe fn add_callback(
 }
 
 /// Never capturing: `CU_STREAM_CAPTURE_STATUS_NONE`.
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE` (1) while `cuStreamBeginCapture` captures into a graph.
 unsafe fn is_capturing(s: CUstream, status: *mut u32) -> Res {
     lookup(s)?;
-    put(status, 0)
+    put(status, crate::graphs::capturing(s).is_some() as u32)
 }
 
 /// A created stream's id is its handle; the default streams get 1 (legacy) and 2 (per-thread).

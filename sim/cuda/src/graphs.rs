@@ -1,0 +1,372 @@
+//! CUDA graphs, as far as their memory goes: graphs of memory-allocation and memory-free nodes
+//! (other nodes are not modelled), built explicitly (`cuGraphAddMemAllocNode`,
+//! `cuGraphAddMemFreeNode`) or by stream capture (`cuMemAllocAsync`/`cuMemAllocFromPoolAsync`/
+//! `cuMemFreeAsync` on a capturing stream add such nodes and take no memory), instantiated into
+//! executable graphs that are uploaded and launched.
+//!
+//! Graph memory, as on the driver: an allocation node gets a virtual address when it is added;
+//! physical memory comes from the device's graph memory pool when an executable graph is first
+//! uploaded or launched. Here an executable graph then holds the sum of its allocation nodes'
+//! sizes on each device until it is destroyed (its frees run inside its launches, and the next
+//! launch allocates again, so between launches it holds that much at most). The pool keeps
+//! what it took (`RESERVED_MEM_CURRENT`) until `cuDeviceGraphMemTrim` gives back what no
+//! executable graph holds. A launch whose memory the device does not have fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY`. Pool memory counts in the device's usage (the report's `used`).
+
+use crate::devices::phys_of;
+use crate::types::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub type CUgraph = *mut std::ffi::c_void;
+pub type CUgraphNode = *mut std::ffi::c_void;
+pub type CUgraphExec = *mut std::ffi::c_void;
+
+const NODE_TYPE_EMPTY: i32 = 2;
+const NODE_TYPE_MEM_ALLOC: i32 = 10;
+const NODE_TYPE_MEM_FREE: i32 = 11;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    pub pool_props: CUmemPoolProps,
+    pub access_descs: *const std::ffi::c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+enum NodeKind {
+    Alloc { params: MemAllocNodeParams, physical: usize },
+    Free,
+}
+
+struct Node {
+    kind: NodeKind,
+}
+
+struct Graph {
+    nodes: Mutex<Vec<usize>>,
+}
+
+struct Exec {
+    /// (physical device, bytes) of its allocation nodes.
+    needs: Vec<(usize, u64)>,
+    holding: AtomicBool,
+}
+
+/// A device's graph memory pool.
+#[derive(Default)]
+struct GraphPool {
+    reserved: AtomicU64,
+    used: AtomicU64,
+    reserved_high: AtomicU64,
+    used_high: AtomicU64,
+}
+
+#[derive(Default)]
+struct Registry {
+    graphs: HashSet<usize>,
+    nodes: HashSet<usize>,
+    execs: HashSet<usize>,
+    /// Capturing stream -> the graph it captures into.
+    capturing: HashMap<usize, usize>,
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn pool(physical: usize) -> &'static GraphPool {
+    static POOLS: OnceLock<Vec<GraphPool>> = OnceLock::new();
+    let pools = POOLS.get_or_init(|| (0..crate::devices::physical().len()).map(|_| GraphPool::default()).collect());
+    &pools[physical.min(pools.len().saturating_sub(1))]
+}
+
+/// Addresses of allocation nodes: a range of their own, never a host mapping's.
+fn next_address(bytes: usize) -> CUdeviceptr {
+    static NEXT: AtomicU64 = AtomicU64::new(0x6000_0000_0000);
+    let len = (bytes as u64).max(1).div_ceil(1 << 21) << 21;
+    NEXT.fetch_add(len, Ordering::Relaxed)
+}
+
+fn graph(h: CUgraph) -> Res<&'static Graph> {
+    if h.is_null() || !registry().graphs.contains(&(h as usize)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: registered graphs are leaked boxes, never freed while registered.
+    Ok(unsafe { &*(h as *const Graph) })
+}
+
+fn new_graph() -> CUgraph {
+    let g: &'static Graph = Box::leak(Box::new(Graph { nodes: Mutex::new(Vec::new()) }));
+    registry().graphs.insert(g as *const Graph as usize);
+    g as *const Graph as CUgraph
+}
+
+fn add_node(g: &'static Graph, kind: NodeKind) -> CUgraphNode {
+    let n: &'static Node = Box::leak(Box::new(Node { kind }));
+    let h = n as *const Node as usize;
+    registry().nodes.insert(h);
+    g.nodes.lock().unwrap_or_else(|e| e.into_inner()).push(h);
+    h as CUgraphNode
+}
+
+fn node(h: CUgraphNode) -> Res<&'static Node> {
+    if h.is_null() || !registry().nodes.contains(&(h as usize)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: registered nodes are leaked boxes.
+    Ok(unsafe { &*(h as *const Node) })
+}
+
+/// An allocation node of `bytes` on device ordinal `dev` in graph `g`; its address.
+fn alloc_node(g: &'static Graph, mut params: MemAllocNodeParams) -> Res<(CUgraphNode, CUdeviceptr)> {
+    if params.bytesize == 0 || params.pool_props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let physical = phys_of(params.pool_props.location.id)?.index;
+    params.dptr = next_address(params.bytesize);
+    let dptr = params.dptr;
+    Ok((add_node(g, NodeKind::Alloc { params, physical }), dptr))
+}
+
+/// The graph a stream captures into, if it is capturing.
+pub fn capturing(s: CUstream) -> Option<CUgraph> {
+    registry().capturing.get(&(s as usize)).map(|&g| g as CUgraph)
+}
+
+/// `cuMemAllocAsync` on a capturing stream: an allocation node on device ordinal `dev`.
+pub fn capture_alloc(g: CUgraph, dev: CUdevice, bytes: usize) -> Res<CUdeviceptr> {
+    // SAFETY: all-zero is a valid MemAllocNodeParams (plain data, NULL pointers).
+    let mut params: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+    params.pool_props.alloc_type = 1;
+    params.pool_props.location = CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    params.bytesize = bytes;
+    alloc_node(graph(g)?, params).map(|(_, p)| p)
+}
+
+/// `cuMemFreeAsync` on a capturing stream: a free node.
+pub fn capture_free(g: CUgraph) -> Res {
+    add_node(graph(g)?, NodeKind::Free);
+    Ok(())
+}
+
+fn exec(h: CUgraphExec) -> Res<&'static Exec> {
+    if h.is_null() || !registry().execs.contains(&(h as usize)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: registered executable graphs are leaked boxes.
+    Ok(unsafe { &*(h as *const Exec) })
+}
+
+unsafe fn instantiate(out: *mut CUgraphExec, g: CUgraph) -> Res {
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let g = graph(g)?;
+    let mut needs: Vec<(usize, u64)> = Vec::new();
+    for &n in g.nodes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        if let NodeKind::Alloc { params, physical } = &node(n as CUgraphNode)?.kind {
+            match needs.iter_mut().find(|(p, _)| p == physical) {
+                Some(e) => e.1 += params.bytesize as u64,
+                None => needs.push((*physical, params.bytesize as u64)),
+            }
+        }
+    }
+    let e: &'static Exec = Box::leak(Box::new(Exec { needs, holding: AtomicBool::new(false) }));
+    registry().execs.insert(e as *const Exec as usize);
+    put(out, e as *const Exec as CUgraphExec)
+}
+
+/// First upload or launch: the executable graph takes its memory from the pools.
+fn take_memory(e: &'static Exec) -> Res {
+    if e.holding.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    let mut taken: Vec<(usize, u64)> = Vec::new();
+    for &(physical, need) in &e.needs {
+        let p = pool(physical);
+        let free = p.reserved.load(Ordering::Acquire).saturating_sub(p.used.load(Ordering::Acquire));
+        let grow = need.saturating_sub(free);
+        if grow > 0 {
+            if let Err(err) = crate::stats::reserve(physical, grow) {
+                for (ph, n) in taken {
+                    pool(ph).used.fetch_sub(n, Ordering::AcqRel);
+                }
+                e.holding.store(false, Ordering::Release);
+                return Err(err);
+            }
+            let r = p.reserved.fetch_add(grow, Ordering::AcqRel) + grow;
+            p.reserved_high.fetch_max(r, Ordering::AcqRel);
+        }
+        let u = p.used.fetch_add(need, Ordering::AcqRel) + need;
+        p.used_high.fetch_max(u, Ordering::AcqRel);
+        taken.push((physical, need));
+    }
+    Ok(())
+}
+
+fn launch(h: CUgraphExec, s: CUstream) -> Res {
+    crate::streams::lookup(s)?;
+    take_memory(exec(h)?)
+}
+
+unsafe fn mem_attribute(dev: CUdevice, attr: i32, value: *mut std::ffi::c_void, set: bool) -> Res {
+    let p = pool(phys_of(dev)?.index);
+    let cell = match attr {
+        0 => &p.used,
+        1 => &p.used_high,
+        2 => &p.reserved,
+        3 => &p.reserved_high,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    if set {
+        // only the high-water marks can be reset, to 0
+        if !matches!(attr, 1 | 3) || get(value as *const u64)? != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let now = if attr == 1 { &p.used } else { &p.reserved };
+        cell.store(now.load(Ordering::Acquire), Ordering::Release);
+        return Ok(());
+    }
+    put(value as *mut u64, cell.load(Ordering::Acquire))
+}
+
+cu_api! {
+    fn cuGraphCreate(out: *mut CUgraph, flags: u32) {
+        crate::devices::visible()?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(out, new_graph())
+    }
+    fn cuGraphDestroy(g: CUgraph) {
+        graph(g)?;
+        registry().graphs.remove(&(g as usize));
+        Ok(())
+    }
+    fn cuGraphAddMemAllocNode(out: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut MemAllocNodeParams) {
+        let _ = (deps, ndeps);
+        if out.is_null() || params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (n, dptr) = alloc_node(graph(g)?, *params)?;
+        (*params).dptr = dptr;
+        put(out, n)
+    }
+    fn cuGraphAddMemFreeNode(out: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, dptr: CUdeviceptr) {
+        let _ = (deps, ndeps, dptr);
+        let g = graph(g)?;
+        put(out, add_node(g, NodeKind::Free))
+    }
+    fn cuGraphMemAllocNodeGetParams(n: CUgraphNode, params: *mut MemAllocNodeParams) {
+        match &node(n)?.kind {
+            NodeKind::Alloc { params: p, .. } => put(params, *p),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphNodeGetType(n: CUgraphNode, kind: *mut i32) {
+        let k = match node(n)?.kind {
+            NodeKind::Alloc { .. } => NODE_TYPE_MEM_ALLOC,
+            NodeKind::Free => NODE_TYPE_MEM_FREE,
+        };
+        let _ = NODE_TYPE_EMPTY;
+        put(kind, k)
+    }
+    /// NULL `nodes`: the count only; otherwise up to `*count` handles, and `*count` set to how
+    /// many were written.
+    fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) {
+        let all = graph(g)?.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if nodes.is_null() {
+            return put(count, all.len());
+        }
+        let n = (*count).min(all.len());
+        for (i, &h) in all.iter().take(n).enumerate() {
+            *nodes.add(i) = h as CUgraphNode;
+        }
+        put(count, n)
+    }
+    fn cuGraphInstantiateWithFlags(out: *mut CUgraphExec, g: CUgraph, flags: u64) {
+        let _ = flags;
+        instantiate(out, g)
+    }
+    fn cuGraphInstantiateWithParams(out: *mut CUgraphExec, g: CUgraph, params: *mut std::ffi::c_void) {
+        let _ = params;
+        instantiate(out, g)
+    }
+    fn cuGraphInstantiateWithParams_ptsz(out: *mut CUgraphExec, g: CUgraph, params: *mut std::ffi::c_void) {
+        let _ = params;
+        instantiate(out, g)
+    }
+    fn cuGraphExecDestroy(h: CUgraphExec) {
+        let e = exec(h)?;
+        registry().execs.remove(&(h as usize));
+        if e.holding.swap(false, Ordering::AcqRel) {
+            for &(physical, need) in &e.needs {
+                let _ = pool(physical).used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(need)));
+            }
+        }
+        Ok(())
+    }
+    fn cuGraphUpload(h: CUgraphExec, s: CUstream) { launch(h, s) }
+    fn cuGraphUpload_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s) }
+    fn cuGraphLaunch(h: CUgraphExec, s: CUstream) { launch(h, s) }
+    fn cuGraphLaunch_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s) }
+    fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        let physical = phys_of(dev)?.index;
+        let p = pool(physical);
+        let used = p.used.load(Ordering::Acquire);
+        if let Ok(before) = p.reserved.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| (r > used).then_some(used)) {
+            crate::stats::release_bytes(physical, before - used);
+        }
+        Ok(())
+    }
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: i32, value: *mut std::ffi::c_void) { mem_attribute(dev, attr, value, false) }
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: i32, value: *mut std::ffi::c_void) { mem_attribute(dev, attr, value, true) }
+
+    /// Capture on a created stream (the default streams cannot be captured).
+    fn cuStreamBeginCapture_v2(s: CUstream, mode: u32) {
+        let _ = mode;
+        begin_capture(s)
+    }
+    fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: u32) {
+        let _ = mode;
+        begin_capture(s)
+    }
+    fn cuStreamEndCapture(s: CUstream, out: *mut CUgraph) { end_capture(s, out) }
+    fn cuStreamEndCapture_ptsz(s: CUstream, out: *mut CUgraph) { end_capture(s, out) }
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, `CUDA_ERROR_ILLEGAL_STATE`
+const STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+const ILLEGAL_STATE: CUresult = 401;
+
+fn begin_capture(s: CUstream) -> Res {
+    if crate::streams::lookup(s)?.is_none() {
+        return Err(STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if capturing(s).is_some() {
+        return Err(ILLEGAL_STATE);
+    }
+    let g = new_graph();
+    registry().capturing.insert(s as usize, g as usize);
+    Ok(())
+}
+
+unsafe fn end_capture(s: CUstream, out: *mut CUgraph) -> Res {
+    crate::streams::lookup(s)?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match registry().capturing.remove(&(s as usize)) {
+        Some(g) => put(out, g as CUgraph),
+        None => Err(ILLEGAL_STATE),
+    }
+}

@@ -1,0 +1,211 @@
+//! Graph memory: what CUDA graphs' memory nodes hold (`cuGraphAddMemAllocNode`, and
+//! `cuMemAllocAsync` captured from a stream).
+//!
+//! An allocation node takes no memory when it is added or instantiated; the driver takes its
+//! physical memory from the device's graph memory pool when the executable graph is first
+//! uploaded or launched, keeps it in that pool after the graph's frees and its destruction, and
+//! gives it back only on `cuDeviceGraphMemTrim`. The shim therefore:
+//! * records, when a graph is instantiated, how many bytes its allocation nodes ask on each
+//!   device (`cuGraphGetNodes`, `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`);
+//! * before an executable graph's first upload or launch, reserves in the device's budget what
+//!   the pool must grow by — (pool used + the graph's bytes) − pool reserved, from the driver's
+//!   `cuDeviceGetGraphMemAttribute` figures — and refuses the launch with
+//!   `CUDA_ERROR_OUT_OF_MEMORY` if that passes the limit;
+//! * after launches, destructions and trims, settles what it counts for the device's graph pool
+//!   on the driver's `RESERVED_MEM_CURRENT`: what the driver holds, counted, and credited once
+//!   trimmed.
+//! When the figures cannot be read, the whole of the graph's bytes is reserved (fail closed).
+//! The hooks are handed out whenever a limit applies (`limit` in the hook table).
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use crate::ffi::*;
+use crate::memory::MAX_DEVICES;
+use crate::state::State;
+
+const NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`
+const STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
+/// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`, `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`
+const USED_MEM_CURRENT: c_int = 0;
+const RESERVED_MEM_CURRENT: c_int = 2;
+/// Nodes of one graph the shim reads at most (a larger graph: its first this many nodes).
+const MAX_NODES: usize = 1 << 20;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: the pool properties (88 bytes, the location at offset 8), the
+/// access descriptors, their count, the size and the address.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemAllocNodeParams {
+    pool_props: [u8; 88],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: CUdeviceptr,
+}
+
+/// An executable graph's memory: (program device, bytes of its allocation nodes).
+#[derive(Clone, Default)]
+struct ExecMemory {
+    needs: Vec<(CUdevice, u64)>,
+    launched: bool,
+}
+
+pub struct Graphs {
+    execs: Mutex<HashMap<usize, ExecMemory>>,
+    /// What the shim counts for each device's graph pool.
+    counted: [AtomicU64; MAX_DEVICES],
+}
+
+impl Graphs {
+    pub fn new() -> Self {
+        Graphs { execs: Mutex::new(HashMap::new()), counted: [const { AtomicU64::new(0) }; MAX_DEVICES] }
+    }
+
+    fn execs(&self) -> std::sync::MutexGuard<'_, HashMap<usize, ExecMemory>> {
+        self.execs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    /// Whether `stream` is capturing into a graph: a stream-ordered allocation on it is then a
+    /// node of that graph and takes no memory until the graph is launched (counted there). The
+    /// default streams cannot capture; a stream whose state cannot be read is not capturing
+    /// (its allocation is counted: closed).
+    pub fn capturing(&self, stream: CUstream) -> bool {
+        if is_default_stream(stream) {
+            return false;
+        }
+        let Some(get) = self.api().stream_is_capturing else { return false };
+        let mut status: c_int = 0;
+        // SAFETY: the program's stream handle, passed on as given; valid out-pointer.
+        (unsafe { get(stream, &mut status) }) == CUDA_SUCCESS && status == STREAM_CAPTURE_STATUS_ACTIVE
+    }
+
+    /// `graph` was instantiated into `exec`: records its allocation nodes' bytes per device.
+    pub fn graph_instantiated(&self, exec: usize, graph: *mut c_void) {
+        let api = self.api();
+        let (Some(get_nodes), Some(get_type), Some(get_params)) = (api.graph_get_nodes, api.graph_node_get_type, api.graph_mem_alloc_node_get_params) else {
+            return;
+        };
+        let mut count = 0usize;
+        // SAFETY: NULL nodes asks the count only; valid out-pointer.
+        if unsafe { get_nodes(graph, std::ptr::null_mut(), &mut count) } != CUDA_SUCCESS || count == 0 {
+            return;
+        }
+        let mut nodes = vec![std::ptr::null_mut::<c_void>(); count.min(MAX_NODES)];
+        let mut n = nodes.len();
+        // SAFETY: room for `n` handles; the driver writes at most `n` and says how many.
+        if unsafe { get_nodes(graph, nodes.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+            return;
+        }
+        let mut memory = ExecMemory::default();
+        for &node in nodes.iter().take(n.min(nodes.len())) {
+            let mut kind: c_int = 0;
+            // SAFETY: a node handle the driver gave; valid out-pointer.
+            if unsafe { get_type(node, &mut kind) } != CUDA_SUCCESS || kind != NODE_TYPE_MEM_ALLOC {
+                continue;
+            }
+            // SAFETY: all-zero is a valid value of this plain C struct.
+            let mut params: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+            // SAFETY: an allocation node; the out-struct has the driver's layout and size.
+            if unsafe { get_params(node, (&mut params as *mut MemAllocNodeParams).cast()) } != CUDA_SUCCESS {
+                continue;
+            }
+            let location_type = u32::from_ne_bytes(params.pool_props[8..12].try_into().unwrap_or_default());
+            let id = i32::from_ne_bytes(params.pool_props[12..16].try_into().unwrap_or_default());
+            if location_type != MEM_LOCATION_TYPE_DEVICE as u32 {
+                continue;
+            }
+            let dev = self.program_of(id);
+            match memory.needs.iter_mut().find(|(d, _)| *d == dev) {
+                Some(e) => e.1 = e.1.saturating_add(params.bytesize as u64),
+                None => memory.needs.push((dev, params.bytesize as u64)),
+            }
+        }
+        if !memory.needs.is_empty() {
+            self.graphs.execs().insert(exec, memory);
+        }
+    }
+
+    /// The driver's (used, reserved) graph-pool figures of program device `dev`.
+    fn graph_pool(&self, dev: CUdevice) -> Option<(u64, u64)> {
+        let get = self.api().device_get_graph_mem_attribute?;
+        let driver = self.driver_of(dev)?;
+        let (mut used, mut reserved) = (0u64, 0u64);
+        // SAFETY: valid out-pointers of the attributes' size (cuuint64_t).
+        let ok = unsafe {
+            get(driver, USED_MEM_CURRENT, (&mut used as *mut u64).cast()) == CUDA_SUCCESS
+                && get(driver, RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast()) == CUDA_SUCCESS
+        };
+        ok.then_some((used, reserved))
+    }
+
+    /// Runs a launch or upload of `exec`: reserves what its first one makes the graph pools
+    /// grow by, refusing it past a limit, then settles on the driver's figures.
+    pub fn graph_launch(&self, what: &str, exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+        let memory = self.graphs.execs().get(&exec).cloned();
+        let Some(memory) = memory.filter(|m| !m.launched) else { return launch() };
+        let mut reserved: Vec<(CUdevice, u64)> = Vec::new();
+        for &(dev, need) in &memory.needs {
+            let (Some(budget), Some(limit)) = (self.budget(dev), self.limit(dev)) else { continue };
+            // what the pool must grow by; all of it when the figures cannot be read
+            let grow = self.graph_pool(dev).map_or(need, |(used, pool)| used.saturating_add(need).saturating_sub(pool));
+            if grow == 0 {
+                continue;
+            }
+            if budget.try_reserve(grow, limit).is_err() {
+                for &(d, g) in &reserved {
+                    self.budgets_of(d as usize).release(g);
+                }
+                self.report_refusal(what, dev, need);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            reserved.push((dev, grow));
+        }
+        let result = launch();
+        if result != CUDA_SUCCESS {
+            for &(d, g) in &reserved {
+                self.budgets_of(d as usize).release(g);
+            }
+            return result;
+        }
+        for &(dev, grow) in &reserved {
+            self.budgets_of(dev as usize).take(grow);
+            self.graphs.counted[dev as usize].fetch_add(grow, Relaxed);
+        }
+        if let Some(m) = self.graphs.execs().get_mut(&exec) {
+            m.launched = true;
+        }
+        for &(dev, _) in &memory.needs {
+            self.settle_graph_pool(dev);
+        }
+        result
+    }
+
+    /// `exec` was destroyed: forgets it and settles its devices' graph pools.
+    pub fn graph_destroyed(&self, exec: usize) {
+        let memory = self.graphs.execs().remove(&exec);
+        for (dev, _) in memory.map(|m| m.needs).unwrap_or_default() {
+            self.settle_graph_pool(dev);
+        }
+    }
+
+    /// Counts exactly what the driver's graph pool of `dev` holds (`RESERVED_MEM_CURRENT`).
+    pub fn settle_graph_pool(&self, dev: CUdevice) {
+        let (Some(budget), Some((_, held))) = (self.budget(dev), self.graph_pool(dev)) else { return };
+        let counted = &self.graphs.counted[dev as usize];
+        let before = counted.swap(held, Relaxed);
+        if held < before {
+            budget.release(before - held);
+            budget.give(before - held);
+        } else if held > before {
+            // the driver took more than predicted (rounding, another thread's launch): count it
+            let _ = budget.try_reserve(held - before, u64::MAX);
+            budget.take(held - before);
+        }
+    }
+}

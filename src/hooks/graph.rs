@@ -1,0 +1,54 @@
+//! Graph memory (see `graphs`): instantiation records a graph's allocation nodes, the first
+//! upload or launch of an executable graph is counted (or refused) before the driver takes
+//! the memory, destruction and trims are settled on the driver's figures.
+
+use std::ffi::{c_char, c_void};
+
+use crate::ffi::*;
+use crate::state::State;
+
+type Graph = *mut c_void;
+type Exec = *mut c_void;
+
+unsafe fn instantiated(st: &State, result: CUresult, exec: *mut Exec, graph: Graph) -> CUresult {
+    if result == CUDA_SUCCESS && !exec.is_null() {
+        st.graph_instantiated(*exec as usize, graph);
+    }
+    result
+}
+
+pub unsafe fn instantiate_with_flags(st: &State, real: unsafe extern "C" fn(*mut Exec, Graph, u64) -> CUresult, exec: *mut Exec, graph: Graph, flags: u64) -> CUresult {
+    instantiated(st, real(exec, graph, flags), exec, graph)
+}
+
+pub unsafe fn instantiate_with_params(st: &State, real: unsafe extern "C" fn(*mut Exec, Graph, *mut c_void) -> CUresult, exec: *mut Exec, graph: Graph, params: *mut c_void) -> CUresult {
+    instantiated(st, real(exec, graph, params), exec, graph)
+}
+
+pub unsafe fn instantiate_v1(
+    st: &State,
+    real: unsafe extern "C" fn(*mut Exec, Graph, *mut c_void, *mut c_char, usize) -> CUresult,
+    exec: *mut Exec,
+    graph: Graph,
+    error_node: *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    instantiated(st, real(exec, graph, error_node, log, log_size), exec, graph)
+}
+
+pub unsafe fn launch(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
+    st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream))
+}
+
+pub unsafe fn upload(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
+    st.graph_launch("cuGraphUpload", exec as usize, || real(exec, stream))
+}
+
+pub unsafe fn exec_destroy(st: &State, real: unsafe extern "C" fn(Exec) -> CUresult, exec: Exec) -> CUresult {
+    let result = real(exec);
+    if result == CUDA_SUCCESS {
+        st.graph_destroyed(exec as usize);
+    }
+    result
+}
