@@ -65,6 +65,18 @@ impl Graphs {
         Graphs { execs: Mutex::new(HashMap::new()), counted: [const { AtomicU64::new(0) }; MAX_DEVICES] }
     }
 
+    pub fn hold_for_fork(&'static self) {
+        crate::fork::hold(&self.execs);
+    }
+
+    /// A forked child holds nothing (`fork`).
+    pub fn reset_after_fork(&self) {
+        crate::fork::reset(&self.execs, HashMap::new);
+        for c in &self.counted {
+            c.store(0, Relaxed);
+        }
+    }
+
     fn execs(&self) -> std::sync::MutexGuard<'_, HashMap<usize, ExecMemory>> {
         self.execs.lock().unwrap_or_else(|e| e.into_inner())
     }

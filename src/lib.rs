@@ -11,6 +11,7 @@ mod config;
 mod devices;
 mod driver;
 mod ffi;
+mod fork;
 mod graphs;
 #[cfg(test)]
 mod fuzz;

@@ -204,6 +204,14 @@ impl DeviceBudget {
         }
     }
 
+    /// A forked child holds nothing (`fork`): every figure back to zero, the limit kept.
+    pub fn reset_after_fork(&self) {
+        for a in [&self.reserved, &self.peak_reserved, &self.in_use, &self.peak_in_use, &self.refused, &self.pool_kept] {
+            a.store(0, SeqCst);
+        }
+        self.pool_epoch.fetch_add(1, SeqCst);
+    }
+
     /// Counts one of the program's requests as refused.
     pub fn count_refusal(&self) {
         self.refused.fetch_add(1, Relaxed);
@@ -321,6 +329,20 @@ impl LiveMap {
     pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
         let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
         shard.remove(&key)
+    }
+
+    /// Takes every shard's lock for a fork (`fork`).
+    pub fn hold_for_fork(&'static self) {
+        for shard in self.shards.iter() {
+            crate::fork::hold(shard);
+        }
+    }
+
+    /// A forked child holds nothing (`fork`).
+    pub fn reset_after_fork(&self) {
+        for shard in self.shards.iter() {
+            crate::fork::reset(shard, HashMap::default);
+        }
     }
 
     #[cfg(test)]

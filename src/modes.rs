@@ -45,6 +45,23 @@ impl Reserves {
         self.arenas[dev].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes every device's reserve lock for a fork (`fork`).
+    pub fn hold_for_fork(&'static self) {
+        for arena in &self.arenas {
+            crate::fork::hold(arena);
+        }
+    }
+
+    /// A forked child holds nothing (`fork`): no chunk is its own.
+    pub fn reset_after_fork(&self) {
+        for arena in &self.arenas {
+            crate::fork::reset(arena, Arena::new);
+        }
+        for word in &self.present {
+            word.store(0, Relaxed);
+        }
+    }
+
     /// Devices whose arena may hold chunks.
     fn devices(&self) -> impl Iterator<Item = usize> + '_ {
         let present: [u64; MAX_DEVICES / 64] = std::array::from_fn(|w| self.present[w].load(Relaxed));

@@ -48,7 +48,13 @@
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::Release, Ordering::Acquire};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::Release, Ordering::Acquire};
+
+/// Bumped in every forked child (`fork.rs`, the library's `pthread_atfork` handler): places
+/// taken under an earlier generation are a parent's.
+pub static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+const NO_SLOT: usize = usize::MAX;
 
 /// Members of one quota at a time.
 pub const SLOTS: usize = 256;
@@ -104,8 +110,13 @@ pub struct Quota {
     pub path: PathBuf,
     fd: libc::c_int,
     header: *mut Header,
-    /// This process' slot; `None` when the file is only being read (`gpushim ps`).
-    slot: Option<usize>,
+    /// The slot this member took ([`NO_SLOT`]: none; the file is only being read, `gpushim ps`).
+    slot_index: AtomicUsize,
+    /// The [`FORK_GENERATION`] of the process that took it: a forked child's membership is its
+    /// parent's place until the child re-joins (see [`Quota::slot`]).
+    joined_in: AtomicU64,
+    /// The open file description holding this member's slot lock (a re-joined child's own).
+    lock_fd: AtomicI32,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and the process-shared mutex;
@@ -249,12 +260,60 @@ impl Quota {
             Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
         };
         // From here on `q` owns `fd` (closed by Drop).
-        let mut q = Quota { name: name.to_string(), path, fd, header: std::ptr::null_mut(), slot: None };
+        let mut q = Quota {
+            name: name.to_string(),
+            path,
+            fd,
+            header: std::ptr::null_mut(),
+            slot_index: AtomicUsize::new(NO_SLOT),
+            joined_in: AtomicU64::new(FORK_GENERATION.load(Acquire)),
+            lock_fd: AtomicI32::new(fd),
+        };
         q.map()?;
         if join {
-            q.slot = Some(q.claim_slot()?);
+            q.slot_index.store(q.claim_slot(fd)?, Relaxed);
         }
         Ok(q)
+    }
+
+    /// This process' slot. A forked child (a later [`FORK_GENERATION`]) has none until it
+    /// re-joins: the inherited place is its parent's, which the child never changes.
+    fn slot(&self) -> Option<usize> {
+        if self.joined_in.load(Acquire) != FORK_GENERATION.load(Acquire) {
+            return None;
+        }
+        let i = self.slot_index.load(Relaxed);
+        (i != NO_SLOT).then_some(i)
+    }
+
+    /// Whether this process can tell live members from dead ones: its lock checks go through
+    /// a description of its own. A forked child that has not re-joined shares its parent's
+    /// (which holds the parent's lock): it would see its parent's place as free.
+    fn judges_liveness(&self) -> bool {
+        self.slot_index.load(Relaxed) == NO_SLOT || self.joined_in.load(Acquire) == FORK_GENERATION.load(Acquire)
+    }
+
+    /// A forked child's first reservation: a place of its own (its usage starts at zero), locked
+    /// through an open file description of its own (the inherited one is the parent's).
+    fn rejoin(&self) -> Option<usize> {
+        if self.slot_index.load(Relaxed) == NO_SLOT {
+            return None; // never a member (a read-only view)
+        }
+        let generation = FORK_GENERATION.load(Acquire);
+        let fd = open_existing(&self.path).ok()?;
+        match self.claim_slot(fd) {
+            Ok(i) => {
+                self.slot_index.store(i, Relaxed);
+                self.lock_fd.store(fd, Relaxed);
+                self.joined_in.store(generation, Release);
+                Some(i)
+            }
+            Err(_) => {
+                // SAFETY: our own fd, just opened.
+                unsafe { libc::close(fd) };
+                None
+            }
+        }
     }
 
     fn map(&mut self) -> Result<(), String> {
@@ -289,12 +348,12 @@ impl Quota {
 
     /// Takes the first slot whose lock is free, starting at a place that depends on the pid so
     /// that processes starting together rarely try the same slots.
-    fn claim_slot(&self) -> Result<usize, String> {
+    fn claim_slot(&self, fd: libc::c_int) -> Result<usize, String> {
         // SAFETY: getpid cannot fail.
         let pid = unsafe { libc::getpid() } as u32;
         for j in 0..SLOTS {
             let i = (pid as usize + j) % SLOTS;
-            if !slot_lock(self.fd, i, libc::F_OFD_SETLK).map_err(|e| format!("{}: cannot lock: {e}", self.path.display()))? {
+            if !slot_lock(fd, i, libc::F_OFD_SETLK).map_err(|e| format!("{}: cannot lock: {e}", self.path.display()))? {
                 continue;
             }
             let _g = self.lock()?;
@@ -327,15 +386,18 @@ impl Quota {
 
     /// Clears the slots of members that died (the mutex is held). Returns how many.
     fn reap(&self) -> usize {
+        if !self.judges_liveness() {
+            return 0;
+        }
         let h = self.h();
         let mut reaped = 0;
         for i in 0..SLOTS {
-            if Some(i) == self.slot {
+            if Some(i) == self.slot() {
                 continue;
             }
             let s = &h.slot[i];
             let busy = s.used.load(Relaxed) != 0 || s.usage.iter().any(|u| u.load(Relaxed) != 0);
-            if busy && matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true)) {
+            if busy && matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true)) {
                 self.clear_slot(i);
                 reaped += 1;
             }
@@ -385,7 +447,7 @@ impl Quota {
             h.devices[free].size.store(size, Relaxed);
             Some(free)
         });
-        if let (Some(d), Some(i)) = (found, self.slot) {
+        if let (Some(d), Some(i)) = (found, self.slot()) {
             h.slot[i].limit[d].store(limit, Relaxed);
         }
         Ok(found)
@@ -400,7 +462,7 @@ impl Quota {
     /// Adds `bytes` to device `d` for this member if the total stays within `limit`;
     /// `Err(total)` otherwise (after clearing dead members' usage).
     pub fn reserve(&self, d: usize, bytes: u64, limit: u64) -> Result<(), u64> {
-        let Some(i) = self.slot else { return Err(0) };
+        let Some(i) = self.slot().or_else(|| self.rejoin()) else { return Err(0) };
         let Ok(_g) = self.lock() else { return Err(u64::MAX) };
         let h = self.h();
         let dev = &h.devices[d];
@@ -417,7 +479,7 @@ impl Quota {
 
     /// Gives back `bytes` of this member's reservation on device `d` (never more than it holds).
     pub fn release(&self, d: usize, bytes: u64) {
-        let Some(i) = self.slot else { return };
+        let Some(i) = self.slot() else { return };
         let Ok(_g) = self.lock() else { return };
         let h = self.h();
         let mine = &h.slot[i].usage[d];
@@ -441,7 +503,7 @@ impl Quota {
 
     /// Leaves the quota: this member's usage is given back and its slot emptied (at exit).
     pub fn leave(&self) {
-        let Some(i) = self.slot else { return };
+        let Some(i) = self.slot() else { return };
         if let Ok(_g) = self.lock() {
             self.clear_slot(i);
         }
@@ -458,7 +520,7 @@ impl Quota {
                     return None;
                 }
                 let limit = s.limit[d].load(Relaxed);
-                let alive = Some(i) == self.slot || !matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 (limit > 0 && alive).then(|| (s.pid.load(Relaxed), comm_of(s), limit))
             })
             .collect()
@@ -490,7 +552,7 @@ impl Quota {
                     return None;
                 }
                 let comm = comm_of(s);
-                let alive = Some(i) == self.slot || !matches!(slot_lock(self.fd, i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 Some(Member { pid: s.pid.load(Relaxed), comm, alive, devices: usage })
             })
             .collect();
@@ -664,7 +726,7 @@ mod tests {
         let d = dir("share");
         let a = Quota::open(&d, "q", true).unwrap();
         let b = Quota::open(&d, "q", true).unwrap();
-        assert_ne!(a.slot, b.slot);
+        assert_ne!(a.slot(), b.slot());
         let da = a.device("GPU-aaaa", 100, 50).unwrap().unwrap();
         let db = b.device("GPU-aaaa", 100, 50).unwrap().unwrap();
         assert_eq!(da, db);

@@ -13,6 +13,14 @@ static TARGET: OnceLock<ReportTarget> = OnceLock::new();
 
 /// Remembers where to write (a relative path is taken relative to the directory the process
 /// is in now, not at exit) and registers the handler, once.
+/// Set in a forked child: the report is the parent's (`fork`).
+static DISARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A forked child writes no report.
+pub fn disarm() {
+    DISARMED.store(true, std::sync::atomic::Ordering::Release);
+}
+
 pub fn arm(target: &ReportTarget) {
     let target = match target {
         ReportTarget::Path(p) if p.is_relative() => {
@@ -28,6 +36,9 @@ pub fn arm(target: &ReportTarget) {
 
 extern "C" fn write_at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        if DISARMED.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
         let rows = st.usage_rows();
         match target {

@@ -26,6 +26,21 @@ pub(crate) struct Split {
     contexts: std::sync::Mutex<Vec<(usize, CUdevice)>>,
 }
 
+impl Split {
+    pub(crate) fn hold_for_fork(&'static self) {
+        crate::fork::hold(&self.contexts);
+    }
+
+    /// A forked child (`fork`): the parent's contexts do not survive the fork.
+    pub(crate) fn reset_after_fork(&self) {
+        crate::fork::reset(&self.contexts, Vec::new);
+        for p in &self.primaries {
+            p.ctx.store(0, std::sync::atomic::Ordering::Release);
+            p.refs.store(0, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct PartPrimary {
     /// The context, 0 until the first retain created it.

@@ -109,6 +109,7 @@ fn init() -> Option<&'static State> {
         return None;
     }
     quiet_panics();
+    crate::fork::register();
     if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return wait_for_start_up();
     }
@@ -145,6 +146,28 @@ fn quiet_panics() {
             log::emit_plain(&format!("gpushim: error: internal error{place} (a bug; please report it)"));
         }))
     });
+}
+
+/// The prepare handler of `fork`: takes every lock of the state, in nesting order.
+pub fn hold_for_fork() {
+    let Some(st) = get_if_ready() else { return };
+    st.reserves.hold_for_fork();
+    st.live.hold_for_fork();
+    crate::fork::hold(&st.pools);
+    st.graphs.hold_for_fork();
+    crate::vmm::hold_for_fork();
+    if let Some(split) = st.split.get() {
+        split.hold_for_fork();
+    }
+}
+
+/// In a forked child (`fork`): a start-up another parent thread had under way will never end
+/// here, so it is started afresh; a built state is emptied of what the parent held.
+pub fn after_fork_in_child() {
+    match get_if_ready() {
+        None => BUILDING.store(false, Ordering::Release),
+        Some(state) => state.reset_after_fork(),
+    }
 }
 
 /// Another thread builds the state: wait for it, a bounded time.
@@ -262,6 +285,21 @@ impl State {
         let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
         split | limit | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+    }
+
+    /// A forked child holds nothing as far as the shim knows (`fork`).
+    fn reset_after_fork(&self) {
+        for b in &self.budgets {
+            b.reset_after_fork();
+        }
+        self.live.reset_after_fork();
+        self.reserves.reset_after_fork();
+        self.graphs.reset_after_fork();
+        crate::fork::reset(&self.pools, Vec::new);
+        crate::vmm::reset_after_fork();
+        if let Some(split) = self.split.get() {
+            split.reset_after_fork();
+        }
     }
 
     /// Records an internal failure: reported once, and CUDA initialisation will fail.

@@ -19,6 +19,15 @@ struct Handles {
 
 static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
 
+pub fn hold_for_fork() {
+    crate::fork::hold(&HANDLES);
+}
+
+/// A forked child holds nothing (`fork`).
+pub fn reset_after_fork() {
+    crate::fork::reset(&HANDLES, || None);
+}
+
 fn lock() -> MutexGuard<'static, Option<Handles>> {
     HANDLES.lock().unwrap_or_else(|e| e.into_inner())
 }

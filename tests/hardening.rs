@@ -391,3 +391,38 @@ fn graph_memory_counts_from_launch_until_trimmed() {
         }
     }
 }
+
+/// A forked child is a process of its own: under one 1 GiB shared quota the parent holds
+/// 600 MiB; a child that exits at once, or execs, leaves the parent's place untouched (before,
+/// the inherited exit handler emptied it, and 600 MiB more could be taken); a child that
+/// allocates gets a place of its own, starting at zero, and gives back only its own usage when
+/// it exits. A child does not overwrite its parent's exit report.
+#[test]
+fn a_forked_child_never_changes_its_parents_figures() {
+    const P: u64 = 600 * MIB;
+    const C: u64 = 300 * MIB;
+    for (mode, child) in [("exit", None), ("exec", None), ("alloc", Some([0, OOM]))] {
+        let report = work_dir().join(format!("fork-report-{mode}-{}.json", std::process::id()));
+        let out = Run::program(Program::ForkQuota)
+            .env("GPUSIM_DEVICES", "1")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+            .env("GPUSHIM_SHARED_QUOTA", "fork")
+            .env("GPUSHIM_REPORT", &report)
+            .args([mode, &P.to_string(), &C.to_string()])
+            .mode(Passthrough)
+            .run();
+        out.assert_completed();
+        assert_eq!((out.num("parent.rc"), out.num("child.status")), (0, 0), "{mode}\n{}", out.dump());
+        if let Some(want) = child {
+            assert_eq!([out.num("child.rc1"), out.num("child.rc2")], want, "{mode}: the child draws on the quota\n{}", out.dump());
+        }
+        // the parent still holds 600 MiB of the 1 GiB: 300 MiB fit once, not twice
+        assert_eq!([out.num("after.rc1"), out.num("after.rc2")], [0, OOM], "{mode}: the parent's place\n{}", out.dump());
+        assert_eq!(out.u64("after.free"), GIB - P - C, "{mode}\n{}", out.dump());
+        let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{mode}: no report: {e}"));
+        let r = ShimReport::parse(&text).unwrap();
+        assert_eq!(r.device(0).peak_in_use, P + C, "{mode}: the parent's report, not the child's\n{text}");
+        let _ = std::fs::remove_file(&report);
+    }
+}

@@ -374,6 +374,8 @@ pub enum Program {
     RealDriver,
     /// `tests/c/firstuse.c`: concurrent first use through `dlsym(RTLD_DEFAULT)` (no link)
     FirstUse,
+    /// `tests/c/forkq.c`: a forked child and its parent's figures (linked with `-lcuda`)
+    ForkQuota,
     /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
     Modes,
     /// `tests/c/nvml.c`: NVML alone
@@ -404,6 +406,7 @@ impl Program {
             Program::Stress => "stress".into(),
             Program::RealDriver => "realdrv".into(),
             Program::FirstUse => "firstuse".into(),
+            Program::ForkQuota => "forkq".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
@@ -446,8 +449,12 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race | Program::Stress => {
-                let file = if self == Program::Race { "race.c" } else { "stress.c" };
+            Program::Race | Program::Stress | Program::ForkQuota => {
+                let file = match self {
+                    Program::Race => "race.c",
+                    Program::Stress => "stress.c",
+                    _ => "forkq.c",
+                };
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
                 args.push(c.join(file).into());
                 link_cuda(&mut args);

@@ -1,0 +1,73 @@
+//! Forked children. A child of a process under the shim inherits its state, its places in a
+//! shared quota and the user's registry, and its exit handlers. What a forked child is, here:
+//! * it holds nothing, as far as the shim knows (CUDA contexts and their memory do not survive
+//!   `fork`): its budgets, live allocations, reserves, pools and graphs start empty, with the
+//!   limits its parent resolved;
+//! * its place in a shared quota is its own, taken at its first reservation, starting at zero
+//!   (`quota::Quota::rejoin`); the parent's place and usage are never changed by the child, and
+//!   the child's exit leaves only its own place;
+//! * it writes no exit report (the report is the parent's; a child that `exec`s is a new
+//!   program with its own).
+//!
+//! Locks: a lock another thread held at the fork would never be released in the child (only
+//! the forking thread exists there). So the `pthread_atfork` *prepare* handler takes every lock
+//! of the shim's state, in the one order the shim ever nests them (each device's reserve before
+//! the live map's shards; no lock is held across a driver call, so this waits only for short
+//! critical sections), and the parent and child handlers let them go; the child then empties
+//! what it inherited. Registered when the shim first initialises (never in a process that does
+//! not touch CUDA).
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::Release;
+use std::sync::{Mutex, Once};
+
+thread_local! {
+    /// The guards the prepare handler took (the forking thread's own).
+    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Registers the handlers, once per process.
+pub fn register() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers plain extern "C" functions that never unwind.
+        unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) };
+    });
+}
+
+/// Takes `m` for the fork (see the module documentation).
+pub fn hold<T: 'static>(m: &'static Mutex<T>) {
+    let guard = m.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
+}
+
+fn release_all() {
+    let _ = HELD.try_with(|h| {
+        // released in the reverse order of taking
+        let mut held = std::mem::take(&mut *h.borrow_mut());
+        while held.pop().is_some() {}
+    });
+}
+
+extern "C" fn prepare() {
+    let _ = std::panic::catch_unwind(crate::state::hold_for_fork);
+}
+
+extern "C" fn in_parent() {
+    let _ = std::panic::catch_unwind(release_all);
+}
+
+extern "C" fn in_child() {
+    let _ = std::panic::catch_unwind(|| {
+        release_all();
+        crate::quota::FORK_GENERATION.fetch_add(1, Release);
+        crate::report::disarm();
+        crate::state::after_fork_in_child();
+    });
+}
+
+/// Empties `m` in a forked child (its lock is free there: see the module documentation).
+pub fn reset<T>(m: &Mutex<T>, fresh: impl FnOnce() -> T) {
+    *m.lock().unwrap_or_else(|e| e.into_inner()) = fresh();
+}
