@@ -16,7 +16,12 @@ use common::*;
 const LIMIT: u64 = 64 * MIB;
 
 fn stress(mode: MemoryMode, seed: u64) -> RunOutput {
+    stress_env(mode, seed, &[])
+}
+
+fn stress_env(mode: MemoryMode, seed: u64, env: &[(&str, &str)]) -> RunOutput {
     let out = Run::program(Program::Stress)
+        .envs(env)
         .env("GPUSIM_DEVICES", "1")
         .env("GPUSIM_MEMORY", "4GiB")
         .env("GPUSHIM_MEMORY_LIMIT", "64MiB")
@@ -51,5 +56,20 @@ fn every_api_from_threads_forks_and_teardowns_never_passes_the_limit() {
             assert_eq!(out.u64("info.total"), LIMIT, "{what}\n{}", out.dump());
             assert_eq!(out.u64("info.free"), LIMIT, "{what}: something stayed counted\n{}", out.dump());
         }
+    }
+}
+
+/// The same under a shared quota (the forked child's exit must leave the parent's place alone:
+/// otherwise the fill at the end gets more than the limit).
+#[test]
+fn the_same_under_a_shared_quota() {
+    for mode in MemoryMode::selected(&[Passthrough, Grow]) {
+        let out = stress_env(mode, 1, &[("GPUSHIM_SHARED_QUOTA", "stress")]);
+        for key in ["errors", "free_errors", "info_bad", "reset.rc", "info.rc", "child.status"] {
+            assert_eq!(out.num(key), 0, "{mode:?}: {key}\n{}", out.dump());
+        }
+        assert_eq!((out.u64("fill.bytes"), out.num("fill.refused")), (LIMIT, 1), "{mode:?}\n{}", out.dump());
+        assert!(out.report().device(0).peak <= LIMIT, "{mode:?}\n{}", out.dump());
+        assert_eq!(out.u64("info.free"), LIMIT, "{mode:?}\n{}", out.dump());
     }
 }
