@@ -14,6 +14,7 @@
 //! * after launches, destructions and trims, settles what it counts for the device's graph pool
 //!   on the driver's `RESERVED_MEM_CURRENT`: what the driver holds, counted, and credited once
 //!   trimmed.
+//!
 //! When the figures cannot be read, the whole of the graph's bytes is reserved (fail closed).
 //! The hooks are handed out whenever a limit applies (`limit` in the hook table).
 
