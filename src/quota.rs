@@ -6,6 +6,12 @@
 //! `STATE_DIR/quota-NAME`, mapped shared by every member: a header (magic, version, a robust
 //! process-shared mutex, a table of devices by UUID with the bytes reserved by all members and
 //! the peak) and [`SLOTS`] slots, one per live member (pid, name, per-device limit and usage).
+//! The header starts with the version and a fingerprint of the layout ([`LAYOUT`]: the sizes
+//! of the header, the slot and device tables and the mutex), checked on open: a file made by a
+//! build with another layout, a truncated file or one that is not a quota file is refused with
+//! an error naming it, never mapped beyond its end. The mutex is taken with a bound
+//! ([`LOCK_TIMEOUT_S`]): a corrupted mutex (or a holder that never lets go) is an error that
+//! refuses the allocation, never a hang.
 //! The file appears fully initialised or not at all: it is built under a temporary name and
 //! `link`ed into place; a process that loses that race opens the winner's file.
 //!
@@ -62,7 +68,35 @@ pub const SLOTS: usize = 256;
 pub const DEVICES: usize = 64;
 const UUID_BYTES: usize = 48;
 const MAGIC: u64 = u64::from_le_bytes(*b"gpushimQ");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The longest anyone waits for the quota's mutex (held for a few loads and stores): beyond it
+/// the mutex is taken to be corrupted or held by a stuck process, and the operation fails.
+pub const LOCK_TIMEOUT_S: i64 = 5;
+/// A fingerprint of the file's layout in this build (with [`VERSION`]): two builds that would
+/// read each other's files differently have different fingerprints.
+pub const LAYOUT: u64 = {
+    let parts = [
+        VERSION as u64,
+        std::mem::size_of::<Header>() as u64,
+        std::mem::size_of::<Slot>() as u64,
+        std::mem::size_of::<Device>() as u64,
+        std::mem::size_of::<libc::pthread_mutex_t>() as u64,
+        SLOTS as u64,
+        DEVICES as u64,
+        UUID_BYTES as u64,
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a over the parts
+    let mut i = 0;
+    while i < parts.len() {
+        h ^= parts[i];
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    h
+};
+/// The bytes at the start of every quota file, whatever its layout: magic, version, slots,
+/// layout.
+const PREFIX_BYTES: usize = 24;
 /// Slot `i`'s liveness lock is on byte `LOCK_BASE + i` (beyond the data, which locks ignore).
 const LOCK_BASE: i64 = 1 << 40;
 /// The user's registry of processes with a limit and no shared quota, in the state directory:
@@ -97,6 +131,8 @@ struct Header {
     magic: AtomicU64,
     version: AtomicU32,
     slots: AtomicU32,
+    /// [`LAYOUT`] of the build that made the file.
+    layout: AtomicU64,
     mutex: libc::pthread_mutex_t,
     devices: [Device; DEVICES],
     slot: [Slot; SLOTS],
@@ -145,6 +181,16 @@ pub struct DeviceInfo {
     pub size: u64,
 }
 
+/// Where errors met outside a `Result` (a reservation refused because the quota's lock is
+/// unusable) are reported; set once by the shim (its log). Unset: not reported.
+pub static ON_ERROR: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+fn report_error(e: &str) {
+    if let Some(f) = ON_ERROR.get() {
+        f(e);
+    }
+}
+
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
@@ -185,8 +231,13 @@ fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> 
     Ok(())
 }
 
-/// Creates `dir` (mode 0700) if needed and checks it is private.
+/// Creates `dir` (mode 0700) if needed and checks it is private; an error says how to use
+/// another directory.
 pub fn private_dir(dir: &Path) -> Result<(), String> {
+    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))
+}
+
+fn private_dir_checked(dir: &Path) -> Result<(), String> {
     let c = cpath(dir)?;
     // SAFETY: `c` is NUL-terminated; `st` is written by lstat.
     unsafe {
@@ -317,26 +368,43 @@ impl Quota {
     }
 
     fn map(&mut self) -> Result<(), String> {
-        // SAFETY: `st` is written by fstat; the mapping covers FILE_BYTES of a file at least
-        // that long (checked), shared, and outlives every reference made from it.
+        let p = self.path.display();
+        let way_out = "remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name";
+        // SAFETY: `st` is written by fstat; `prefix` by pread (at most its size); the mapping
+        // covers FILE_BYTES of a file at least that long (checked), shared, and outlives every
+        // reference made from it.
         unsafe {
             let mut st: libc::stat = std::mem::zeroed();
             if libc::fstat(self.fd, &mut st) != 0 {
-                return Err(format!("{}: {}", self.path.display(), errno()));
+                return Err(format!("{p}: {}", errno()));
             }
             check_private(&st, &self.path, false)?;
-            if (st.st_size as usize) < FILE_BYTES {
-                return Err(format!("{} is not a gpushim quota file of this version (size {})", self.path.display(), st.st_size));
+            let size = st.st_size.max(0) as usize;
+            let mut prefix = [0u8; PREFIX_BYTES];
+            let n = libc::pread(self.fd, prefix.as_mut_ptr().cast(), PREFIX_BYTES, 0);
+            let word = |at: usize, len: usize| prefix[at..at + len].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
+            if n < 8 || word(0, 8) != MAGIC {
+                return Err(format!("{p} is not a gpushim quota file ({size} bytes, no gpushim header): {way_out}"));
             }
-            let p = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
-            if p == libc::MAP_FAILED {
-                return Err(format!("cannot map {}: {}", self.path.display(), errno()));
+            let version = if n >= 12 { word(8, 4) } else { 0 };
+            let layout = if n as usize >= PREFIX_BYTES { word(16, 8) } else { 0 };
+            if version != u64::from(VERSION) || layout != LAYOUT {
+                return Err(format!(
+                    "{p} was made by a different gpushim build (file version {version}, layout {layout:#x}; this build reads version {VERSION}, layout {LAYOUT:#x}): {way_out}"
+                ));
             }
-            self.header = p.cast();
+            if size < FILE_BYTES {
+                return Err(format!("{p} is truncated ({size} of {FILE_BYTES} bytes): {way_out}"));
+            }
+            let m = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
+            if m == libc::MAP_FAILED {
+                return Err(format!("cannot map {p}: {}", errno()));
+            }
+            self.header = m.cast();
         }
         let h = self.h();
-        if h.magic.load(Acquire) != MAGIC || h.version.load(Relaxed) != VERSION || h.slots.load(Relaxed) as usize != SLOTS {
-            return Err(format!("{} is not a gpushim quota file of this version", self.path.display()));
+        if h.magic.load(Acquire) != MAGIC || h.version.load(Relaxed) != VERSION || h.layout.load(Relaxed) != LAYOUT || h.slots.load(Relaxed) as usize != SLOTS {
+            return Err(format!("{p} is not a gpushim quota file of this build: {way_out}"));
         }
         Ok(())
     }
@@ -408,8 +476,14 @@ impl Quota {
     /// Takes the quota's mutex, repairing the totals if its last holder died.
     fn lock(&self) -> Result<Guard, String> {
         let m = std::ptr::addr_of!(self.h().mutex).cast_mut();
-        // SAFETY: `m` is the process-shared robust mutex initialised in `create`.
-        let rc = unsafe { libc::pthread_mutex_lock(m) };
+        // SAFETY: `ts` is written by clock_gettime; `m` is the process-shared robust mutex
+        // initialised in `create` (or garbage in a corrupted file: the wait is bounded).
+        let rc = unsafe {
+            let mut ts: libc::timespec = std::mem::zeroed();
+            libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts);
+            ts.tv_sec += LOCK_TIMEOUT_S as libc::time_t;
+            libc::pthread_mutex_timedlock(m, &ts)
+        };
         match rc {
             0 => Ok(Guard(m)),
             libc::EOWNERDEAD => {
@@ -420,7 +494,15 @@ impl Quota {
                 unsafe { libc::pthread_mutex_consistent(m) };
                 Ok(g)
             }
-            e => Err(format!("{}: the quota's lock is unusable ({})", self.path.display(), std::io::Error::from_raw_os_error(e))),
+            libc::ETIMEDOUT => Err(format!(
+                "{}: the quota's lock was not free within {LOCK_TIMEOUT_S} s (corrupted, or held by a stuck process): remove the file when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                self.path.display()
+            )),
+            e => Err(format!(
+                "{}: the quota's lock is unusable ({}): remove the file when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                self.path.display(),
+                std::io::Error::from_raw_os_error(e)
+            )),
         }
     }
 
@@ -463,7 +545,13 @@ impl Quota {
     /// `Err(total)` otherwise (after clearing dead members' usage).
     pub fn reserve(&self, d: usize, bytes: u64, limit: u64) -> Result<(), u64> {
         let Some(i) = self.slot().or_else(|| self.rejoin()) else { return Err(0) };
-        let Ok(_g) = self.lock() else { return Err(u64::MAX) };
+        let _g = match self.lock() {
+            Ok(g) => g,
+            Err(e) => {
+                report_error(&e);
+                return Err(u64::MAX); // fail closed
+            }
+        };
         let h = self.h();
         let dev = &h.devices[d];
         let fits = |r: u64| r.checked_add(bytes).is_some_and(|n| n <= limit);
@@ -692,6 +780,7 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
         libc::pthread_mutexattr_destroy(&mut attr);
         (*h).version.store(VERSION, Relaxed);
         (*h).slots.store(SLOTS as u32, Relaxed);
+        (*h).layout.store(LAYOUT, Relaxed);
         (*h).magic.store(MAGIC, Release);
         libc::munmap(p, FILE_BYTES);
         if rc != 0 {
@@ -816,6 +905,132 @@ mod tests {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         let e = Quota::open(&d, "q", true).err().unwrap();
         assert!(e.contains("open to other users"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A quota file of `bytes` in a fresh private directory, as a file of another build or a
+    /// damaged one would be; returns the directory.
+    fn crafted(name: &str, bytes: &[u8]) -> PathBuf {
+        let d = dir(name);
+        private_dir(&d).unwrap();
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file_of(&d, "q")).unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_file_of_another_layout_is_refused_by_name() {
+        let mut bytes = vec![0u8; FILE_BYTES];
+        bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        bytes[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
+        bytes[16..24].copy_from_slice(&(LAYOUT ^ 1).to_le_bytes());
+        let d = crafted("layout", &bytes);
+        let path = file_of(&d, "q");
+        let e = Quota::open(&d, "q", true).err().unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "{} was made by a different gpushim build (file version {VERSION}, layout {:#x}; this build reads version {VERSION}, layout {LAYOUT:#x}): remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                path.display(),
+                LAYOUT ^ 1
+            )
+        );
+        // a file of the first version (no fingerprint) too
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Quota::open(&d, "q", true).err().unwrap();
+        assert!(e.starts_with(&format!("{} was made by a different gpushim build (file version 1,", path.display())), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_truncated_or_foreign_file_is_refused_not_mapped() {
+        let q = Quota::open(&dir("trunc-src"), "q", true).unwrap();
+        let mut whole = std::fs::read(&q.path).unwrap();
+        whole.truncate(FILE_BYTES / 2);
+        let d = crafted("trunc", &whole);
+        let e = Quota::open(&d, "q", true).err().unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "{} is truncated ({} of {FILE_BYTES} bytes): remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                file_of(&d, "q").display(),
+                FILE_BYTES / 2
+            )
+        );
+        for (name, bytes) in [("empty", &b""[..]), ("short", &b"gpush"[..]), ("foreign", &b"not a quota file at all, just text"[..])] {
+            let d = crafted(name, bytes);
+            let e = Quota::open(&d, "q", true).err().unwrap();
+            assert_eq!(
+                e,
+                format!(
+                    "{} is not a gpushim quota file ({} bytes, no gpushim header): remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                    file_of(&d, "q").display(),
+                    bytes.len()
+                )
+            );
+            let _ = std::fs::remove_dir_all(&d);
+        }
+        let _ = std::fs::remove_dir_all(q.path.parent().unwrap());
+    }
+
+    /// A mutex whose word names a live process that will never let go (what garbage in the
+    /// file can look like): the member gets an error naming the file after the bounded wait,
+    /// and a reservation is refused (closed), instead of hanging.
+    #[test]
+    fn a_garbage_mutex_is_an_error_not_a_hang() {
+        let d = dir("garbage");
+        let q = Quota::open(&d, "q", true).unwrap();
+        let dev = q.device("GPU-g", 100, 100).unwrap().unwrap();
+        let mut other = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+        // SAFETY: glibc's mutex starts with its lock word (the owner's tid); writing it is
+        // what a corrupted file does.
+        unsafe { std::ptr::addr_of!(q.h().mutex).cast::<AtomicU32>().as_ref().unwrap().store(other.id(), Relaxed) };
+        let started = std::time::Instant::now();
+        let e = q.lock().err().expect("the lock cannot be taken");
+        assert_eq!(
+            e,
+            format!(
+                "{}: the quota's lock was not free within {LOCK_TIMEOUT_S} s (corrupted, or held by a stuck process): remove the file when no process uses it, or use another GPUSHIM_STATE_DIR or quota name",
+                file_of(&d, "q").display()
+            )
+        );
+        assert_eq!(q.reserve(dev, 1, 100), Err(u64::MAX));
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "not bounded: {:?}", started.elapsed());
+        let _ = other.kill();
+        let _ = other.wait();
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Another user's directory (or something else) where the state directory should be: the
+    /// error names the way out.
+    #[test]
+    fn a_squatted_state_dir_names_the_setting() {
+        let d = dir("squat");
+        std::fs::create_dir_all(&d).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // SAFETY: getuid cannot fail; chown is given a NUL-terminated path.
+        let owner = if unsafe { libc::getuid() } == 0 { 65534 } else { 0 };
+        let c = cpath(&d).unwrap();
+        let chowned = unsafe { libc::chown(c.as_ptr(), owner, owner) } == 0;
+        let squatted = if chowned { d.clone() } else { PathBuf::from("/") };
+        let e = Quota::open(&squatted, "q", true).err().unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "{} belongs to uid {owner}, not to this user (uid {}); set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)",
+                squatted.display(),
+                unsafe { libc::getuid() }
+            )
+        );
+        let file = dir("squat-file");
+        std::fs::write(&file, b"").unwrap();
+        let e = Quota::open(&file, "q", true).err().unwrap();
+        assert_eq!(e, format!("{} is not a directory; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)", file.display()));
+        let _ = std::fs::remove_file(&file);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -54,6 +54,7 @@ pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
     };
     let q = Quota::open(&dir, name, true).map_err(|e| config::ConfigError::new(setting, name.clone(), e))?;
     log!(Level::Info, "shared quota {name}: {}", q.path.display());
+    let _ = quota::ON_ERROR.set(|e| log!(Level::Warn, "{e}"));
     let _ = QUOTA.set(q);
     leave_at_exit();
     Ok(())

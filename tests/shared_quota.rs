@@ -159,8 +159,8 @@ fn four_processes_racing_stay_within_one_quota() {
     }
 }
 
-/// 4 processes racing under one quota, one of them killed with SIGKILL mid-run (at whatever
-/// instruction it is): the other 3 finish without an error (nobody hangs on what the victim
+/// 4 processes racing under one quota, one of them (racing until it is killed, so no timing
+/// decides the outcome) killed with SIGKILL once it holds memory (at whatever instruction it is): the other 3 finish without an error (nobody hangs on what the victim
 /// left), and afterwards a new member finds the whole budget free, gets all of it, and the
 /// simulated driver holds nothing. (The node's peak is not checked here: the quota hands the
 /// victim's budget on as soon as the kernel drops its lock, and the simulated driver frees the
@@ -169,20 +169,24 @@ fn four_processes_racing_stay_within_one_quota() {
 #[test]
 fn a_member_killed_mid_race_is_reclaimed_and_the_others_finish() {
     let node = Node::new("quota-kill-race");
-    let args: Vec<String> = ["4", "40000", &(8 * MIB).to_string(), "4"].iter().map(|s| s.to_string()).collect();
-    let start = |_: usize| {
-        node.background(Program::Race, &args, &[("GPUSHIM_SHARED_QUOTA", "kr")])
+    let args = |iterations: &str| -> Vec<String> { ["4", iterations, &(8 * MIB).to_string(), "4"].iter().map(|s| s.to_string()).collect() };
+    let start = |iterations: &str| {
+        node.background(Program::Race, &args(iterations), &[("GPUSHIM_SHARED_QUOTA", "kr")])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start a racer")
     };
-    let mut racers: Vec<Child> = (0..4).map(start).collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = racers[0].kill(); // SIGKILL, mid-run
-    let killed = racers.remove(0).wait_with_output().unwrap();
+    // the victim races until it is killed (`-1`); it is killed once it says it holds memory
+    let mut victim = start("-1");
+    let racers: Vec<Child> = (0..3).map(|_| start("40000")).collect();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(victim.stdout.take().unwrap()).lines();
+    let seen: Vec<String> = lines.by_ref().map_while(Result::ok).take_while(|l| l != "racing=1").collect();
+    let _ = victim.kill(); // SIGKILL, mid-race
+    let killed = victim.wait_with_output().unwrap();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(killed.status.signal(), Some(9), "the victim finished before it was killed: lengthen the run\n{killed:?}");
+    assert_eq!(killed.status.signal(), Some(9), "the victim stopped before it was killed\n{seen:?}\n{killed:?}");
     for r in racers {
         let out = r.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

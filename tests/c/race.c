@@ -5,7 +5,8 @@
  *
  * Each thread keeps up to HELD allocations of 1..MAX_BYTES bytes (xorshift, fixed seeds),
  * randomly allocating into an empty slot or freeing a full one. After joining, everything is
- * freed. Prints successes, refusals (CUDA_ERROR_OUT_OF_MEMORY), other errors and the final
+ * freed. A negative ITERATIONS runs until the process is killed; the first successful
+ * allocation of such a run prints `racing=1` (the process is then mid-race: it holds memory). Prints successes, refusals (CUDA_ERROR_OUT_OF_MEMORY), other errors and the final
  * cuMemGetInfo.
  */
 #include <cuda.h>
@@ -18,6 +19,7 @@ static int iterations = 4000;
 static unsigned long long max_bytes = 8ull << 20;
 static int held = 4;
 static CUcontext ctx;
+static int announced;
 
 struct worker {
     pthread_t thread;
@@ -40,7 +42,7 @@ static void *work(void *arg) {
         w->errors++;
         return NULL;
     }
-    for (int it = 0; it < iterations; it++) {
+    for (int it = 0; iterations < 0 || it < iterations; it++) {
         int k = (int)(next_random(&w->seed) % (uint64_t)held);
         if (live[k]) {
             if (cuMemFree(live[k]) == CUDA_SUCCESS) w->frees++;
@@ -49,7 +51,10 @@ static void *work(void *arg) {
         } else {
             size_t bytes = 1 + (size_t)(next_random(&w->seed) % max_bytes);
             CUresult rc = cuMemAlloc(&live[k], bytes);
-            if (rc == CUDA_SUCCESS) w->successes++;
+            if (rc == CUDA_SUCCESS) {
+                w->successes++;
+                if (iterations < 0 && !__atomic_exchange_n(&announced, 1, __ATOMIC_SEQ_CST)) kv("racing=1");
+            }
             else if (rc == CUDA_ERROR_OUT_OF_MEMORY) { w->refusals++; live[k] = 0; }
             else { w->errors++; live[k] = 0; }
         }
@@ -67,7 +72,7 @@ int main(int argc, char **argv) {
     if (argc > 2) iterations = atoi(argv[2]);
     if (argc > 3) max_bytes = strtoull(argv[3], NULL, 10);
     if (argc > 4) held = atoi(argv[4]);
-    if (threads < 1 || threads > 64 || held < 1 || held > 64 || max_bytes == 0) usage_error("arguments");
+    if (threads < 1 || threads > 64 || iterations == 0 || held < 1 || held > 64 || max_bytes == 0) usage_error("arguments");
 
     CUresult rc = cuInit(0);
     kv("init.rc=%d", (int)rc);
