@@ -164,7 +164,14 @@ impl State {
         let Some(memory) = memory.filter(|m| !m.launched) else { return launch() };
         let mut reserved: Vec<(CUdevice, u64)> = Vec::new();
         for &(dev, need) in &memory.needs {
-            let (Some(budget), Some(limit)) = (self.budget(dev), self.limit(dev)) else { continue };
+            let (Some(budget), Some(limit)) = (self.budget(dev), self.limit(dev)) else {
+                // a device the shim cannot account for: refused while limits apply (closed)
+                for &(d, g) in &reserved {
+                    self.budgets_of(d as usize).release(g);
+                }
+                self.report_refusal(what, dev, need);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            };
             // what the pool must grow by; all of it when the figures cannot be read
             let grow = self.graph_pool(dev).map_or(need, |(used, pool)| used.saturating_add(need).saturating_sub(pool));
             if grow == 0 {
@@ -213,6 +220,13 @@ impl State {
         let counted = &self.graphs.counted[dev as usize];
         let before = counted.swap(held, Relaxed);
         if held < before {
+            // The pool gave memory back (a trim): a graph launched before may need it again at
+            // its next launch, which is then checked like a first one.
+            for m in self.graphs.execs().values_mut() {
+                if m.needs.iter().any(|&(d, _)| d == dev) {
+                    m.launched = false;
+                }
+            }
             budget.release(before - held);
             budget.give(before - held);
         } else if held > before {

@@ -190,10 +190,12 @@ impl DeviceBudget {
     /// pool free happened since `epoch` (its bytes may be missing from the figures).
     pub fn pools_keep(&self, kept: u64, epoch: u64) {
         loop {
+            // `before` is read first: a free counted in it bumped the epoch before adding to
+            // it, so the epoch check below sees that free (whose bytes the figures may miss)
+            let before = self.pool_kept.load(SeqCst);
             if self.pool_epoch.load(SeqCst) != epoch {
                 return;
             }
-            let before = self.pool_kept.load(SeqCst);
             if before <= kept {
                 return;
             }

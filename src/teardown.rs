@@ -60,7 +60,9 @@ impl State {
                 // SAFETY: a valid out-pointer of the attribute's size (a CUdeviceptr); `ptr` is
                 // an address the driver handed out (it answers an error if it is gone).
                 let r = unsafe { get((&mut start as *mut CUdeviceptr).cast::<c_void>(), POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) };
-                if r == CUDA_ERROR_INVALID_VALUE || (r == CUDA_SUCCESS && start != ptr) {
+                // (a pool allocation's range may be reported as its pool's: only "unknown
+                // pointer" proves it gone; pools are the device's, not the context's)
+                if r == CUDA_ERROR_INVALID_VALUE || (r == CUDA_SUCCESS && start != ptr && !live.pool) {
                     gone.push((Kind::DevicePtr, ptr, live));
                 }
             }

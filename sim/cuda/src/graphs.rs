@@ -6,9 +6,10 @@
 //!
 //! Graph memory, as on the driver: an allocation node gets a virtual address when it is added;
 //! physical memory comes from the device's graph memory pool when an executable graph is first
-//! uploaded or launched. Here an executable graph then holds the sum of its allocation nodes'
-//! sizes on each device until it is destroyed (its frees run inside its launches, and the next
-//! launch allocates again, so between launches it holds that much at most). The pool keeps
+//! uploaded or launched. Each launch takes the sum of its allocation nodes' sizes on each device
+//! from the pool (growing it when it has less free); what the graph's own free nodes free goes
+//! back to the pool at the end of the launch, what they do not free stays allocated until the
+//! executable graph is destroyed. The pool keeps
 //! what it took (`RESERVED_MEM_CURRENT`) until `cuDeviceGraphMemTrim` gives back what no
 //! executable graph holds. A launch whose memory the device does not have fails with
 //! `CUDA_ERROR_OUT_OF_MEMORY`. Pool memory counts in the device's usage (the report's `used`).
@@ -40,7 +41,7 @@ pub struct MemAllocNodeParams {
 
 enum NodeKind {
     Alloc { params: MemAllocNodeParams, physical: usize },
-    Free,
+    Free { dptr: CUdeviceptr },
 }
 
 struct Node {
@@ -52,8 +53,8 @@ struct Graph {
 }
 
 struct Exec {
-    /// (physical device, bytes) of its allocation nodes.
-    needs: Vec<(usize, u64)>,
+    /// (physical device, bytes of its allocation nodes, bytes of those its free nodes free).
+    needs: Vec<(usize, u64, u64)>,
     holding: AtomicBool,
 }
 
@@ -150,8 +151,8 @@ pub fn capture_alloc(g: CUgraph, dev: CUdevice, bytes: usize) -> Res<CUdeviceptr
 }
 
 /// `cuMemFreeAsync` on a capturing stream: a free node.
-pub fn capture_free(g: CUgraph) -> Res {
-    add_node(graph(g)?, NodeKind::Free);
+pub fn capture_free(g: CUgraph, dptr: CUdeviceptr) -> Res {
+    add_node(graph(g)?, NodeKind::Free { dptr });
     Ok(())
 }
 
@@ -168,12 +169,25 @@ unsafe fn instantiate(out: *mut CUgraphExec, g: CUgraph) -> Res {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let g = graph(g)?;
-    let mut needs: Vec<(usize, u64)> = Vec::new();
-    for &n in g.nodes.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    let nodes = g.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let freed: Vec<CUdeviceptr> = nodes
+        .iter()
+        .filter_map(|&n| match node(n as CUgraphNode).ok()?.kind {
+            NodeKind::Free { dptr } => Some(dptr),
+            _ => None,
+        })
+        .collect();
+    let mut needs: Vec<(usize, u64, u64)> = Vec::new();
+    for &n in &nodes {
         if let NodeKind::Alloc { params, physical } = &node(n as CUgraphNode)?.kind {
-            match needs.iter_mut().find(|(p, _)| p == physical) {
-                Some(e) => e.1 += params.bytesize as u64,
-                None => needs.push((*physical, params.bytesize as u64)),
+            let bytes = params.bytesize as u64;
+            let back = if freed.contains(&params.dptr) { bytes } else { 0 };
+            match needs.iter_mut().find(|(p, _, _)| p == physical) {
+                Some(e) => {
+                    e.1 += bytes;
+                    e.2 += back;
+                }
+                None => needs.push((*physical, bytes, back)),
             }
         }
     }
@@ -182,13 +196,12 @@ unsafe fn instantiate(out: *mut CUgraphExec, g: CUgraph) -> Res {
     put(out, e as *const Exec as CUgraphExec)
 }
 
-/// First upload or launch: the executable graph takes its memory from the pools.
+/// A launch: the executable graph takes its memory from the pools, and gives back at the end
+/// what its own free nodes free; what they do not free stays (once) until it is destroyed.
 fn take_memory(e: &'static Exec) -> Res {
-    if e.holding.swap(true, Ordering::AcqRel) {
-        return Ok(());
-    }
+    let first = !e.holding.swap(true, Ordering::AcqRel);
     let mut taken: Vec<(usize, u64)> = Vec::new();
-    for &(physical, need) in &e.needs {
+    for &(physical, need, _) in &e.needs {
         let p = pool(physical);
         let free = p.reserved.load(Ordering::Acquire).saturating_sub(p.used.load(Ordering::Acquire));
         let grow = need.saturating_sub(free);
@@ -197,7 +210,9 @@ fn take_memory(e: &'static Exec) -> Res {
                 for (ph, n) in taken {
                     pool(ph).used.fetch_sub(n, Ordering::AcqRel);
                 }
-                e.holding.store(false, Ordering::Release);
+                if first {
+                    e.holding.store(false, Ordering::Release);
+                }
                 return Err(err);
             }
             let r = p.reserved.fetch_add(grow, Ordering::AcqRel) + grow;
@@ -206,6 +221,11 @@ fn take_memory(e: &'static Exec) -> Res {
         let u = p.used.fetch_add(need, Ordering::AcqRel) + need;
         p.used_high.fetch_max(u, Ordering::AcqRel);
         taken.push((physical, need));
+    }
+    for &(physical, need, back) in &e.needs {
+        // the end of the launch: freed inside goes back; the rest is held once
+        let give = if first { back } else { need };
+        let _ = pool(physical).used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(give)));
     }
     Ok(())
 }
@@ -259,9 +279,9 @@ cu_api! {
         put(out, n)
     }
     fn cuGraphAddMemFreeNode(out: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, dptr: CUdeviceptr) {
-        let _ = (deps, ndeps, dptr);
+        let _ = (deps, ndeps);
         let g = graph(g)?;
-        put(out, add_node(g, NodeKind::Free))
+        put(out, add_node(g, NodeKind::Free { dptr }))
     }
     fn cuGraphMemAllocNodeGetParams(n: CUgraphNode, params: *mut MemAllocNodeParams) {
         match &node(n)?.kind {
@@ -272,7 +292,7 @@ cu_api! {
     fn cuGraphNodeGetType(n: CUgraphNode, kind: *mut i32) {
         let k = match node(n)?.kind {
             NodeKind::Alloc { .. } => NODE_TYPE_MEM_ALLOC,
-            NodeKind::Free => NODE_TYPE_MEM_FREE,
+            NodeKind::Free { .. } => NODE_TYPE_MEM_FREE,
         };
         let _ = NODE_TYPE_EMPTY;
         put(kind, k)
@@ -309,8 +329,9 @@ cu_api! {
         let e = exec(h)?;
         registry().execs.remove(&(h as usize));
         if e.holding.swap(false, Ordering::AcqRel) {
-            for &(physical, need) in &e.needs {
-                let _ = pool(physical).used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(need)));
+            for &(physical, need, back) in &e.needs {
+                let held = need - back;
+                let _ = pool(physical).used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(held)));
             }
         }
         Ok(())

@@ -208,8 +208,7 @@ unsafe fn alloc_from_pool(
 fn free_async(dptr: CUdeviceptr, s: CUstream) -> Res {
     streams::lookup(s)?;
     if let Some(g) = crate::graphs::capturing(s) {
-        let _ = dptr;
-        return crate::graphs::capture_free(g);
+        return crate::graphs::capture_free(g, dptr);
     }
     memory::free(dptr as usize, memory::is_device_kind).map(|_| ())
 }
