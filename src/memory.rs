@@ -244,6 +244,29 @@ pub struct Live {
     /// The context an array was created in (0: not recorded; device memory's context is asked
     /// of the driver when a context is torn down, see `teardown`).
     pub ctx: usize,
+    /// Unique to this entry ([`entry_id`]): a later entry under the same key (the driver handed
+    /// the pointer out again) never compares equal to it.
+    pub id: u64,
+}
+
+/// A process-unique entry id without contention: the thread's number in the high bits, a
+/// per-thread count in the low ones.
+#[inline]
+pub fn entry_id() -> u64 {
+    use std::cell::Cell;
+    static THREADS: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(0) };
+    }
+    NEXT.try_with(|next| {
+        let mut id = next.get();
+        if id == 0 {
+            id = THREADS.fetch_add(1, Relaxed) << 40;
+        }
+        next.set(id + 1);
+        id
+    })
+    .unwrap_or_else(|_| THREADS.fetch_add(1, Relaxed) << 40)
 }
 
 const SHARDS: usize = 64;
@@ -430,11 +453,11 @@ mod tests {
     #[test]
     fn live_map_keys_are_per_kind() {
         let m = LiveMap::new();
-        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0 });
-        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0 });
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0 }));
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 });
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 });
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 }));
         assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0 }));
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 }));
     }
 }

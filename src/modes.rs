@@ -169,7 +169,7 @@ impl State {
             },
         };
         budget.take(size);
-        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0 });
+        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::memory::entry_id() });
         Some(Ok(ptr))
     }
 

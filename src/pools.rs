@@ -27,8 +27,27 @@ const USED_MEM_CURRENT: c_int = 7;
 impl State {
     /// The pools of program device `dev`, as the driver's handles (no duplicates).
     fn device_pools(&self, dev: CUdevice) -> Vec<CUmemoryPool> {
+        let mut pools = self.device_pools_of_driver(dev);
+        let created = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        for &(pool, d) in created.iter() {
+            let pool = pool as CUmemoryPool;
+            if d == dev && !pools.contains(&pool) {
+                pools.push(pool);
+            }
+        }
+        pools
+    }
+
+    /// The program device whose default or current pool `pool` is (asked of the driver).
+    pub fn device_of_pool(&self, pool: CUmemoryPool) -> Option<CUdevice> {
+        let count = self.program_devices().map(|d| d.list.len()).unwrap_or_else(|| self.api().devices().len());
+        (0..count.min(crate::memory::MAX_DEVICES)).map(|d| d as CUdevice).find(|&d| self.device_pools_of_driver(d).contains(&pool))
+    }
+
+    /// The default and current pools of program device `dev` (the driver's handles).
+    fn device_pools_of_driver(&self, dev: CUdevice) -> Vec<CUmemoryPool> {
         let api = self.api();
-        let mut pools: Vec<CUmemoryPool> = Vec::new();
+        let mut pools = Vec::new();
         if let Some(driver) = self.driver_of(dev) {
             for get in [api.device_get_default_mem_pool, api.device_get_mem_pool].into_iter().flatten() {
                 let mut pool: CUmemoryPool = std::ptr::null_mut();
@@ -36,13 +55,6 @@ impl State {
                 if unsafe { get(&mut pool, driver) } == CUDA_SUCCESS && !pool.is_null() && !pools.contains(&pool) {
                     pools.push(pool);
                 }
-            }
-        }
-        let created = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        for &(pool, d) in created.iter() {
-            let pool = pool as CUmemoryPool;
-            if d == dev && !pools.contains(&pool) {
-                pools.push(pool);
             }
         }
         pools

@@ -203,7 +203,7 @@ fn build() -> Box<State> {
     log::configure(state.settings.log_level, state.settings.log_file.as_deref());
     if state.mode == Mode::Disabled && std::env::var_os(view::PENDING_MARKER).is_some() {
         // Disabled by the config file, which the load-time rewrite does not read: undo it.
-        view::apply_changes(&view::undo_pending(std::env::var(view::ORIGINAL_CVD).ok()));
+        view::apply_changes(&view::undo_pending(view::env_lossy(view::ORIGINAL_CVD)));
     }
     if state.mode == Mode::Active {
         if let Err(e) = state.apply_view().and_then(|_| crate::sharing::join_quota(&state.settings)) {
@@ -323,12 +323,12 @@ impl State {
         let Some(selectors) = self.settings.visible_devices.clone() else { return Ok(()) };
         // A load-time rewrite (view::load_time_changes) kept the original CUDA_VISIBLE_DEVICES,
         // which the selectors compose with, and the view as indices into what they select.
-        let pending = view::pending(|name| std::env::var(name).ok());
+        let pending = view::pending(view::env_lossy);
         let cvd = match &pending {
             Some((original, _)) => original.clone(),
-            None => std::env::var(view::CUDA_VISIBLE_DEVICES).ok(),
+            None => view::env_lossy(view::CUDA_VISIBLE_DEVICES),
         };
-        let parent = if pending.is_some() { None } else { std::env::var(view::APPLIED_MARKER).ok() };
+        let parent = if pending.is_some() { None } else { view::env_lossy(view::APPLIED_MARKER) };
         let entries: Vec<String> = match (&parent, &cvd) {
             (Some(p), Some(c)) if p == c => {
                 log!(Level::Debug, "device view already applied by a parent process: CUDA_VISIBLE_DEVICES={c}");
@@ -394,8 +394,8 @@ impl State {
     pub fn view(&self) -> Option<&View> {
         self.view
             .get_or_init(|| {
-                let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok()?;
-                if std::env::var(view::APPLIED_MARKER).ok().as_ref() != Some(&cvd) {
+                let cvd = view::env_lossy(view::CUDA_VISIBLE_DEVICES)?;
+                if view::env_lossy(view::APPLIED_MARKER).as_ref() != Some(&cvd) {
                     return None;
                 }
                 Some(view::driver_view(Some(&cvd), self.inventory()?))
@@ -408,7 +408,7 @@ impl State {
     pub fn cuda_ordinals(&self) -> Option<&View> {
         self.cuda_ordinals
             .get_or_init(|| {
-                let cvd = std::env::var(view::CUDA_VISIBLE_DEVICES).ok();
+                let cvd = view::env_lossy(view::CUDA_VISIBLE_DEVICES);
                 Some(view::driver_view(cvd.as_deref(), self.inventory()?))
             })
             .as_ref()
@@ -624,7 +624,7 @@ impl State {
                 _ => 0,
             };
             let pool = matches!(what, "cuMemAllocAsync" | "cuMemAllocFromPoolAsync");
-            let live = crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx };
+            let live = crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id: crate::memory::entry_id() };
             if let Some(stale) = self.live.insert(kind, key, live) {
                 self.credit_stale(stale);
             }

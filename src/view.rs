@@ -271,8 +271,14 @@ pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, 
 
 /// Applies [`load_time_changes`] to the process environment.
 fn rewrite_environment() {
-    let changes = load_time_changes(|name| std::env::var(name).ok());
+    let changes = load_time_changes(env_lossy);
     apply_changes(&changes);
+}
+
+/// A variable as text; bytes that are not UTF-8 become U+FFFD, so that an entry holding them is
+/// malformed (the driver ends `CUDA_VISIBLE_DEVICES` there) rather than the variable unset.
+pub fn env_lossy(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// Sets or removes each variable.

@@ -13,6 +13,9 @@ use std::sync::{Mutex, MutexGuard};
 struct Handles {
     /// handle -> (references, mappings)
     handles: HashMap<u64, (u64, u64)>,
+    /// Handles exported to a shareable handle (`cuMemExportToShareableHandle`): whoever imports
+    /// it keeps the memory alive where the shim cannot see, so they stay counted until exit.
+    exported: std::collections::HashSet<u64>,
     /// mapped address -> (size, handle)
     mappings: BTreeMap<u64, (u64, u64)>,
 }
@@ -36,8 +39,12 @@ fn with<R>(f: impl FnOnce(&mut Handles) -> R) -> R {
     f(lock().get_or_insert_with(Handles::default))
 }
 
-/// Drops `h` if nothing references or maps it; true when its memory is now free.
+/// Drops `h` if nothing references or maps it; true when its memory is now free (never for
+/// an exported handle).
 fn collect(t: &mut Handles, h: u64) -> bool {
+    if t.exported.contains(&h) {
+        return false;
+    }
     if t.handles.get(&h).is_some_and(|&(r, m)| r == 0 && m == 0) {
         t.handles.remove(&h);
         return true;
@@ -48,6 +55,15 @@ fn collect(t: &mut Handles, h: u64) -> bool {
 /// A counted `cuMemCreate` succeeded: one reference, no mapping.
 pub fn created(h: u64) {
     with(|t| t.handles.insert(h, (1, 0)));
+}
+
+/// The driver exported `h` to a shareable handle: it stays counted until the process exits.
+pub fn exported(h: u64) {
+    with(|t| {
+        if t.handles.contains_key(&h) {
+            t.exported.insert(h);
+        }
+    });
 }
 
 /// Whether the shim tracks handle `h`.
@@ -82,6 +98,12 @@ pub fn mapped(addr: u64, size: u64, h: u64) {
             t.mappings.insert(addr, (size, h));
         }
     });
+}
+
+/// The handles mapped in `[addr, addr + size)` (read only).
+pub fn mapped_handles(addr: u64, size: u64) -> Vec<u64> {
+    let end = addr.saturating_add(size);
+    with(|t| t.mappings.range(addr..end).map(|(_, &(_, h))| h).collect())
 }
 
 /// The driver accepted `cuMemUnmap(addr, size)`: the handles whose memory is now free.

@@ -174,7 +174,11 @@ pub unsafe fn alloc_from_pool_async(
     if dptr.is_null() || st.capturing(stream) {
         return real(dptr, bytes, pool, stream);
     }
-    let dev = pool_device(st, pool).or_else(|| st.stream_device(stream));
+    let dev = pool_device(st, pool).or_else(|| {
+        let dev = st.stream_device(stream)?;
+        remember_pool(st, pool, dev);
+        Some(dev)
+    });
     let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr));
     refused_unserved(st, result, "cuMemAllocFromPoolAsync");
     result
@@ -184,9 +188,27 @@ pub unsafe fn free_async(st: &State, real: unsafe extern "C" fn(CUdeviceptr, CUs
     st.uncounted(Kind::DevicePtr, dptr, Some(stream), || real(dptr, stream))
 }
 
+/// The program device a pool allocates on: a pool the program created, else a device's own
+/// (default or current) pool, asked of the driver once and remembered.
 fn pool_device(st: &State, pool: CUmemoryPool) -> Option<CUdevice> {
-    let pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
-    pools.iter().find(|(p, _)| *p == pool as usize).map(|&(_, d)| d)
+    {
+        let pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, d)) = pools.iter().find(|(p, _)| *p == pool as usize) {
+            return Some(d);
+        }
+    }
+    let dev = st.device_of_pool(pool)?;
+    remember_pool(st, pool, dev);
+    Some(dev)
+}
+
+/// Records `pool` as allocating on `dev`, so that what it keeps after frees is read from it
+/// (`pools`); a pool no device owns is remembered on the device its allocations are counted on.
+fn remember_pool(st: &State, pool: CUmemoryPool, dev: CUdevice) {
+    let mut pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+    if !pools.iter().any(|(p, _)| *p == pool as usize) {
+        pools.push((pool as usize, dev));
+    }
 }
 
 pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult, pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix) -> CUresult {
@@ -218,9 +240,13 @@ unsafe fn on_driver_pool_props(st: &State, props: *const CUmemPoolPropsPrefix) -
     Ok(Some(copy))
 }
 
+/// The pool is forgotten only once the driver destroyed it (what it kept is then gone with it).
 pub unsafe fn pool_destroy(st: &State, real: unsafe extern "C" fn(CUmemoryPool) -> CUresult, pool: CUmemoryPool) -> CUresult {
-    st.pools.lock().unwrap_or_else(|e| e.into_inner()).retain(|(p, _)| *p != pool as usize);
-    real(pool)
+    let result = real(pool);
+    if result == CUDA_SUCCESS {
+        st.pools.lock().unwrap_or_else(|e| e.into_inner()).retain(|(p, _)| *p != pool as usize);
+    }
+    result
 }
 
 // --- virtual memory management ----------------------------------------------------------------
@@ -254,9 +280,33 @@ pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAll
     if !crate::vmm::known(handle) {
         return st.uncounted(Kind::VmmHandle, handle, None, || real(handle));
     }
+    // The entry as it is before the driver frees anything: once the memory is free, the driver
+    // may hand the same handle value to another thread's cuMemCreate at once, whose new entry
+    // must not be taken for this one.
+    let entry = st.live.get(Kind::VmmHandle, handle);
     let result = real(handle);
     if result == CUDA_SUCCESS && crate::vmm::released(handle) {
-        st.uncounted(Kind::VmmHandle, handle, None, || CUDA_SUCCESS);
+        credit_vmm(st, handle, entry);
+    }
+    result
+}
+
+/// Credits the entry a handle had before its memory was freed, unless a newer one replaced it
+/// (the replacement credited it then).
+fn credit_vmm(st: &State, handle: CUmemGenericAllocationHandle, entry: Option<crate::memory::Live>) {
+    if let Some(live) = entry {
+        if st.live.remove_if(Kind::VmmHandle, handle, &live).is_some() {
+            st.credit_stale(live);
+        }
+    }
+}
+
+/// `cuMemExportToShareableHandle`: an exported handle's memory can be kept alive by whoever
+/// imports it, where the shim cannot see: it stays counted until the process exits.
+pub unsafe fn vmm_export(st: &State, real: unsafe extern "C" fn(*mut std::ffi::c_void, CUmemGenericAllocationHandle, std::ffi::c_int, u64) -> CUresult, shareable: *mut std::ffi::c_void, handle: CUmemGenericAllocationHandle, kind: std::ffi::c_int, flags: u64) -> CUresult {
+    let result = real(shareable, handle, kind, flags);
+    if result == CUDA_SUCCESS && st.limits_apply() {
+        crate::vmm::exported(handle);
     }
     result
 }
@@ -278,10 +328,15 @@ pub unsafe fn vmm_map(
 }
 
 pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
+    // (entries as they are before the driver frees anything: see `vmm_release`)
+    let entries: Vec<(u64, crate::memory::Live)> = crate::vmm::mapped_handles(ptr, size as u64)
+        .into_iter()
+        .filter_map(|h| Some((h, st.live.get(Kind::VmmHandle, h)?)))
+        .collect();
     let result = real(ptr, size);
     if result == CUDA_SUCCESS {
         for handle in crate::vmm::unmapped(ptr, size as u64) {
-            st.uncounted(Kind::VmmHandle, handle, None, || CUDA_SUCCESS);
+            credit_vmm(st, handle, entries.iter().find(|(h, _)| *h == handle).map(|&(_, l)| l));
         }
     }
     result

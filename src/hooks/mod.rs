@@ -58,6 +58,7 @@ hook_table! {
     // Virtual memory management: physical memory is counted from create until released...
     cuMemCreate               = "cuMemCreate"           @ 10020 (handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create;
     cuMemRelease              = "cuMemRelease"          @ 10020 (handle: CUmemGenericAllocationHandle)                                       => memory::vmm_release;
+    cuMemExportToShareableHandle = "cuMemExportToShareableHandle" @ 10020 (shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) => memory::vmm_export;
     // ... and stays counted while mapped (src/vmm.rs): released *and* unmapped frees it.
     cuMemMap                  = "cuMemMap"              @ 10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map;
     cuMemUnmap                = "cuMemUnmap"            @ 10020 (ptr: CUdeviceptr, size: usize)                                              => memory::vmm_unmap;
