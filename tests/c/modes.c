@@ -413,14 +413,6 @@ static void do_neighbours(int i, const char *arg) {
 
 /* ---- the randomized workload ---- */
 
-static uint64_t next_random(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 #define RANDOM_LIVE 512
 #define EDGE 16
 

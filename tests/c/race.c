@@ -27,14 +27,6 @@ struct worker {
     long successes, refusals, errors, frees, free_errors;
 };
 
-static uint64_t next_random(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 static void *work(void *arg) {
     struct worker *w = arg;
     CUdeviceptr live[64] = {0};

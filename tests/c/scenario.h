@@ -12,6 +12,7 @@
 #define GPUSHIM_TEST_SCENARIO_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,15 @@ static void kv(const char *fmt, ...) {
     va_end(ap);
     putchar('\n');
     fflush(stdout);
+}
+
+/* xorshift64: the seeded pseudo-random sequence of the workload programs (race, modes, stress). */
+__attribute__((unused)) static uint64_t next_random(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
 }
 
 /* "alloc=API:BYTES" -> api (static buffer) and bytes; returns 0 on success. */

@@ -56,14 +56,6 @@ static unsigned long long max_bytes = 4ull << 20;
 static CUdevice device;
 static pthread_barrier_t start;
 
-static uint64_t next_random(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 static void tally(struct worker *w, CUresult rc) {
     if (rc == CUDA_SUCCESS) w->ok++;
     else if (rc == CUDA_ERROR_OUT_OF_MEMORY) w->oom++;
