@@ -382,14 +382,15 @@ impl State {
     /// Credits chunks the driver freed and forgets what the program held in them. Called with
     /// the device's arena locked (the live map's locks are never held while taking it).
     fn credit_dropped(&self, dev: usize, dropped: &crate::reserve::Dropped) {
-        let budget = self.budgets_of(dev);
+        let mut in_use = 0u64;
         for (ptr, size) in &dropped.live {
             if self.live.get(Kind::DevicePtr, *ptr).is_some_and(|l| l.served) {
                 self.live.remove(Kind::DevicePtr, *ptr);
             }
-            budget.give(*size);
+            in_use = in_use.saturating_add(*size);
         }
-        budget.release(dropped.reserved);
+        // (waits for the teardowns under way: the driver may still hold the chunks, `teardown`)
+        self.credit_freed(dev, dropped.reserved, in_use);
     }
 
     /// Whether the primary context of driver device `driver` is still active.

@@ -67,11 +67,16 @@ impl State {
         let mut kept = 0u64;
         for &pool in pools {
             let (mut reserved, mut used) = (0u64, 0u64);
+            // Used first: an allocation between the two reads raises both figures (or only
+            // used, when it reuses what the pool kept), so reading reserved second can only
+            // overstate what is kept (closed); the other order would understate it by the
+            // allocation and credit memory the program holds. (A free between the reads is
+            // caught by the epoch, see `DeviceBudget::pools_keep`.)
             // SAFETY: valid out-pointers of the attributes' size (cuuint64_t); `pool` is a
             // handle the driver gave.
             let ok = unsafe {
-                get(pool, RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
-                    && get(pool, USED_MEM_CURRENT, (&mut used as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
+                get(pool, USED_MEM_CURRENT, (&mut used as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
+                    && get(pool, RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast::<c_void>()) == CUDA_SUCCESS
             };
             if !ok {
                 return None;

@@ -58,6 +58,8 @@ pub struct State {
     pub(crate) reserves: crate::modes::Reserves,
     /// What CUDA graphs' memory nodes hold (`graphs`).
     pub(crate) graphs: crate::graphs::Graphs,
+    /// Context teardowns under way and the credits waiting for them (`teardown`).
+    pub(crate) teardowns: crate::teardown::Teardowns,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -152,6 +154,8 @@ fn quiet_panics() {
 pub fn hold_for_fork() {
     let Some(st) = get_if_ready() else { return };
     st.reserves.hold_for_fork();
+    // (taken under a reserve's lock when a stale chunk is credited: after the reserves)
+    st.teardowns.hold_for_fork();
     st.live.hold_for_fork();
     crate::fork::hold(&st.pools);
     st.graphs.hold_for_fork();
@@ -263,6 +267,7 @@ impl State {
             pools: std::sync::Mutex::new(Vec::new()),
             reserves: crate::modes::Reserves::new(),
             graphs: crate::graphs::Graphs::new(),
+            teardowns: crate::teardown::Teardowns::new(),
         }
     }
 
@@ -295,6 +300,7 @@ impl State {
         self.live.reset_after_fork();
         self.reserves.reset_after_fork();
         self.graphs.reset_after_fork();
+        self.teardowns.reset_after_fork();
         crate::fork::reset(&self.pools, Vec::new);
         crate::vmm::reset_after_fork();
         if let Some(split) = self.split.get() {
@@ -669,9 +675,8 @@ impl State {
         if stale.served {
             return; // the reserve's blocks are the shim's own; never handed out twice
         }
-        let budget = self.budgets_of(stale.device);
-        budget.release(stale.bytes);
-        budget.give(stale.bytes);
+        // (the driver may still be giving the old memory back: see `teardown`)
+        self.credit_freed(stale.device, stale.bytes, stale.bytes);
         log!(Level::Debug, "device {}: {} bytes freed by the driver behind gpushim's back credited", stale.device, stale.bytes);
     }
 

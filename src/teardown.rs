@@ -15,8 +15,18 @@
 //! are not on the allocation path, and a release that does not destroy the context costs one
 //! state query. No lock is held across a driver call: the live map is copied first, then the
 //! driver is asked about each entry.
+//!
+//! **Credits wait for the teardowns in flight.** A driver may make a torn-down context's
+//! addresses reusable before it has given back all of its memory (the simulated driver does:
+//! it unmaps an allocation before it stops counting it), so another thread can be handed the
+//! same address while the old memory is still held. The shim takes such a reuse as proof that
+//! the old entry is gone (`State::credit_stale`, a stale reserve chunk in `modes`), and the
+//! teardown itself credits what it freed; either credit made while a teardown is under way is
+//! applied only once every teardown that was in flight at that moment has returned
+//! ([`Teardowns`]). Until then the bytes stay counted: the limit errs towards refusing.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
 
 use crate::ffi::*;
 use crate::memory::{Kind, Live};
@@ -25,10 +35,99 @@ use crate::state::State;
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`
 const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 
+/// Context teardowns under way, and the credits waiting for them (see the module
+/// documentation).
+pub struct Teardowns(Mutex<Pending>);
+
+#[derive(Default)]
+struct Pending {
+    /// The number the next teardown gets.
+    next: u64,
+    /// The numbers of the teardowns under way.
+    in_flight: Vec<u64>,
+    /// Credits to apply once no teardown numbered below `.0` is under way:
+    /// (that number, device, bytes reserved, bytes in use).
+    credits: Vec<(u64, usize, u64, u64)>,
+}
+
+/// One teardown under way: ends (and applies the credits that waited only for it and older
+/// ones) when dropped, so a teardown hook that unwinds still ends it.
+pub struct Teardown<'a> {
+    state: &'a State,
+    number: u64,
+}
+
+impl Teardowns {
+    pub const fn new() -> Self {
+        Teardowns(Mutex::new(Pending { next: 0, in_flight: Vec::new(), credits: Vec::new() }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the lock for a fork (`fork`).
+    pub fn hold_for_fork(&'static self) {
+        crate::fork::hold(&self.0);
+    }
+
+    /// A forked child has no teardown under way and nothing to credit.
+    pub fn reset_after_fork(&self) {
+        crate::fork::reset(&self.0, Pending::default);
+    }
+}
+
+impl Drop for Teardown<'_> {
+    fn drop(&mut self) {
+        let due: Vec<(u64, usize, u64, u64)> = {
+            let mut p = self.state.teardowns.lock();
+            p.in_flight.retain(|&n| n != self.number);
+            let oldest = p.in_flight.iter().copied().min().unwrap_or(u64::MAX);
+            let (due, waiting) = std::mem::take(&mut p.credits).into_iter().partition(|c| c.0 <= oldest);
+            p.credits = waiting;
+            due
+        };
+        for (_, device, reserved, in_use) in due {
+            self.state.credit_now(device, reserved, in_use);
+        }
+    }
+}
+
 /// The arrays a context takes with it when it is destroyed.
 pub struct Doomed(Vec<(Kind, u64, Live)>);
 
 impl State {
+    /// Starts a teardown (before the driver's destroy, release or reset is called); it ends
+    /// when the returned guard is dropped, after its own credits were made.
+    pub fn teardown_begins(&self) -> Teardown<'_> {
+        let mut p = self.teardowns.lock();
+        let number = p.next;
+        p.next += 1;
+        p.in_flight.push(number);
+        Teardown { state: self, number }
+    }
+
+    /// Credits memory the driver freed without a free call (a torn-down context's, or one whose
+    /// address the driver handed out again): at once if no teardown is under way, else once
+    /// every teardown under way now has returned.
+    pub fn credit_freed(&self, device: usize, reserved: u64, in_use: u64) {
+        {
+            let mut p = self.teardowns.lock();
+            if !p.in_flight.is_empty() {
+                let after = p.next;
+                p.credits.push((after, device, reserved, in_use));
+                return;
+            }
+        }
+        self.credit_now(device, reserved, in_use);
+    }
+
+    fn credit_now(&self, device: usize, reserved: u64, in_use: u64) {
+        let budget = self.budgets_of(device);
+        budget.release(reserved);
+        budget.give(in_use);
+    }
+
     /// The current context's handle (0: none).
     pub(crate) fn current_context_handle(&self) -> usize {
         self.current_context().map_or(0, |c| c as usize)
@@ -70,9 +169,7 @@ impl State {
         let mut credited = 0u64;
         for (kind, key, live) in gone {
             if self.live.remove_if(kind, key, &live).is_some() {
-                let budget = self.budgets_of(live.device);
-                budget.release(live.bytes);
-                budget.give(live.bytes);
+                self.credit_freed(live.device, live.bytes, live.bytes);
                 credited = credited.saturating_add(live.bytes);
             }
         }
@@ -99,5 +196,37 @@ impl State {
         // SAFETY: releases the reference taken just above.
         unsafe { release(driver) };
         Some(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credits made while teardowns are under way wait for exactly those teardowns; later
+    /// teardowns do not hold them back.
+    #[test]
+    fn credits_wait_for_the_teardowns_under_way() {
+        let st = State::for_tests();
+        let budget = st.budgets_of(3);
+        budget.try_reserve(100, 1000).unwrap();
+        budget.take(100);
+        st.credit_freed(3, 10, 10); // nothing under way: at once
+        assert_eq!((budget.reserved(), budget.in_use()), (90, 90));
+
+        let a = st.teardown_begins();
+        st.credit_freed(3, 20, 5); // waits for a
+        let b = st.teardown_begins();
+        st.credit_freed(3, 30, 0); // waits for a and b
+        assert_eq!(budget.reserved(), 90);
+        drop(a);
+        assert_eq!((budget.reserved(), budget.in_use()), (70, 85), "the first credit waited for a only");
+        let c = st.teardown_begins();
+        drop(b);
+        assert_eq!(budget.reserved(), 40, "c began after the second credit: it does not hold it back");
+        st.credit_freed(3, 40, 0);
+        assert_eq!(budget.reserved(), 40);
+        drop(c);
+        assert_eq!(budget.reserved(), 0);
     }
 }

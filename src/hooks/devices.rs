@@ -157,6 +157,7 @@ fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -
         let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
         let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
         let doomed = primary.map(|c| st.context_allocations(c));
+        let _teardown = primary.is_some().then(|| st.teardown_begins());
         let result = teardown(d);
         if result == CUDA_SUCCESS && primary.is_some() && !st.primary_active(d) {
             if let Some(id) = reserve {
@@ -234,6 +235,7 @@ pub unsafe fn ctx_create_v4(st: &State, real: unsafe extern "C" fn(*mut CUcontex
 pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
     let id = (st.pooled() && !ctx.is_null()).then(|| st.context_id(ctx));
     let doomed = st.context_allocations(ctx);
+    let _teardown = st.limits_apply().then(|| st.teardown_begins());
     let result = real(ctx);
     if result == CUDA_SUCCESS {
         st.forget_context(ctx);

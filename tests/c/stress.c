@@ -32,6 +32,9 @@
 
 #include "scenario.h"
 
+/* CUDA 13's header names only cuCtxCreate_v4; the driver still exports the CUDA 12 entry point. */
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+
 #define HELD 8
 #define FILL_BLOCK (1u << 20)
 

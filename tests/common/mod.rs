@@ -370,6 +370,8 @@ pub enum Program {
     Race,
     /// `tests/c/stress.c`: every allocation API from threads, forks, teardowns
     Stress,
+    /// `tests/c/teardown_race.c`: a torn-down context's addresses handed to another thread
+    TeardownRace,
     /// `tests/c/realdrv.c`: what a real driver library answers (`dlopen`, no link)
     RealDriver,
     /// `tests/c/firstuse.c`: concurrent first use through `dlsym(RTLD_DEFAULT)` (no link)
@@ -404,6 +406,7 @@ impl Program {
             }
             Program::Race => "race".into(),
             Program::Stress => "stress".into(),
+            Program::TeardownRace => "teardown_race".into(),
             Program::RealDriver => "realdrv".into(),
             Program::FirstUse => "firstuse".into(),
             Program::ForkQuota => "forkq".into(),
@@ -449,10 +452,11 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race | Program::Stress | Program::ForkQuota => {
+            Program::Race | Program::Stress | Program::TeardownRace | Program::ForkQuota => {
                 let file = match self {
                     Program::Race => "race.c",
                     Program::Stress => "stress.c",
+                    Program::TeardownRace => "teardown_race.c",
                     _ => "forkq.c",
                 };
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());

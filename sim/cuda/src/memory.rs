@@ -134,6 +134,12 @@ pub fn alloc(
 /// Frees the allocation starting exactly at `base` if `ok(kind)`; anything else is
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
+    free_then(base, ok, || {})
+}
+
+/// `free`, running `unmapped` after the address range is released (another thread may be
+/// handed it from then on) and before the memory stops being counted on its device.
+fn free_then(base: usize, ok: impl Fn(Kind) -> bool, unmapped: impl FnOnce()) -> Res<Alloc> {
     let a = {
         let mut m = lock(shard(base));
         match m.get(&base) {
@@ -144,6 +150,7 @@ pub fn free(base: usize, ok: impl Fn(Kind) -> bool) -> Res<Alloc> {
     if a.kind != Kind::Registered {
         unmap(base, a.len);
     }
+    unmapped();
     if a.kind == Kind::Pool {
         // The pool keeps the memory (resident, still counted on the device) until a
         // synchronisation or cuMemPoolTrimTo releases it (`pools`).
@@ -170,6 +177,11 @@ fn plain_free(base: usize) -> Res {
 /// context at address `ctx` (its destruction or primary-context reset, as the real driver
 /// does); returns how many allocations and bytes went. Stream-ordered (pool) allocations belong
 /// to their pool and host memory stays mapped: neither is touched.
+///
+/// Each allocation's addresses are released before its memory stops being counted (as in any
+/// free): a driver may reuse a torn-down context's addresses before it has given all of its
+/// memory back. `GPUSIM_TEARDOWN_DELAY_MS` widens that window (a pause after each allocation's
+/// addresses are released), so that a test can make another thread be handed them in it.
 pub fn free_context(ctx: usize) -> (u64, u64) {
     let mine: Vec<usize> = MAP
         .iter()
@@ -183,12 +195,28 @@ pub fn free_context(ctx: usize) -> (u64, u64) {
         .collect();
     let (mut n, mut bytes) = (0, 0);
     for base in mine {
-        if let Ok(a) = free(base, |k| matches!(k, Kind::Device | Kind::Managed)) {
+        let pause = || {
+            if let Some(delay) = teardown_delay() {
+                std::thread::sleep(delay);
+            }
+        };
+        if let Ok(a) = free_then(base, |k| matches!(k, Kind::Device | Kind::Managed), pause) {
             n += 1;
             bytes += a.counted;
         }
     }
     (n, bytes)
+}
+
+/// `GPUSIM_TEARDOWN_DELAY_MS`: the pause in a context teardown between releasing an
+/// allocation's addresses and uncounting its memory (see `free_context`); unset, 0 or invalid:
+/// none.
+fn teardown_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms = std::env::var("GPUSIM_TEARDOWN_DELAY_MS").ok()?.trim().parse::<u64>().ok()?;
+        (ms > 0).then(|| std::time::Duration::from_millis(ms.min(60_000)))
+    })
 }
 
 pub fn is_device_kind(k: Kind) -> bool {

@@ -25,6 +25,10 @@ pub struct Pool {
     used: AtomicU64,
     /// Freed into the pool and kept: resident on the device, reusable.
     cached: AtomicU64,
+    /// Serialises giving kept memory back (`trim`, `reuse`): the device stops counting it
+    /// first, and only then does `cached` (so `RESERVED_MEM_CURRENT`) drop — the pool's figures
+    /// never show memory as given back while the device still holds it.
+    giving_back: Mutex<()>,
     high: AtomicU64,
     /// `CUmemPool_attribute` 1..=4: three reuse flags (int) and the release threshold.
     attrs: Mutex<[u64; 5]>,
@@ -49,6 +53,7 @@ fn new_pool(ordinal: CUdevice, physical: usize, is_default: bool) -> &'static Po
         is_default,
         used: AtomicU64::new(0),
         cached: AtomicU64::new(0),
+        giving_back: Mutex::new(()),
         high: AtomicU64::new(0),
         attrs: Mutex::new([0, 1, 1, 1, 0]),
     }));
@@ -99,12 +104,13 @@ pub fn released(pool: usize, size: u64) {
     if pool != 0 {
         // SAFETY: pools are leaked, never freed; `pool` was a live pool when allocated from.
         let p = unsafe { &*(pool as *const Pool) };
+        // kept first, then no longer used: reserved (used + kept) never dips meanwhile
+        p.cached.fetch_add(size, Ordering::AcqRel);
         let _ = p
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
                 Some(u.saturating_sub(size))
             });
-        p.cached.fetch_add(size, Ordering::AcqRel);
     }
 }
 
@@ -112,23 +118,26 @@ impl Pool {
     /// Gives back to the device what the pool keeps beyond `keep` bytes of reserved memory
     /// (reserved = used + kept).
     fn trim(&self, keep: u64) {
+        let _g = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
         let target = keep.saturating_sub(self.used.load(Ordering::Acquire));
-        if let Ok(before) = self.cached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > target).then_some(target)) {
-            crate::stats::release_bytes(self.physical, before - target);
+        let kept = self.cached.load(Ordering::Acquire);
+        if kept > target {
+            // (only `released` changes `cached` meanwhile, and only upwards)
+            crate::stats::release_bytes(self.physical, kept - target);
+            self.cached.fetch_sub(kept - target, Ordering::AcqRel);
         }
     }
 
     /// Takes up to `size` kept bytes for a new allocation: they leave the device's count here
     /// and are counted again by the allocation (reused memory, not more).
     fn reuse(&self, size: u64) -> u64 {
-        match self.cached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > 0).then(|| c - c.min(size))) {
-            Ok(before) => {
-                let taken = before.min(size);
-                crate::stats::release_bytes(self.physical, taken);
-                taken
-            }
-            Err(_) => 0,
+        let _g = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = self.cached.load(Ordering::Acquire).min(size);
+        if taken > 0 {
+            crate::stats::release_bytes(self.physical, taken);
+            self.cached.fetch_sub(taken, Ordering::AcqRel);
         }
+        taken
     }
 
     fn threshold(&self) -> u64 {
