@@ -26,8 +26,12 @@
 #     simulated device of exactly the limit's size; passthrough accounts exactly, so both admit
 #     every request of the trace (its ideal live set never exceeds the target); what
 #     grow/preallocate lose to that is what their reserve wastes.
+#  3. Placement log (GPUSHIM_LOG_PLACEMENT): instructions per cuLaunchKernel (callgrind
+#     --toggle-collect=run_launches, scripts/bench/launches.c) without the shim, with the shim
+#     and the log off (the driver's own cuLaunchKernel is handed out: nothing added), and with
+#     the log on; needs valgrind.
 #
-# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation] [--steps N] [--targets "F ..."]
+# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement] [--steps N] [--targets "F ..."]
 #                         [--seed N]
 #   PAIRS      callgrind pairs (default 20000); one thread times 10 x PAIRS pairs, each of the
 #              8 threads 5 x PAIRS
@@ -51,7 +55,7 @@ while (($#)); do
         *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case $only in ""|overhead|fragmentation) ;; *) echo "bench: --only overhead|fragmentation" >&2; exit 2 ;; esac
+case $only in ""|overhead|fragmentation|placement) ;; *) echo "bench: --only overhead|fragmentation|placement" >&2; exit 2 ;; esac
 started=$SECONDS
 target=${CARGO_TARGET_DIR:-$PWD/target}
 bash scripts/fetch-deps.sh >/dev/null
@@ -63,6 +67,7 @@ ln -s "$target/release/libcuda.so" "$work/libcuda.so"
 cflags=(-O2 -I.deps/cuda12/include -L"$work")
 gcc "${cflags[@]}" -o "$work/alloc_pairs" scripts/bench/alloc_pairs.c -lcuda -lpthread
 gcc "${cflags[@]}" -o "$work/fragmentation" scripts/bench/fragmentation.c -lcuda -lm
+gcc "${cflags[@]}" -o "$work/launches" scripts/bench/launches.c -lcuda
 shim="$target/release/libgpushim.so"
 # A clean environment: nothing inherited may change what the shim or the simulator does.
 for v in $(compgen -e); do
@@ -191,7 +196,31 @@ fragmentation() {
     done
 }
 
-[[ $only == fragmentation ]] || overhead
+placement() {
+    local n=20000 row ins base=""
+    echo "== placement log: cuLaunchKernel of a PTX kernel on the default stream, simulated device"
+    if ! command -v valgrind >/dev/null; then echo "   (valgrind not found: skipped)"; return; fi
+    printf '%-22s %12s %9s\n' "" "instr/launch" "added"
+    for row in "no shim" "shim, log off" "shim, log on"; do
+        local env=()
+        case $row in
+            "shim, log off") env=(LD_PRELOAD="$shim") ;;
+            "shim, log on") env=(LD_PRELOAD="$shim" GPUSHIM_LOG_PLACEMENT=1 GPUSHIM_LOG=off) ;;
+        esac
+        if ! env "${env[@]}" valgrind --tool=callgrind --toggle-collect=run_launches \
+            --callgrind-out-file="$work/cgl.out" "$work/launches" "$n" >/dev/null 2>"$work/cgl.err"; then
+            printf '%-22s %s\n' "$row" "$(why_failed "$work/cgl.err")"; continue
+        fi
+        ins=$(grep -E '^summary:|^totals:' "$work/cgl.out" | head -1 | awk '{print $2}')
+        [[ -z $base ]] && base=$ins
+        printf '%-22s %12s %9s\n' "$row" $((ins / n)) "$(printf '%+d' $(((ins - base) / n)))"
+    done
+    echo "   ($n launches under callgrind, after 100 outside the measured function)"
+}
+
+[[ $only == fragmentation || $only == placement ]] || overhead
 [[ -n $only ]] || echo
-[[ $only == overhead ]] || fragmentation
+[[ $only == overhead || $only == placement ]] || fragmentation
+[[ -n $only ]] || echo
+[[ $only == overhead || $only == fragmentation ]] || placement
 echo "(bench.sh: $((SECONDS - started)) s)"

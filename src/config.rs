@@ -98,6 +98,7 @@ pub const ENV_LOG_FILE: &str = "GPUSHIM_LOG_FILE";
 pub const ENV_REPORT: &str = "GPUSHIM_REPORT";
 pub const ENV_SHARED_QUOTA: &str = "GPUSHIM_SHARED_QUOTA";
 pub const ENV_DISABLE: &str = "GPUSHIM_DISABLE";
+pub const ENV_LOG_PLACEMENT: &str = "GPUSHIM_LOG_PLACEMENT";
 pub const ENV_DRIVER_PATH: &str = "GPUSHIM_DRIVER_PATH";
 pub const ENV_NVML_PATH: &str = "GPUSHIM_NVML_PATH";
 /// Set by the shim itself for child processes (see `view`), never by users.
@@ -132,6 +133,7 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_REPORT,
     ENV_SHARED_QUOTA,
     ENV_DISABLE,
+    ENV_LOG_PLACEMENT,
     ENV_DRIVER_PATH,
     ENV_NVML_PATH,
     ENV_VIEW_APPLIED,
@@ -162,6 +164,7 @@ pub const FILE_KEYS: &[&str] = &[
     "report",
     "shared_quota",
     "disable",
+    "log_placement",
     "driver_path",
     "nvml_path",
     "state_dir",
@@ -374,6 +377,8 @@ pub struct Settings {
     pub memory_mode: MemoryMode,
     pub report: Option<ReportTarget>,
     pub shared_quota: Option<String>,
+    /// `GPUSHIM_LOG_PLACEMENT`: log where kernels and allocations land (`placement`).
+    pub log_placement: bool,
     /// An explicit real `libcuda.so.1`.
     pub driver_path: Option<PathBuf>,
     /// An explicit real `libnvidia-ml.so.1`.
@@ -403,6 +408,7 @@ impl Default for Settings {
             driver_path: None,
             nvml_path: None,
             state_dir: None,
+            log_placement: false,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
@@ -505,6 +511,20 @@ pub fn parse_disable(s: &str) -> bool {
     ["1", "true", "yes"]
         .iter()
         .any(|word| t.eq_ignore_ascii_case(word))
+}
+
+/// An on/off setting (`GPUSHIM_LOG_PLACEMENT`): `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`,
+/// case-insensitive; anything else is an error (a typo must not silently mean "off").
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    let t = s.trim();
+    let any = |words: &[&str]| words.iter().any(|w| t.eq_ignore_ascii_case(w));
+    if any(&["1", "true", "yes", "on"]) {
+        Ok(true)
+    } else if any(&["0", "false", "no", "off"]) {
+        Ok(false)
+    } else {
+        Err("expected 1, true, yes or on (or 0, false, no, off)".to_string())
+    }
 }
 
 pub fn parse_log_level(s: &str) -> Result<LogLevel, String> {
@@ -782,6 +802,7 @@ struct Layer {
     memory_mode: Sourced<MemoryMode>,
     report: Sourced<ReportTarget>,
     shared_quota: Sourced<String>,
+    log_placement: Sourced<bool>,
     driver_path: Sourced<PathBuf>,
     nvml_path: Sourced<PathBuf>,
     state_dir: Sourced<PathBuf>,
@@ -809,6 +830,7 @@ impl Layer {
         replace_if_set(&mut self.memory_mode, upper.memory_mode);
         replace_if_set(&mut self.report, upper.report);
         replace_if_set(&mut self.shared_quota, upper.shared_quota);
+        replace_if_set(&mut self.log_placement, upper.log_placement);
         replace_if_set(&mut self.driver_path, upper.driver_path);
         replace_if_set(&mut self.nvml_path, upper.nvml_path);
         replace_if_set(&mut self.state_dir, upper.state_dir);
@@ -839,6 +861,7 @@ impl Layer {
         take("memory_mode", self.memory_mode.as_ref().map(|v| &v.1));
         take("report", self.report.as_ref().map(|v| &v.1));
         take("shared_quota", self.shared_quota.as_ref().map(|v| &v.1));
+        take("log_placement", self.log_placement.as_ref().map(|v| &v.1));
         take("driver_path", self.driver_path.as_ref().map(|v| &v.1));
         take("nvml_path", self.nvml_path.as_ref().map(|v| &v.1));
         take("state_dir", self.state_dir.as_ref().map(|v| &v.1));
@@ -857,6 +880,7 @@ impl Layer {
             memory_mode: self.memory_mode.map_or(MemoryMode::default(), |v| v.0),
             report: self.report.map(|v| v.0),
             shared_quota: self.shared_quota.map(|v| v.0),
+            log_placement: self.log_placement.is_some_and(|v| v.0),
             driver_path: self.driver_path.map(|v| v.0),
             nvml_path: self.nvml_path.map(|v| v.0),
             state_dir: self.state_dir.map(|v| v.0),
@@ -906,6 +930,7 @@ fn env_layer(env: Env<'_>, names: &[String]) -> Result<Layer, ConfigError> {
         memory_mode: env_setting(env, ENV_MEMORY_MODE, parse_memory_mode)?,
         report: env_setting(env, ENV_REPORT, parse_report)?,
         shared_quota: env_setting(env, ENV_SHARED_QUOTA, parse_shared_quota)?,
+        log_placement: env_setting(env, ENV_LOG_PLACEMENT, parse_switch)?,
         driver_path: env_setting(env, ENV_DRIVER_PATH, parse_path)?,
         nvml_path: env_setting(env, ENV_NVML_PATH, parse_path)?,
         state_dir: env_setting(env, ENV_STATE_DIR, parse_path)?,
@@ -1133,6 +1158,7 @@ impl FileCtx<'_> {
             "shared_quota" => {
                 layer.shared_quota = Some((self.string(key, value, parse_shared_quota)?, src()))
             }
+            "log_placement" => layer.log_placement = Some((self.boolean(key, value)?, src())),
             "driver_path" => {
                 layer.driver_path = Some((self.string(key, value, parse_path)?, src()))
             }
@@ -2194,7 +2220,7 @@ mod tests {
             ("memory_limt = \"4GiB\"", "memory_limt", "4GiB", "unknown setting; did you mean memory_limit?"),
             ("Memory_Limit = \"4GiB\"", "Memory_Limit", "4GiB", "unknown setting; did you mean memory_limit?"),
             ("visible_device = \"0\"", "visible_device", "0", "unknown setting; did you mean visible_devices?"),
-            ("frobnicate = 1", "frobnicate", "1", "unknown setting; the settings are visible_devices, memory_limit, memory_limits, virtual_devices, memory_mode, log, log_file, report, shared_quota, disable, driver_path, nvml_path, state_dir"),
+            ("frobnicate = 1", "frobnicate", "1", "unknown setting; the settings are visible_devices, memory_limit, memory_limits, virtual_devices, memory_mode, log, log_file, report, shared_quota, disable, log_placement, driver_path, nvml_path, state_dir"),
             ("[gpushim]\nlog = \"info\"", "gpushim", "{…}", "unknown setting; the settings are"),
             ("memory_limit = \"4 gigs\"", "memory_limit", "4 gigs", SPEC_MSG),
             ("memory_limit = \"\"", "memory_limit", "", "the value is empty; remove the key for the default"),
@@ -2220,6 +2246,7 @@ mod tests {
             ("virtual_devices = \"0:0\"", "virtual_devices", "0:0", "in \"0:0\": a virtual device needs memory; a size of 0 is not allowed"),
             ("virtual_devices = 5", "virtual_devices", "5", "expected a string"),
             ("disable = \"yes\"", "disable", "yes", "expected true or false"),
+            ("log_placement = 1", "log_placement", "1", "expected true or false"),
             ("log = 3", "log", "3", "expected a string (in double quotes)"),
             ("log = \"loud\"", "log", "loud", "expected one of off, error, warn"),
             ("memory_mode = \"lazy\"", "memory_mode", "lazy", "expected one of passthrough, grow, preallocate"),

@@ -191,6 +191,9 @@ pub struct Api {
     pub graph_node_get_type: Option<unsafe extern "C" fn(*mut c_void, *mut c_int) -> CUresult>,
     pub graph_mem_alloc_node_get_params: Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> CUresult>,
     pub device_get_graph_mem_attribute: Option<unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult>,
+    // Kernel names for the placement log (`placement`; CUDA 12.3+).
+    pub func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
+    pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, c"name")`.
@@ -240,6 +243,8 @@ impl Api {
         graph_node_get_type: None,
         graph_mem_alloc_node_get_params: None,
         device_get_graph_mem_attribute: None,
+        func_get_name: None,
+        kernel_get_name: None,
     };
 
     pub fn load(lib: &Library) -> Api {
@@ -275,6 +280,8 @@ impl Api {
             graph_node_get_type: sym!(lib, c"cuGraphNodeGetType"),
             graph_mem_alloc_node_get_params: sym!(lib, c"cuGraphMemAllocNodeGetParams"),
             device_get_graph_mem_attribute: sym!(lib, c"cuDeviceGetGraphMemAttribute"),
+            func_get_name: sym!(lib, c"cuFuncGetName"),
+            kernel_get_name: sym!(lib, c"cuKernelGetName"),
         }
     }
 

@@ -53,6 +53,8 @@ pub const NEEDS_POOL: u8 = 2;
 /// `limit` in the hook table: needed while any limit applies (context teardown credits what
 /// the driver freed).
 pub const NEEDS_LIMIT: u8 = 4;
+/// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
+pub const NEEDS_PLACE: u8 = 8;
 
 impl HookInfo {
     /// Whether the hook is handed out when the configuration needs `active` ([`State::needs`]).
@@ -132,6 +134,7 @@ macro_rules! hook_table {
     (@needs split) => { $crate::intercept::NEEDS_SPLIT };
     (@needs pool) => { $crate::intercept::NEEDS_POOL };
     (@needs limit) => { $crate::intercept::NEEDS_LIMIT };
+    (@needs place) => { $crate::intercept::NEEDS_PLACE };
     (@needs ptsz) => { 0 };
 }
 pub(crate) use hook_table;

@@ -22,6 +22,7 @@ mod md2;
 mod memory;
 mod modes;
 mod nvml_virtual;
+mod placement;
 mod pools;
 mod private;
 mod quota;

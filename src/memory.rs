@@ -274,7 +274,7 @@ const SHARDS: usize = 64;
 /// A multiply-shift hasher: keys are pointers and handles, already well spread; SipHash would
 /// cost more than the rest of an allocation's bookkeeping.
 #[derive(Default)]
-struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 impl Hasher for FastHasher {
     fn finish(&self) -> u64 {

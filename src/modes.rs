@@ -137,7 +137,7 @@ impl State {
     /// Serves `requested` bytes on the current context's device from its reserve. `None`: not
     /// for the reserve (no current context, a device the shim does not account for): the
     /// caller passes the call to the driver. `Some(Err)`: refused.
-    pub fn serve(&self, what: &str, requested: u64) -> Option<Result<CUdeviceptr, CUresult>> {
+    pub fn serve(&self, what: &'static str, requested: u64) -> Option<Result<CUdeviceptr, CUresult>> {
         let ctx = self.current_context()?;
         let dev = self.current_device()?;
         let budget = self.budget(dev)?;
@@ -170,6 +170,7 @@ impl State {
         };
         budget.take(size);
         self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::memory::entry_id() });
+        self.place_allocation(what, Some(dev), requested, None);
         Some(Ok(ptr))
     }
 

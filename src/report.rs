@@ -1,7 +1,9 @@
 //! The exit report (`GPUSHIM_REPORT=stderr|PATH`): per device the program used, the peak in
 //! use, the peak reserved, the allocations refused and the limit; JSON when PATH ends in
 //! `.json`, one line per device otherwise. Written by an `atexit` handler registered when the
-//! shim initialises, so a process that never touches CUDA writes nothing.
+//! shim initialises, so a process that never touches CUDA writes nothing. With the placement
+//! log on (`placement`), the report gains a placement summary per device (the `placement` field
+//! in JSON); without a report target, that summary alone goes to the log (stderr by default).
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -9,7 +11,8 @@ use std::sync::OnceLock;
 use crate::config::ReportTarget;
 use crate::state;
 
-static TARGET: OnceLock<ReportTarget> = OnceLock::new();
+/// Where the report goes; `None`: only the placement summary, to the log.
+static TARGET: OnceLock<Option<ReportTarget>> = OnceLock::new();
 
 /// Remembers where to write (a relative path is taken relative to the directory the process
 /// is in now, not at exit) and registers the handler, once.
@@ -21,13 +24,13 @@ pub fn disarm() {
     DISARMED.store(true, std::sync::atomic::Ordering::Release);
 }
 
-pub fn arm(target: &ReportTarget) {
-    let target = match target {
+pub fn arm(target: Option<&ReportTarget>) {
+    let target = target.map(|t| match t {
         ReportTarget::Path(p) if p.is_relative() => {
             ReportTarget::Path(std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.clone()))
         }
         other => other.clone(),
-    };
+    });
     if TARGET.set(target).is_ok() {
         // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
         unsafe { libc::atexit(write_at_exit) };
@@ -41,10 +44,19 @@ extern "C" fn write_at_exit() {
         }
         let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
         let rows = st.usage_rows();
+        let placement = st.placement_summary();
+        let placement_text = placement.as_ref().map_or(String::new(), |p| crate::placement::text(p));
         match target {
-            ReportTarget::Stderr => crate::log::emit_plain(text(&rows).trim_end()),
-            ReportTarget::Path(path) => {
-                let body = if target.is_json() { json(&rows) } else { text(&rows) };
+            // (the placement summary alone is part of the log: silent with GPUSHIM_LOG=off)
+            None if crate::log::enabled(crate::log::Level::Error) => crate::log::emit_plain(placement_text.trim_end()),
+            None => {}
+            Some(ReportTarget::Stderr) => crate::log::emit_plain((text(&rows) + &placement_text).trim_end()),
+            Some(target @ ReportTarget::Path(path)) => {
+                let body = if target.is_json() {
+                    json(&rows, placement.as_deref().map(crate::placement::json).as_deref())
+                } else {
+                    text(&rows) + &placement_text
+                };
                 if let Err(e) = std::fs::write(path, body) {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
@@ -82,7 +94,7 @@ fn text(rows: &[Row]) -> String {
     s
 }
 
-fn json(rows: &[Row]) -> String {
+fn json(rows: &[Row], placement: Option<&str>) -> String {
     let devices: Vec<String> = rows
         .iter()
         .map(|r| {
@@ -96,7 +108,8 @@ fn json(rows: &[Row]) -> String {
             )
         })
         .collect();
-    format!("{{\"pid\":{},\"devices\":[{}]}}\n", std::process::id(), devices.join(","))
+    let placement = placement.map_or(String::new(), |p| format!(",\"placement\":{p}"));
+    format!("{{\"pid\":{},\"devices\":[{}]{placement}}}\n", std::process::id(), devices.join(","))
 }
 
 #[cfg(test)]
@@ -106,7 +119,8 @@ mod tests {
     #[test]
     fn formats() {
         let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20, quota: None }];
-        let j = json(&rows);
+        let j = json(&rows, None);
+        assert!(json(&rows, Some("[]")).ends_with("],\"placement\":[]}\n"));
         assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
         assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));
     }

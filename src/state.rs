@@ -60,6 +60,8 @@ pub struct State {
     pub(crate) graphs: crate::graphs::Graphs,
     /// Context teardowns under way and the credits waiting for them (`teardown`).
     pub(crate) teardowns: crate::teardown::Teardowns,
+    /// The placement log, while `GPUSHIM_LOG_PLACEMENT` is on (`placement`).
+    pub(crate) placement: Option<crate::placement::Placement>,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -157,6 +159,9 @@ pub fn hold_for_fork() {
     // (taken under a reserve's lock when a stale chunk is credited: after the reserves)
     st.teardowns.hold_for_fork();
     st.live.hold_for_fork();
+    if let Some(p) = &st.placement {
+        p.hold_for_fork();
+    }
     crate::fork::hold(&st.pools);
     st.graphs.hold_for_fork();
     crate::vmm::hold_for_fork();
@@ -214,8 +219,11 @@ fn build() -> Box<State> {
             state.fail(e);
         }
     }
-    if let (Mode::Active, Some(target)) = (state.mode, &state.settings.report) {
-        crate::report::arm(target);
+    if state.mode == Mode::Active && state.settings.log_placement {
+        state.placement = Some(crate::placement::Placement::new());
+    }
+    if state.mode == Mode::Active && (state.settings.report.is_some() || state.placement.is_some()) {
+        crate::report::arm(state.settings.report.as_ref());
     }
     for warning in &state.settings.warnings {
         log!(Level::Warn, "{warning}");
@@ -268,6 +276,7 @@ impl State {
             reserves: crate::modes::Reserves::new(),
             graphs: crate::graphs::Graphs::new(),
             teardowns: crate::teardown::Teardowns::new(),
+            placement: None,
         }
     }
 
@@ -289,7 +298,8 @@ impl State {
     pub fn needs(&self) -> u8 {
         let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
-        split | limit | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+        let place = if self.placement.is_some() { crate::intercept::NEEDS_PLACE } else { 0 };
+        split | limit | place | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
@@ -301,6 +311,9 @@ impl State {
         self.reserves.reset_after_fork();
         self.graphs.reset_after_fork();
         self.teardowns.reset_after_fork();
+        if let Some(p) = &self.placement {
+            p.reset_after_fork();
+        }
         crate::fork::reset(&self.pools, Vec::new);
         crate::vmm::reset_after_fork();
         if let Some(split) = self.split.get() {
@@ -600,16 +613,21 @@ impl State {
     /// limit such a request goes to the driver, which answers for it.
     pub fn counted(
         &self,
-        what: &str,
+        what: &'static str,
         dev: Option<CUdevice>,
         bytes: u64,
         kind: crate::memory::Kind,
+        stream: Option<crate::ffi::CUstream>,
         alloc: impl FnOnce() -> (crate::ffi::CUresult, u64),
     ) -> crate::ffi::CUresult {
         let dev = dev.or_else(|| self.current_device());
         let Some((dev, budget, limit)) = dev.and_then(|d| Some((d, self.budget(d)?, self.limit(d)?))) else {
             if !self.limits_apply() {
-                return alloc().0;
+                let result = alloc().0;
+                if result == crate::ffi::CUDA_SUCCESS {
+                    self.place_allocation(what, dev, bytes, stream);
+                }
+                return result;
             }
             return self.refuse_unaccountable(what, dev, bytes);
         };
@@ -629,11 +647,13 @@ impl State {
                 crate::memory::Kind::Array | crate::memory::Kind::MipmappedArray => self.current_context_handle(),
                 _ => 0,
             };
-            let pool = matches!(what, "cuMemAllocAsync" | "cuMemAllocFromPoolAsync");
+            // (stream-ordered allocations come from a pool, which may keep them after the free)
+            let pool = stream.is_some();
             let live = crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id: crate::memory::entry_id() };
             if let Some(stale) = self.live.insert(kind, key, live) {
                 self.credit_stale(stale);
             }
+            self.place_allocation(what, Some(dev), bytes, stream);
         } else {
             budget.release(bytes);
         }

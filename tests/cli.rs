@@ -169,6 +169,7 @@ fn run_errors_say_what_to_type() {
         (&["run", "--memory-limit", "4 gigs", "--", "true"], &[], 125, "gpushim run: --memory-limit \"4 gigs\": expected a size like 4GiB or a fraction like 40%"),
         (&["run", "--memory-limt", "4GiB", "--", "true"], &[], 125, "gpushim run: unknown option --memory-limt (did you mean --memory-limit?); see gpushim run --help"),
         (&["run", "--memory-mode"], &[], 125, "gpushim run: --memory-mode needs a value, like --memory-mode grow"),
+        (&["run", "--log-placement=1", "--", "true"], &[], 125, "gpushim run: --log-placement takes no value; give it alone, like gpushim run --log-placement -- ./app"),
         (&["run", "--memory-limit-device", "01=1GiB", "true"], &[], 125, "gpushim run: --memory-limit-device \"01=1GiB\": \"01\" is not a device ordinal (0, 1, …); type it like --memory-limit-device 0=4GiB"),
         (&["run", "--visible-devices", "MIG-1", "true"], &[], 125, "gpushim run: --visible-devices \"MIG-1\": "),
         (&["run", "true"], &[("GPUSHIM_MEMORY_LIMIT", "4 gigs")], 125, "gpushim: GPUSHIM_MEMORY_LIMIT=\"4 gigs\": expected a size like 4GiB or a fraction like 40%\n(gpushim run: nothing was started; see gpushim check)"),
@@ -323,4 +324,16 @@ fn check_without_driver() {
         "{}",
         out.dump()
     );
+}
+
+/// `--log-placement` is a switch: it turns the placement log on (`tests/placement.rs`).
+#[test]
+fn run_log_placement() {
+    let p = program(Program::Placement).display().to_string();
+    let out = gpushim(args!["run", "--log-placement", "--visible-devices", "2", "--", p]).run();
+    out.assert_completed();
+    assert_eq!(out.num("d0.rc"), 0, "{}", out.dump());
+    let line = format!("gpushim: placement: kernel vecAdd on device 0 (GPU 2 {}), the default stream", phys_uuid(2));
+    assert!(out.stderr_text().lines().any(|l| l == line), "{line}\n{}", out.dump());
+    assert!(out.stderr_text().contains("gpushim placement (pid "), "{}", out.dump());
 }

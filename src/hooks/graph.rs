@@ -1,6 +1,7 @@
 //! Graph memory (see `graphs`): instantiation records a graph's allocation nodes, the first
 //! upload or launch of an executable graph is counted (or refused) before the driver takes
-//! the memory, destruction and trims are settled on the driver's figures.
+//! the memory, destruction and trims are settled on the driver's figures. Launches are also
+//! counted by the placement log (`placement`).
 
 use std::ffi::{c_char, c_void};
 
@@ -38,7 +39,19 @@ pub unsafe fn instantiate_v1(
 }
 
 pub unsafe fn launch(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
-    st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream))
+    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream)), exec, stream, false)
+}
+
+pub unsafe fn launch_ptsz(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
+    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream)), exec, stream, true)
+}
+
+/// The placement log counts a graph's launches (not its nodes').
+fn launched(st: &State, result: CUresult, exec: Exec, stream: CUstream, per_thread: bool) -> CUresult {
+    if result == CUDA_SUCCESS {
+        st.place_graph_launch(exec, stream, per_thread);
+    }
+    result
 }
 
 pub unsafe fn upload(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {

@@ -23,21 +23,21 @@ pub unsafe fn alloc(st: &State, real: Alloc, dptr: *mut CUdeviceptr, bytes: usiz
             return deliver(served, dptr);
         }
     }
-    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr))
+    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, None, || (real(dptr, bytes), *dptr))
 }
 
 pub unsafe fn alloc_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult, dptr: *mut CUdeviceptr_v1, bytes: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes);
     }
-    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes), *dptr as u64))
+    st.counted("cuMemAlloc", st.current_device(), bytes as u64, Kind::DevicePtr, None, || (real(dptr, bytes), *dptr as u64))
 }
 
 pub unsafe fn alloc_managed(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
     if dptr.is_null() {
         return real(dptr, bytes, flags);
     }
-    st.counted("cuMemAllocManaged", st.current_device(), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, flags), *dptr))
+    st.counted("cuMemAllocManaged", st.current_device(), bytes as u64, Kind::DevicePtr, None, || (real(dptr, bytes, flags), *dptr))
 }
 
 /// Writes a served pointer out, or returns why it was refused.
@@ -87,7 +87,7 @@ pub unsafe fn alloc_pitch(
         }
     }
     let dev = st.current_device();
-    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr));
+    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, None, || (real(dptr, pitch, width, height, elem), *dptr));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr, (*pitch as u64).saturating_mul(height as u64));
     }
@@ -108,7 +108,7 @@ pub unsafe fn alloc_pitch_v1(
     }
     let estimate = (width as u64).div_ceil(PITCH_ALIGN) * PITCH_ALIGN * height as u64;
     let dev = st.current_device();
-    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, || (real(dptr, pitch, width, height, elem), *dptr as u64));
+    let result = st.counted("cuMemAllocPitch", dev, estimate, Kind::DevicePtr, None, || (real(dptr, pitch, width, height, elem), *dptr as u64));
     if result == CUDA_SUCCESS {
         return settle_pitch(st, dev, *dptr as u64, *pitch as u64 * height as u64);
     }
@@ -158,7 +158,7 @@ pub unsafe fn alloc_async(st: &State, real: unsafe extern "C" fn(*mut CUdevicept
         // (captured: a node of the graph, counted when the graph is launched: `graphs`)
         return real(dptr, bytes, stream);
     }
-    let result = st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, stream), *dptr));
+    let result = st.counted("cuMemAllocAsync", st.stream_device(stream), bytes as u64, Kind::DevicePtr, Some(stream), || (real(dptr, bytes, stream), *dptr));
     refused_unserved(st, result, "cuMemAllocAsync");
     result
 }
@@ -179,7 +179,7 @@ pub unsafe fn alloc_from_pool_async(
         remember_pool(st, pool, dev);
         Some(dev)
     });
-    let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, || (real(dptr, bytes, pool, stream), *dptr));
+    let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, Some(stream), || (real(dptr, bytes, pool, stream), *dptr));
     refused_unserved(st, result, "cuMemAllocFromPoolAsync");
     result
 }
@@ -266,7 +266,7 @@ pub unsafe fn vmm_create(
     let Some(driver) = st.driver_of(dev) else { return CUDA_ERROR_INVALID_DEVICE };
     let mut on_driver = *prop;
     on_driver.location.id = driver;
-    let result = st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, || (real(handle, bytes, &on_driver, flags), *handle));
+    let result = st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, None, || (real(handle, bytes, &on_driver, flags), *handle));
     if result == CUDA_SUCCESS {
         crate::vmm::created(*handle);
     }
@@ -397,7 +397,7 @@ pub unsafe fn array_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, 
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, 1, d.NumChannels, d.Format);
-    st.counted("cuArrayCreate", st.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArrayCreate", st.current_device(), bytes, Kind::Array, None, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
@@ -406,7 +406,7 @@ pub unsafe fn array3d_create(st: &State, real: unsafe extern "C" fn(*mut CUarray
     }
     let d = *desc;
     let bytes = array_bytes(d.Width, d.Height, d.Depth, d.NumChannels, d.Format);
-    st.counted("cuArray3DCreate", st.current_device(), bytes, Kind::Array, || (real(array, desc), *array as u64))
+    st.counted("cuArray3DCreate", st.current_device(), bytes, Kind::Array, None, || (real(array, desc), *array as u64))
 }
 
 pub unsafe fn array_destroy(st: &State, real: unsafe extern "C" fn(CUarray) -> CUresult, array: CUarray) -> CUresult {
@@ -424,7 +424,7 @@ pub unsafe fn mipmapped_create(
         return real(array, desc, levels);
     }
     let bytes = mipmapped_bytes(&*desc, levels);
-    st.counted("cuMipmappedArrayCreate", st.current_device(), bytes, Kind::MipmappedArray, || (real(array, desc, levels), *array as u64))
+    st.counted("cuMipmappedArrayCreate", st.current_device(), bytes, Kind::MipmappedArray, None, || (real(array, desc, levels), *array as u64))
 }
 
 pub unsafe fn mipmapped_destroy(st: &State, real: unsafe extern "C" fn(CUmipmappedArray) -> CUresult, array: CUmipmappedArray) -> CUresult {

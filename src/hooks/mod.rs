@@ -11,6 +11,7 @@
 mod devices;
 mod graph;
 mod info;
+mod launch;
 mod memory;
 mod nvml;
 mod procaddr;
@@ -22,6 +23,7 @@ use crate::driver::NvmlDevice;
 use crate::ffi::*;
 use crate::intercept::hook_table;
 use devices::CUmemAccessDesc;
+use launch::CUlaunchConfigHead;
 use nvml::{NvmlMemory, NvmlMemoryV2};
 
 hook_table! {
@@ -133,11 +135,22 @@ hook_table! {
     cuGraphInstantiateWithFlags = "cuGraphInstantiateWithFlags" @ 11040 limit (exec: *mut *mut c_void, graph: *mut c_void, flags: u64)        => graph::instantiate_with_flags;
     cuGraphInstantiateWithParams = "cuGraphInstantiateWithParams" @ 12000 limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
     cuGraphInstantiateWithParams_ptsz = "cuGraphInstantiateWithParams" @ 12000 ptsz limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
-    cuGraphLaunch             = "cuGraphLaunch"         @ 10000 limit (exec: *mut c_void, stream: CUstream)                                  => graph::launch;
-    cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::launch;
+    cuGraphLaunch             = "cuGraphLaunch"         @ 10000 limit place (exec: *mut c_void, stream: CUstream)                            => graph::launch;
+    cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit place (exec: *mut c_void, stream: CUstream)                       => graph::launch_ptsz;
     cuGraphUpload             = "cuGraphUpload"         @ 11010 limit (exec: *mut c_void, stream: CUstream)                                  => graph::upload;
     cuGraphUpload_ptsz        = "cuGraphUpload"         @ 11010 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::upload;
     cuGraphExecDestroy        = "cuGraphExecDestroy"    @ 10000 limit (exec: *mut c_void)                                                    => graph::exec_destroy;
+
+    // The placement log (src/placement.rs; hooks/launch.rs): handed out only while it is on.
+    cuLaunchKernel            = "cuLaunchKernel"        @ 4000 place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
+    cuLaunchKernel_ptsz       = "cuLaunchKernel"        @ 7000 ptsz place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
+    cuLaunchKernelEx          = "cuLaunchKernelEx"      @ 11060 place (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
+    cuLaunchKernelEx_ptsz     = "cuLaunchKernelEx"      @ 11060 ptsz place (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
+    cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel" @ 9000 place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
+    cuLaunchCooperativeKernel_ptsz = "cuLaunchCooperativeKernel" @ 9000 ptsz place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
+    cuModuleGetFunction       = "cuModuleGetFunction"   @ 2000 place (f: *mut *mut c_void, module: *mut c_void, name: *const c_char)         => launch::module_get_function;
+    cuLibraryGetKernel        = "cuLibraryGetKernel"    @ 12000 place (kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char)  => launch::library_get_kernel;
+    cuKernelGetFunction       = "cuKernelGetFunction"   @ 12000 place (f: *mut *mut c_void, kernel: *mut c_void)                             => launch::kernel_get_function;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;

@@ -372,6 +372,10 @@ pub enum Program {
     Stress,
     /// `tests/c/teardown_race.c`: a torn-down context's addresses handed to another thread
     TeardownRace,
+    /// `tests/c/placement.c`: kernels (from PTX) and allocations on every device
+    Placement,
+    /// `tests/c/rtlaunch.c`: the CUDA runtime's own launch path (cudart 13)
+    RtLaunch,
     /// `tests/c/realdrv.c`: what a real driver library answers (`dlopen`, no link)
     RealDriver,
     /// `tests/c/firstuse.c`: concurrent first use through `dlsym(RTLD_DEFAULT)` (no link)
@@ -407,6 +411,8 @@ impl Program {
             Program::Race => "race".into(),
             Program::Stress => "stress".into(),
             Program::TeardownRace => "teardown_race".into(),
+            Program::Placement => "placement".into(),
+            Program::RtLaunch => "rtlaunch".into(),
             Program::RealDriver => "realdrv".into(),
             Program::FirstUse => "firstuse".into(),
             Program::ForkQuota => "forkq".into(),
@@ -452,9 +458,19 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race | Program::Stress | Program::TeardownRace | Program::ForkQuota => {
+            Program::RtLaunch => {
+                let deps = cuda_deps(13);
+                args.push(format!("-I{}", deps.join("include").display()).into());
+                args.push(c.join("rtlaunch.c").into());
+                args.push(format!("-L{}", deps.join("lib").display()).into());
+                args.push("-l:libcudart.so.13".into());
+                args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
+                args.push("-ldl".into());
+            }
+            Program::Race | Program::Stress | Program::TeardownRace | Program::Placement | Program::ForkQuota => {
                 let file = match self {
                     Program::Race => "race.c",
+                    Program::Placement => "placement.c",
                     Program::Stress => "stress.c",
                     Program::TeardownRace => "teardown_race.c",
                     _ => "forkq.c",
@@ -906,6 +922,8 @@ pub struct SimReport {
     pub driver_version: u64,
     pub devices: Vec<SimDevice>,
     pub calls: BTreeMap<String, u64>,
+    /// launches per kernel name (the driver's own record)
+    pub launches: BTreeMap<String, u64>,
 }
 
 impl SimReport {
@@ -940,10 +958,16 @@ impl SimReport {
                     .collect()
             })
             .unwrap_or_default();
+        let launches = v
+            .get("launches")
+            .and_then(|c| c.as_object())
+            .map(|c| c.iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).collect())
+            .unwrap_or_default();
         Ok(SimReport {
             driver_version: json_num(&v, "driver_version")?,
             devices,
             calls,
+            launches,
         })
     }
 
@@ -980,6 +1004,8 @@ pub struct ShimReport {
     pub pid: u64,
     /// the devices the program used
     pub devices: Vec<ShimDevice>,
+    /// the placement summary (`placement`), when the placement log was on
+    pub placement: Option<serde_json::Value>,
 }
 
 impl ShimReport {
@@ -1000,6 +1026,7 @@ impl ShimReport {
         Ok(ShimReport {
             pid: json_num(&v, "pid")?,
             devices,
+            placement: v.get("placement").cloned(),
         })
     }
 

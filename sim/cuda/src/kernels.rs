@@ -1,12 +1,450 @@
-//! Modules and kernel launches: nothing runs here. Launches succeed and do nothing; loading
-//! code is CUDA_ERROR_NOT_SUPPORTED.
+//! Modules, libraries and kernel launches: nothing runs here.
+//!
+//! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names) or from a
+//! fat binary (`0xBA55ED50` container, or the `0x466243B1` wrapper the CUDA runtime registers)
+//! whose PTX entries are read the same way; compressed entries and machine code (cubin) are
+//! `CUDA_ERROR_NOT_SUPPORTED`, as is anything else. Functions belong to a module (made in the
+//! current context); library kernels belong to a library (any context) and give a function per
+//! context (`cuKernelGetFunction`). Names are answered by `cuFuncGetName`/`cuKernelGetName`.
+//!
+//! A launch checks its handle (a function of a loaded module, or a library kernel — which the
+//! real driver also accepts where a `CUfunction` is expected) and its stream, does nothing, and
+//! is counted per kernel name for the report (`launches`).
 
 use crate::types::*;
-use std::ffi::c_void;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::{Mutex, OnceLock, RwLock};
+
+/// A loaded module: its kernels, by name.
+struct Module {
+    functions: Vec<(CString, &'static Function)>,
+}
+
+/// A kernel as PTX declares it: its name and its parameters' (offset, size) in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    pub params: Vec<(usize, usize)>,
+}
+
+/// A module's kernel (a `CUfunction`).
+pub struct Function {
+    name: CString,
+    params: Vec<(usize, usize)>,
+}
+
+/// A loaded library: its kernels, by name.
+struct Library {
+    kernels: Vec<&'static Kernel>,
+}
+
+/// A library's kernel (a `CUkernel`), usable as a `CUfunction` in launches.
+pub struct Kernel {
+    name: CString,
+    params: Vec<(usize, usize)>,
+    library: usize,
+}
+
+#[derive(Default)]
+struct Registry {
+    modules: HashSet<usize>,
+    libraries: HashSet<usize>,
+    functions: HashSet<usize>,
+    kernels: HashSet<usize>,
+}
+
+fn registry() -> &'static RwLock<Registry> {
+    static R: OnceLock<RwLock<Registry>> = OnceLock::new();
+    R.get_or_init(|| RwLock::new(Registry::default()))
+}
+
+fn launches() -> &'static Mutex<BTreeMap<String, u64>> {
+    static L: OnceLock<Mutex<BTreeMap<String, u64>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+/// Launches per kernel name, as a JSON object (for the report).
+pub fn launches_json() -> String {
+    let l = launches().lock().unwrap_or_else(|e| e.into_inner());
+    let items: Vec<String> = l.iter().map(|(name, n)| format!("{}:{n}", gpusim_common::counters::json_str(name))).collect();
+    format!("{{{}}}", items.join(","))
+}
+
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+const FATBIN_KIND_PTX: u16 = 1;
+const FATBIN_FLAG_COMPRESSED: u64 = 0x2000;
+
+/// The size and alignment of one `.param` declaration (`.param .u64 a`, `.param .align 8 .b8 s[24]`).
+fn param_layout(decl: &str) -> Option<(usize, usize)> {
+    let words: Vec<&str> = decl.split_whitespace().collect();
+    let mut align = None;
+    let mut size = None;
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        if w == ".align" {
+            align = words.get(i + 1).and_then(|a| a.parse::<usize>().ok());
+            i += 2;
+            continue;
+        }
+        if let Some(t) = w.strip_prefix('.').filter(|t| t.len() >= 2 && matches!(t.as_bytes()[0], b'u' | b's' | b'b' | b'f')) {
+            size = t[1..].parse::<usize>().ok().filter(|b| matches!(b, 8 | 16 | 32 | 64)).map(|b| b / 8);
+        }
+        i += 1;
+    }
+    let elem = size?;
+    // an array: name[count]
+    let count = decl.rsplit_once('[').and_then(|(_, r)| r.trim_end().trim_end_matches(']').trim().parse::<usize>().ok()).unwrap_or(1);
+    Some((elem * count, align.unwrap_or(elem)))
+}
+
+/// The kernels in PTX `text`: each `.entry NAME(PARAMS)` (with or without `.visible`/`.weak`),
+/// line comments ignored.
+pub fn ptx_entries(text: &str) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find(".entry") {
+        let after = &rest[i + ".entry".len()..];
+        let boundary_before = i == 0 || rest[..i].ends_with(|c: char| c.is_whitespace());
+        let boundary_after = after.starts_with(|c: char| c.is_whitespace());
+        if boundary_before && boundary_after {
+            let name: String = after.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.')).collect();
+            let mut params = Vec::new();
+            let sig = after.trim_start()[name.len()..].trim_start();
+            if let Some(list) = sig.strip_prefix('(').and_then(|l| l.split_once(')')).map(|(l, _)| l) {
+                let mut offset = 0usize;
+                for decl in list.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+                    if let Some((size, align)) = param_layout(decl) {
+                        offset = offset.next_multiple_of(align.max(1));
+                        params.push((offset, size));
+                        offset += size;
+                    }
+                }
+            }
+            if !name.is_empty() && !entries.iter().any(|e| e.name == name) {
+                entries.push(Entry { name, params });
+            }
+        }
+        rest = after;
+    }
+    entries
+}
+
+/// Reads a little-endian integer of `N` bytes at `at`.
+///
+/// # Safety
+/// `at..at+N` is readable.
+unsafe fn read<const N: usize>(at: *const u8) -> [u8; N] {
+    // SAFETY: per the contract.
+    unsafe { std::ptr::read_unaligned(at as *const [u8; N]) }
+}
+
+/// The kernels' names in a code image: PTX text or a fat binary (see the module documentation).
+///
+/// # Safety
+/// `image` points to a NUL-terminated PTX text, a fat binary or its wrapper, as the driver API
+/// requires of its callers.
+unsafe fn image_entries(image: *const c_void) -> Res<Vec<Entry>> {
+    if image.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = image as *const u8;
+    // SAFETY: any image is at least 4 bytes (a PTX text of 3 characters and its NUL at least).
+    let magic = u32::from_le_bytes(unsafe { read::<4>(p) });
+    if magic == FATBIN_WRAPPER_MAGIC {
+        // { magic: u32, version: u32, data: *const fatbin, filename_or_fatbins: *const c_void }
+        // SAFETY: the wrapper's layout; `data` points to the fat binary.
+        let data = unsafe { std::ptr::read_unaligned(p.add(8) as *const *const c_void) };
+        // SAFETY: as the wrapper says.
+        return unsafe { image_entries(data) };
+    }
+    if magic == FATBIN_MAGIC {
+        // header { magic: u32, version: u16, header_size: u16, fat_size: u64 }, then entries
+        // { kind: u16, _: u16, header_size: u32, payload_size: u64, compressed_size: u32, _: u32,
+        //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64, … }
+        // each followed by its payload
+        // SAFETY: the container's header is 16 bytes.
+        let header_size = u16::from_le_bytes(unsafe { read::<2>(p.add(6)) }) as usize;
+        // SAFETY: as above.
+        let fat_size = u64::from_le_bytes(unsafe { read::<8>(p.add(8)) }) as usize;
+        let mut names = Vec::new();
+        let mut at = header_size;
+        while at + 48 <= header_size + fat_size {
+            // SAFETY: inside the container, as its sizes say.
+            let (kind, entry_header, payload, flags) = unsafe {
+                (
+                    u16::from_le_bytes(read::<2>(p.add(at))),
+                    u32::from_le_bytes(read::<4>(p.add(at + 4))) as usize,
+                    u64::from_le_bytes(read::<8>(p.add(at + 8))) as usize,
+                    u64::from_le_bytes(read::<8>(p.add(at + 40))),
+                )
+            };
+            if entry_header < 48 {
+                return Err(CUDA_ERROR_INVALID_IMAGE);
+            }
+            if kind == FATBIN_KIND_PTX {
+                if flags & FATBIN_FLAG_COMPRESSED != 0 {
+                    return Err(CUDA_ERROR_NOT_SUPPORTED);
+                }
+                // SAFETY: the payload follows the entry's header, `payload` bytes long.
+                let text = unsafe { std::slice::from_raw_parts(p.add(at + entry_header), payload) };
+                let text = String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]));
+                names.extend(ptx_entries(&text));
+            }
+            at += entry_header + payload;
+        }
+        return if names.is_empty() { Err(CUDA_ERROR_NOT_SUPPORTED) } else { Ok(names) };
+    }
+    // SAFETY: per the contract, otherwise a NUL-terminated text.
+    let text = unsafe { CStr::from_ptr(image as *const c_char) }.to_string_lossy();
+    if !text.contains(".version") || !text.contains(".target") {
+        // machine code (cubin) or something else: nothing a simulator can load
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(ptx_entries(&text))
+}
+
+fn cstring(name: &str) -> CString {
+    CString::new(name).unwrap_or_default()
+}
+
+fn load_module(out: *mut CUmodule, entries: Vec<Entry>) -> Res {
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    crate::context::current()?;
+    let functions = entries
+        .into_iter()
+        .map(|e| {
+            let f: &'static Function = Box::leak(Box::new(Function { name: cstring(&e.name), params: e.params }));
+            (cstring(&e.name), f)
+        })
+        .collect();
+    let m: &'static Module = Box::leak(Box::new(Module { functions }));
+    let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+    r.modules.insert(m as *const Module as usize);
+    for (_, f) in &m.functions {
+        r.functions.insert(*f as *const Function as usize);
+    }
+    // SAFETY: `out` is the caller's non-NULL out-pointer.
+    unsafe { put(out, m as *const Module as CUmodule) }
+}
+
+fn module(h: CUmodule) -> Res<&'static Module> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if h.is_null() || !r.modules.contains(&(h as usize)) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: registered modules are leaked, never freed.
+    Ok(unsafe { &*(h as *const Module) })
+}
+
+fn library(h: *mut c_void) -> Res<&'static Library> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if h.is_null() || !r.libraries.contains(&(h as usize)) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: registered libraries are leaked, never freed.
+    Ok(unsafe { &*(h as *const Library) })
+}
+
+/// The name of a launchable handle: a loaded module's function or a library's kernel.
+fn launchable(f: *mut c_void) -> Res<&'static CStr> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if !f.is_null() && r.functions.contains(&(f as usize)) {
+        // SAFETY: registered functions are leaked, never freed.
+        return Ok(&unsafe { &*(f as *const Function) }.name);
+    }
+    if !f.is_null() && r.kernels.contains(&(f as usize)) {
+        // SAFETY: registered kernels are leaked, never freed.
+        return Ok(&unsafe { &*(f as *const Kernel) }.name);
+    }
+    Err(CUDA_ERROR_INVALID_HANDLE)
+}
 
 fn launch(f: CUfunction, s: CUstream) -> Res {
-    let _ = f;
-    crate::streams::ctx_of(s).map(|_| ())
+    let name = launchable(f)?;
+    crate::streams::ctx_of(s)?;
+    let mut l = launches().lock().unwrap_or_else(|e| e.into_inner());
+    *l.entry(name.to_string_lossy().into_owned()).or_insert(0) += 1;
+    Ok(())
+}
+
+/// The head of `CUlaunchConfig`: grid, block, shared memory, stream.
+#[repr(C)]
+pub struct LaunchConfigHead {
+    dims: [u32; 6],
+    shared: u32,
+    stream: CUstream,
+}
+
+unsafe fn launch_ex(config: *const LaunchConfigHead, f: CUfunction) -> Res {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a caller-given CUlaunchConfig, non-NULL.
+    launch(f, unsafe { (*config).stream })
+}
+
+unsafe fn load_library(out: *mut *mut c_void, code: *const c_void) -> Res {
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's image, per the driver API's contract.
+    let entries = unsafe { image_entries(code) }?;
+    // (the library's address is known only once it exists: kernels learn it below)
+    let lib: &'static mut Library = Box::leak(Box::new(Library { kernels: Vec::new() }));
+    let at = lib as *const Library as usize;
+    lib.kernels = entries.into_iter().map(|e| &*Box::leak(Box::new(Kernel { name: cstring(&e.name), params: e.params, library: at }))).collect();
+    let lib: &'static Library = lib;
+    let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+    r.libraries.insert(lib as *const Library as usize);
+    for k in &lib.kernels {
+        r.kernels.insert(*k as *const Kernel as usize);
+    }
+    // SAFETY: `out` is the caller's non-NULL out-pointer.
+    unsafe { put(out, lib as *const Library as *mut c_void) }
+}
+
+/// A function's or kernel's attribute (`CUfunction_attribute`), as a compiled kernel without
+/// registers or shared memory to speak of would report it.
+fn attribute(attr: i32) -> Res<i32> {
+    Ok(match attr {
+        0 => 1024,      // MAX_THREADS_PER_BLOCK
+        1..=3 => 0,     // SHARED_SIZE_BYTES, CONST_SIZE_BYTES, LOCAL_SIZE_BYTES
+        4 => 16,        // NUM_REGS
+        5 | 6 => 80,    // PTX_VERSION, BINARY_VERSION
+        7 => 0,         // CACHE_MODE_CA
+        8 => 48 << 10,  // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,        // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10..=15 => 0,   // cluster attributes
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+fn function(f: CUfunction) -> Res<&'static Function> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if f.is_null() || !r.functions.contains(&(f as usize)) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: registered functions are leaked, never freed.
+    Ok(unsafe { &*(f as *const Function) })
+}
+
+fn kernel(k: *mut c_void) -> Res<&'static Kernel> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if k.is_null() || !r.kernels.contains(&(k as usize)) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: registered kernels are leaked, never freed.
+    Ok(unsafe { &*(k as *const Kernel) })
+}
+
+/// `cuFuncGetParamInfo`/`cuKernelGetParamInfo`: parameter `index`'s offset and size.
+unsafe fn param_info(params: &[(usize, usize)], index: usize, offset: *mut usize, size: *mut usize) -> Res {
+    let &(o, n) = params.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !offset.is_null() {
+        // SAFETY: the caller's out-pointer.
+        unsafe { put(offset, o)? };
+    }
+    if !size.is_null() {
+        // SAFETY: as above.
+        unsafe { put(size, n)? };
+    }
+    Ok(())
+}
+
+cu_api! {
+    fn cuFuncGetAttribute(value: *mut i32, attr: i32, f: CUfunction) {
+        function(f)?;
+        put(value, attribute(attr)?)
+    }
+
+    fn cuKernelGetAttribute(value: *mut i32, attr: i32, k: *mut c_void, dev: CUdevice) {
+        let _ = dev;
+        kernel(k)?;
+        put(value, attribute(attr)?)
+    }
+
+    fn cuFuncSetAttribute(f: CUfunction, attr: i32, value: i32) {
+        let _ = value;
+        function(f)?;
+        attribute(attr).map(|_| ())
+    }
+
+    fn cuKernelSetAttribute(attr: i32, value: i32, k: *mut c_void, dev: CUdevice) {
+        let _ = (value, dev);
+        kernel(k)?;
+        attribute(attr).map(|_| ())
+    }
+
+    fn cuFuncSetCacheConfig(f: CUfunction, config: i32) {
+        let _ = config;
+        function(f).map(|_| ())
+    }
+
+    fn cuKernelSetCacheConfig(k: *mut c_void, config: i32, dev: CUdevice) {
+        let _ = (config, dev);
+        kernel(k).map(|_| ())
+    }
+
+    fn cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) {
+        param_info(&function(f)?.params, index, offset, size)
+    }
+
+    fn cuKernelGetParamInfo(k: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
+        param_info(&kernel(k)?.params, index, offset, size)
+    }
+
+    /// CU_FUNCTION_LOADING_STATE_LOADED = 1: nothing is ever left to load.
+    fn cuFuncIsLoaded(state: *mut i32, f: CUfunction) {
+        function(f)?;
+        put(state, 1)
+    }
+
+    fn cuFuncLoad(f: CUfunction) { function(f).map(|_| ()) }
+
+    fn cuLibraryGetKernelCount(count: *mut u32, lib: *mut c_void) {
+        put(count, library(lib)?.kernels.len() as u32)
+    }
+
+    fn cuLibraryEnumerateKernels(kernels: *mut *mut c_void, n: u32, lib: *mut c_void) {
+        let l = library(lib)?;
+        if kernels.is_null() || n as usize > l.kernels.len() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for (i, k) in l.kernels.iter().take(n as usize).enumerate() {
+            *kernels.add(i) = *k as *const Kernel as *mut c_void;
+        }
+        Ok(())
+    }
+
+    /// The library's module in the current context: made once per (library, context), with a
+    /// function per kernel.
+    fn cuLibraryGetModule(module: *mut CUmodule, lib: *mut c_void) {
+        if module.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let l = library(lib)?;
+        let ctx = crate::context::current()?;
+        static MADE: OnceLock<Mutex<BTreeMap<(usize, u64), usize>>> = OnceLock::new();
+        let mut made = MADE.get_or_init(|| Mutex::new(BTreeMap::new())).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&m) = made.get(&(lib as usize, ctx.id)) {
+            return put(module, m as CUmodule);
+        }
+        let entries = l.kernels.iter().map(|k| Entry { name: k.name.to_string_lossy().into_owned(), params: k.params.clone() }).collect();
+        let mut m: CUmodule = std::ptr::null_mut();
+        load_module(&mut m, entries)?;
+        made.insert((lib as usize, ctx.id), m as usize);
+        put(module, m)
+    }
+
+    fn cuKernelGetLibrary(lib: *mut *mut c_void, k: *mut c_void) {
+        put(lib, kernel(k)?.library as *mut c_void)
+    }
 }
 
 cu_api! {
@@ -14,8 +452,119 @@ cu_api! {
     fn cuModuleGetLoadingMode(mode: *mut i32) { put(mode, 2) }
 
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
-        let _ = (module, image);
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+        load_module(module, image_entries(image)?)
+    }
+
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, n: u32, options: *mut i32, values: *mut *mut c_void) {
+        let _ = (n, options, values);
+        load_module(module, image_entries(image)?)
+    }
+
+    fn cuModuleLoadFatBinary(module: *mut CUmodule, image: *const c_void) {
+        load_module(module, image_entries(image)?)
+    }
+
+    fn cuModuleLoad(module: *mut CUmodule, path: *const c_char) {
+        if path.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let path = std::ffi::OsStr::new(CStr::from_ptr(path).to_str().map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?);
+        let mut bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+        bytes.push(0);
+        load_module(module, image_entries(bytes.as_ptr() as *const c_void)?)
+    }
+
+    fn cuModuleUnload(module: CUmodule) {
+        let m = crate::kernels::module(module)?;
+        let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+        r.modules.remove(&(module as usize));
+        for (_, f) in &m.functions {
+            r.functions.remove(&(*f as *const Function as usize));
+        }
+        Ok(())
+    }
+
+    fn cuModuleGetFunction(f: *mut CUfunction, module: CUmodule, name: *const c_char) {
+        if f.is_null() || name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let m = crate::kernels::module(module)?;
+        let name = CStr::from_ptr(name);
+        let found = m.functions.iter().find(|(n, _)| n.as_c_str() == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        put(f, found.1 as *const Function as CUfunction)
+    }
+
+    fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) {
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = registry().read().unwrap_or_else(|e| e.into_inner());
+        if f.is_null() || !r.functions.contains(&(f as usize)) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        put(name, (*(f as *const Function)).name.as_ptr())
+    }
+
+    fn cuLibraryLoadData(lib: *mut *mut c_void, code: *const c_void, jit_options: *mut i32, jit_values: *mut *mut c_void, n_jit: u32,
+                         lib_options: *mut i32, lib_values: *mut *mut c_void, n_lib: u32) {
+        let _ = (jit_options, jit_values, n_jit, lib_options, lib_values, n_lib);
+        load_library(lib, code)
+    }
+
+    fn cuLibraryUnload(lib: *mut c_void) {
+        let l = library(lib)?;
+        let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+        r.libraries.remove(&(lib as usize));
+        for k in &l.kernels {
+            r.kernels.remove(&(*k as *const Kernel as usize));
+        }
+        Ok(())
+    }
+
+    fn cuLibraryGetKernel(kernel: *mut *mut c_void, lib: *mut c_void, name: *const c_char) {
+        if kernel.is_null() || name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let l = library(lib)?;
+        let name = CStr::from_ptr(name);
+        let found = l.kernels.iter().find(|k| k.name.as_c_str() == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        put(kernel, *found as *const Kernel as *mut c_void)
+    }
+
+    fn cuKernelGetName(name: *mut *const c_char, kernel: *mut c_void) {
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = registry().read().unwrap_or_else(|e| e.into_inner());
+        if kernel.is_null() || !r.kernels.contains(&(kernel as usize)) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        put(name, (*(kernel as *const Kernel)).name.as_ptr())
+    }
+
+    /// The kernel's function in the current context: a module of the current context holding
+    /// just that kernel, made once per (kernel, context).
+    fn cuKernelGetFunction(f: *mut CUfunction, kernel: *mut c_void) {
+        if f.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ctx = crate::context::current()?;
+        let name = {
+            let r = registry().read().unwrap_or_else(|e| e.into_inner());
+            if kernel.is_null() || !r.kernels.contains(&(kernel as usize)) {
+                return Err(CUDA_ERROR_INVALID_HANDLE);
+            }
+            (*(kernel as *const Kernel)).name.clone()
+        };
+        static MADE: OnceLock<Mutex<BTreeMap<(usize, u64), usize>>> = OnceLock::new();
+        let mut made = MADE.get_or_init(|| Mutex::new(BTreeMap::new())).lock().unwrap_or_else(|e| e.into_inner());
+        let params = (*(kernel as *const Kernel)).params.clone();
+        let function = *made.entry((kernel as usize, ctx.id)).or_insert_with(|| {
+            let func: &'static Function = Box::leak(Box::new(Function { name, params }));
+            registry().write().unwrap_or_else(|e| e.into_inner()).functions.insert(func as *const Function as usize);
+            func as *const Function as usize
+        });
+        put(f, function as CUfunction)
     }
 
     fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
@@ -28,5 +577,42 @@ cu_api! {
                            shared: u32, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
         let _ = (gx, gy, gz, bx, by, bz, shared, params, extra);
         launch(f, s)
+    }
+
+    fn cuLaunchKernelEx(config: *const LaunchConfigHead, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        let _ = (params, extra);
+        launch_ex(config, f)
+    }
+
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfigHead, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        let _ = (params, extra);
+        launch_ex(config, f)
+    }
+
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                 shared: u32, s: CUstream, params: *mut *mut c_void) {
+        let _ = (gx, gy, gz, bx, by, bz, shared, params);
+        launch(f, s)
+    }
+
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                      shared: u32, s: CUstream, params: *mut *mut c_void) {
+        let _ = (gx, gy, gz, bx, by, bz, shared, params);
+        launch(f, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_read_from_ptx() {
+        let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry vecAdd(\n.param .u64 a\n)\n{ ret; }\n.entry _Z4fillPfi (\n)\n{ret;}\n// .entry not_this\n.func helper()\n";
+        let names: Vec<String> = ptx_entries(ptx).into_iter().map(|e| e.name).collect();
+        assert_eq!(names, vec!["vecAdd".to_string(), "_Z4fillPfi".to_string()]);
+        let e = &ptx_entries(".entry k(.param .u32 n, .param .u64 p, .param .align 16 .b8 s[20], .param .f32 x)\n{}")[0];
+        assert_eq!(e.params, vec![(0, 4), (8, 8), (16, 20), (36, 4)]);
+        assert!(ptx_entries(".version 8.0\n.target sm_80\n.func f()\n").is_empty());
     }
 }

@@ -81,6 +81,12 @@ gpusim_common::exports! {
     cuGetErrorName, cuGetErrorString,
     // kernels
     cuModuleGetLoadingMode, cuModuleLoadData, cuLaunchKernel, cuLaunchKernel_ptsz,
+    cuModuleLoadDataEx, cuModuleLoadFatBinary, cuModuleLoad, cuModuleUnload, cuModuleGetFunction, cuFuncGetName,
+    cuLibraryLoadData, cuLibraryUnload, cuLibraryGetKernel, cuKernelGetName, cuKernelGetFunction,
+    cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz,
+    cuFuncGetAttribute, cuKernelGetAttribute, cuFuncSetAttribute, cuKernelSetAttribute, cuFuncSetCacheConfig,
+    cuKernelSetCacheConfig, cuFuncGetParamInfo, cuKernelGetParamInfo, cuFuncIsLoaded, cuFuncLoad,
+    cuLibraryGetKernelCount, cuLibraryEnumerateKernels, cuKernelGetLibrary, cuLibraryGetModule,
     // export_tables
     cuGetExportTable,
     // graphs

@@ -158,10 +158,11 @@ pub fn report_json() -> String {
         })
         .collect();
     format!(
-        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}}}}\n",
+        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}},\"launches\":{}}}\n",
         crate::config::get().driver_version,
         devs.join(","),
-        counters::calls_json(registry::NAMES, &registry::COUNTS)
+        counters::calls_json(registry::NAMES, &registry::COUNTS),
+        crate::kernels::launches_json()
     )
 }
 

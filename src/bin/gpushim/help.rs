@@ -144,7 +144,8 @@ pub fn topic(topic: &str) -> Option<String> {
 fn options_section() -> String {
     let mut out = String::new();
     let mut item = |flag: &str, value: &str, help: &str| {
-        out.push_str(&format!("    {flag} {value}\n"));
+        out.push_str(format!("    {flag} {value}").trim_end());
+        out.push('\n');
         for line in wrap(help, 80 - 8) {
             out.push_str(&format!("        {line}\n"));
         }

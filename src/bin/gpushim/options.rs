@@ -12,7 +12,8 @@ use crate::Failure;
 /// One option that sets a variable.
 pub struct Setting {
     pub flag: &'static str,
-    /// What the value looks like, for `--help` and errors.
+    /// What the value looks like, for `--help` and errors; empty: a switch, which takes no
+    /// value and sets the variable to `1`.
     pub value: &'static str,
     /// An example value, for "type this instead" hints.
     pub example: &'static str,
@@ -97,6 +98,16 @@ pub const SETTINGS: &[Setting] = &[
                (JSON when PATH ends in .json)",
     },
     Setting {
+        flag: "--log-placement",
+        value: "",
+        example: "",
+        var: config::ENV_LOG_PLACEMENT,
+        check: |v| ok(config::parse_switch(v)),
+        help: "log where kernels and allocations land: one line for the first launch of each \
+               kernel and the first allocation through each API on each device, and a \
+               placement summary per device at exit",
+    },
+    Setting {
         flag: "--shared-quota",
         value: "NAME",
         example: "job42",
@@ -172,6 +183,13 @@ pub fn parse(
             names.extend(switches);
             let hint = config::suggest(flag, &names).map_or(String::new(), |s| format!(" (did you mean {s}?)"));
             return Err(usage(format!("unknown option {flag}{hint}; see gpushim {command} --help")));
+        }
+        if let Some(switch) = SETTINGS.iter().find(|s| s.flag == flag && s.value.is_empty()) {
+            if inline.is_some() {
+                return Err(usage(format!("{flag} takes no value; give it alone, like gpushim {command} {flag} -- ./app")));
+            }
+            parsed.env.push((switch.var.to_string(), "1".to_string()));
+            continue;
         }
         let value = match inline {
             Some(v) => v,

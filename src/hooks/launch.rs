@@ -1,0 +1,197 @@
+//! The placement log's hooks (`placement`): kernel launches, and the look-ups that tell a
+//! kernel's name on drivers that cannot be asked for it. Handed out only while the log is on
+//! (`place` in the hook table); each passes the call on unchanged and records it once the
+//! driver accepted it.
+
+use std::ffi::{c_char, c_uint, c_void};
+
+use crate::ffi::*;
+use crate::state::State;
+
+type Function = *mut c_void;
+
+/// The head of `CUlaunchConfig` (cuda.h): the grid and block, the shared memory, the stream.
+#[repr(C)]
+pub struct CUlaunchConfigHead {
+    pub dims: [c_uint; 6],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    per_thread: bool,
+    f: Function,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let result = real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params, extra);
+    if result == CUDA_SUCCESS {
+        st.place_launch(f, stream, per_thread);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    f: Function,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    kernel(st, real, false, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel_ptsz(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    f: Function,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    kernel(st, real, true, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn cooperative(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult,
+    per_thread: bool,
+    f: Function,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    let result = real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params);
+    if result == CUDA_SUCCESS {
+        st.place_launch(f, stream, per_thread);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult,
+    f: Function,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    cooperative(st, real, false, f, [gx, gy, gz], [bx, by, bz], shared, stream, params)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative_ptsz(
+    st: &State,
+    real: unsafe extern "C" fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult,
+    f: Function,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    cooperative(st, real, true, f, [gx, gy, gz], [bx, by, bz], shared, stream, params)
+}
+
+unsafe fn kernel_ex(
+    st: &State,
+    real: unsafe extern "C" fn(*const CUlaunchConfigHead, Function, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    per_thread: bool,
+    config: *const CUlaunchConfigHead,
+    f: Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let result = real(config, f, params, extra);
+    if result == CUDA_SUCCESS && !config.is_null() {
+        // SAFETY: the driver accepted `config`: it points to a whole CUlaunchConfig.
+        st.place_launch(f, unsafe { (*config).stream }, per_thread);
+    }
+    result
+}
+
+pub unsafe fn launch_kernel_ex(
+    st: &State,
+    real: unsafe extern "C" fn(*const CUlaunchConfigHead, Function, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    config: *const CUlaunchConfigHead,
+    f: Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    kernel_ex(st, real, false, config, f, params, extra)
+}
+
+pub unsafe fn launch_kernel_ex_ptsz(
+    st: &State,
+    real: unsafe extern "C" fn(*const CUlaunchConfigHead, Function, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+    config: *const CUlaunchConfigHead,
+    f: Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    kernel_ex(st, real, true, config, f, params, extra)
+}
+
+pub unsafe fn module_get_function(st: &State, real: unsafe extern "C" fn(*mut Function, *mut c_void, *const c_char) -> CUresult, f: *mut Function, module: *mut c_void, name: *const c_char) -> CUresult {
+    let result = real(f, module, name);
+    if result == CUDA_SUCCESS && !f.is_null() {
+        // SAFETY: the driver accepted `name` (a NUL-terminated string) and wrote `*f`.
+        unsafe { st.remember_kernel_name(*f, name) };
+    }
+    result
+}
+
+pub unsafe fn library_get_kernel(st: &State, real: unsafe extern "C" fn(*mut Function, *mut c_void, *const c_char) -> CUresult, kernel: *mut Function, library: *mut c_void, name: *const c_char) -> CUresult {
+    let result = real(kernel, library, name);
+    if result == CUDA_SUCCESS && !kernel.is_null() {
+        // SAFETY: as above.
+        unsafe { st.remember_kernel_name(*kernel, name) };
+    }
+    result
+}
+
+pub unsafe fn kernel_get_function(st: &State, real: unsafe extern "C" fn(*mut Function, Function) -> CUresult, f: *mut Function, kernel: Function) -> CUresult {
+    let result = real(f, kernel);
+    if result == CUDA_SUCCESS && !f.is_null() {
+        st.remember_kernel_function(*f, kernel);
+    }
+    result
+}
