@@ -1,0 +1,12 @@
+// Link flags for libgpushim.so.
+//
+// -Bsymbolic-functions: the library's references to its own functions (the hook table's
+// addresses of its exported hooks, calls between them) are bound to its own definitions when
+// it is linked, instead of being looked up by name when it is loaded. A preloaded library is
+// the first in every lookup scope, so the binding is the same; only the load-time work goes
+// (each such reference was a symbol look-up in every process the library is preloaded into,
+// CUDA or not). Data symbols are not affected.
+fn main() {
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    println!("cargo:rerun-if-changed=build.rs");
+}
