@@ -263,8 +263,15 @@ impl State {
 
     /// A successful allocation of `bytes` through `what` on program device `dev` (`None`: the
     /// current context's), on `stream` for stream-ordered ones.
+    #[inline]
     pub fn place_allocation(&self, what: &'static str, dev: Option<CUdevice>, bytes: u64, stream: Option<CUstream>) {
-        let Some(p) = self.placement() else { return };
+        if let Some(p) = self.placement() {
+            self.count_allocation(p, what, dev, bytes, stream);
+        }
+    }
+
+    #[cold]
+    fn count_allocation(&self, p: &Placement, what: &'static str, dev: Option<CUdevice>, bytes: u64, stream: Option<CUstream>) {
         let dev = dev.or_else(|| self.current_device()).unwrap_or(-1);
         let first = {
             let mut allocations = lock(&p.allocations);
