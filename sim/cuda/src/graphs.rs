@@ -391,3 +391,86 @@ unsafe fn end_capture(s: CUstream, out: *mut CUgraph) -> Res {
         None => Err(ILLEGAL_STATE),
     }
 }
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE` / `_ACTIVE`.
+const CAPTURE_STATUS_NONE: u32 = 0;
+const CAPTURE_STATUS_ACTIVE: u32 = 1;
+
+/// `CUgraphEdgeData`: all-default (zero) edge data, for `cuStreamGetCaptureInfo_v3`.
+static DEFAULT_EDGE: [u8; 8] = [0; 8];
+
+/// `cuStreamGetCaptureInfo[_v2|_v3][_ptsz]`: the capture status of a stream, from what
+/// `cuStreamBeginCapture`/`cuStreamEndCapture` recorded. While capturing: the sequence id (the
+/// graph's handle: unique, graphs are never reused), the graph, and the stream's dependency set —
+/// a capture on one stream is a chain, so that is the last captured node (none before the first).
+/// The dependency array points into the graph's node list and stays valid until the next node
+/// is captured (the driver documents it as valid until the next call on the stream). Everything
+/// but the status is written only while capturing, as the driver documents these outputs as
+/// meaningful only for `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+unsafe fn capture_info(
+    s: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const std::ffi::c_void,
+    count: *mut usize,
+) -> Res {
+    crate::streams::lookup(s)?;
+    if status.is_null() || (!edges.is_null() && deps.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let Some(g) = capturing(s) else {
+        return put(status, CAPTURE_STATUS_NONE);
+    };
+    put(status, CAPTURE_STATUS_ACTIVE)?;
+    put_opt(id, g as u64);
+    put_opt(graph_out, g);
+    let gr = graph(g)?;
+    let nodes = gr.nodes.lock().unwrap_or_else(|e| e.into_inner());
+    let (ptr, n) = match nodes.last() {
+        Some(last) => (last as *const usize as *const CUgraphNode, 1),
+        None => (std::ptr::null(), 0),
+    };
+    put_opt(deps, ptr);
+    put_opt(edges, if n == 0 { std::ptr::null() } else { DEFAULT_EDGE.as_ptr() as *const std::ffi::c_void });
+    put_opt(count, n);
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's `CUstreamCaptureMode`: `CU_STREAM_CAPTURE_MODE_GLOBAL` (0) at first.
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture mode to `*mode`
+/// (GLOBAL 0, THREAD_LOCAL 1, RELAXED 2) and returns the previous one in `*mode`.
+unsafe fn exchange_capture_mode(mode: *mut u32) -> Res {
+    if mode.is_null() || *mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let old = CAPTURE_MODE.with(|m| m.replace(*mode));
+    put(mode, old)
+}
+
+cu_api! {
+    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut u32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut u32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, std::ptr::null_mut(), count)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, std::ptr::null_mut(), count)
+    }
+    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const std::ffi::c_void, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, edges, count)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const std::ffi::c_void, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, edges, count)
+    }
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) { exchange_capture_mode(mode) }
+}
