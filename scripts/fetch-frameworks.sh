@@ -31,7 +31,7 @@ mkdir -p "$dest"
 python3 -m venv "$venv" >/dev/null 2>&1 \
   || die "python3 -m venv failed (install python3-venv, e.g. 'apt-get install -y python3-venv')"
 start=$(date +%s)
-echo "fetch-frameworks: installing ${pins[*]} into $venv (about 4 GB)" >&2
+echo "fetch-frameworks: installing ${pins[*]} into $venv (about 5.7 GB, once)" >&2
 log="$dest/pip.log"
 if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
       "${pins[@]}" >"$log" 2>&1; then
