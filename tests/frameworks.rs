@@ -493,3 +493,30 @@ fn cupy_sees_the_shims_view() {
     assert_eq!(out.report().device(2).peak, CAP, "{}", out.dump());
     assert_eq!(out.report().device(0).peak, 0, "{}", out.dump());
 }
+
+/// The stream-ordered and VMM allocators of PyTorch in `grow` and `preallocate`: in `grow` they
+/// are counted beside the reserve and fill to the limit as in `passthrough`; in `preallocate`
+/// the reservation holds the whole limit for `cudaMalloc`-style allocations, so they get nothing
+/// (documented in the README's memory modes) and the shim says to use `grow`.
+#[test]
+fn torch_alloc_conf_in_grow_and_preallocate() {
+    for (conf, grow_min) in [("backend:cudaMallocAsync", LIMIT), ("expandable_segments:True", LIMIT - CHUNK)] {
+        let run = |mode: MemoryMode| {
+            torch_run()
+                .mode(mode)
+                .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+                .env("PYTORCH_CUDA_ALLOC_CONF", conf)
+                .run()
+        };
+        let grow = run(MemoryMode::Grow);
+        assert_limited_fill(&grow, grow_min);
+
+        let pre = run(MemoryMode::Preallocate);
+        pre.assert_completed();
+        pre.assert_num("oom0", 1, &format!("{conf} under preallocate"));
+        pre.assert_u64("obtained0", 0, &format!("{conf} under preallocate"));
+        assert_eq!(pre.report().device(0).peak, LIMIT, "the reservation\n{}", pre.dump());
+        let hint = pre.gpushim_lines_with("use GPUSHIM_MEMORY_MODE=grow");
+        assert_eq!(hint.len(), 1, "one hint per process\n{}", pre.dump());
+    }
+}
