@@ -366,6 +366,31 @@ fn torch_view_composes_with_cuda_visible_devices() {
 }
 
 #[test]
+fn torch_view_composes_with_cuda_visible_devices_by_uuid() {
+    // the same with CUDA_VISIBLE_DEVICES as UUID prefixes (PyTorch matches them against NVML's
+    // UUIDs itself) and a UUID-prefix selector for the shim
+    let cvd = [3, 2, 0].map(|p| phys_uuid(p)[..12].to_string()).join(",");
+    let run = |shim: bool| {
+        torch_run()
+            .shim(shim)
+            .env("GPUSIM_DEVICES", "4")
+            .env("CUDA_VISIBLE_DEVICES", &cvd)
+            .env("GPUSHIM_VISIBLE_DEVICES", format!("{},1", &phys_uuid(0)[..8]))
+            .env("PROBE_FILL", "")
+            .run()
+    };
+    let plain = run(false);
+    plain.assert_completed();
+    plain.assert_num("count", 3, "CUDA_VISIBLE_DEVICES alone");
+    plain.assert_str("uuid0", &phys_uuid(3), "CUDA_VISIBLE_DEVICES order");
+    let out = run(true);
+    out.assert_completed();
+    out.assert_num("count", 2, "torch.cuda.device_count()");
+    out.assert_str("uuid0", &phys_uuid(0), "selected by UUID prefix");
+    out.assert_str("uuid1", &phys_uuid(2), "ordinal 1 of CUDA_VISIBLE_DEVICES");
+}
+
+#[test]
 fn torch_virtual_devices() {
     // physical 0 split into two 3 GiB devices, physical 1 whole: 3 devices; fill both parts
     // (keeping the memory) with 512 MiB chunks up to 4 GiB each
