@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's whole test command (CI runs exactly this through .ci/run):
-#   1. fetch the CUDA runtime wheels the tests need (scripts/fetch-deps.sh, idempotent) and real
-#      NVIDIA driver libraries from Debian's non-free archive (scripts/fetch-drivers.sh),
+#   1. fetch the CUDA runtime wheels the tests need (scripts/fetch-deps.sh, idempotent), real
+#      NVIDIA driver libraries from Debian's non-free archive (scripts/fetch-drivers.sh) and a
+#      virtual environment with PyTorch and CuPy (scripts/fetch-frameworks.sh, about 5.7 GB once),
 #   2. build every crate of the workspace (the shim, the simulated driver, test clients),
 #   3. run every test of the workspace against those builds.
 # No GPU is needed. Extra arguments go to `cargo test` (e.g. a test-name filter).
@@ -26,5 +27,6 @@ python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || n
 
 bash scripts/fetch-deps.sh
 bash scripts/fetch-drivers.sh
+bash scripts/fetch-frameworks.sh
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"

@@ -391,3 +391,164 @@ unsafe fn end_capture(s: CUstream, out: *mut CUgraph) -> Res {
         None => Err(ILLEGAL_STATE),
     }
 }
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE` / `_ACTIVE`.
+const CAPTURE_STATUS_NONE: u32 = 0;
+const CAPTURE_STATUS_ACTIVE: u32 = 1;
+
+/// `CUgraphEdgeData`: all-default (zero) edge data, for `cuStreamGetCaptureInfo_v3`.
+static DEFAULT_EDGE: [u8; 8] = [0; 8];
+
+/// `cuStreamGetCaptureInfo[_v2|_v3][_ptsz]`: the capture status of a stream, from what
+/// `cuStreamBeginCapture`/`cuStreamEndCapture` recorded. While capturing: the sequence id (the
+/// graph's handle: unique, graphs are never reused), the graph, and the stream's dependency set —
+/// a capture on one stream is a chain, so that is the last captured node (none before the first).
+/// The dependency array points into the graph's node list and stays valid until the next node
+/// is captured (the driver documents it as valid until the next call on the stream). Everything
+/// but the status is written only while capturing, as the driver documents these outputs as
+/// meaningful only for `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+unsafe fn capture_info(
+    s: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const std::ffi::c_void,
+    count: *mut usize,
+) -> Res {
+    crate::streams::lookup(s)?;
+    if status.is_null() || (!edges.is_null() && deps.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let Some(g) = capturing(s) else {
+        return put(status, CAPTURE_STATUS_NONE);
+    };
+    put(status, CAPTURE_STATUS_ACTIVE)?;
+    put_opt(id, g as u64);
+    put_opt(graph_out, g);
+    let gr = graph(g)?;
+    let nodes = gr.nodes.lock().unwrap_or_else(|e| e.into_inner());
+    let (ptr, n) = match nodes.last() {
+        Some(last) => (last as *const usize as *const CUgraphNode, 1),
+        None => (std::ptr::null(), 0),
+    };
+    put_opt(deps, ptr);
+    put_opt(edges, if n == 0 { std::ptr::null() } else { DEFAULT_EDGE.as_ptr() as *const std::ffi::c_void });
+    put_opt(count, n);
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's `CUstreamCaptureMode`: `CU_STREAM_CAPTURE_MODE_GLOBAL` (0) at first.
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture mode to `*mode`
+/// (GLOBAL 0, THREAD_LOCAL 1, RELAXED 2) and returns the previous one in `*mode`.
+unsafe fn exchange_capture_mode(mode: *mut u32) -> Res {
+    if mode.is_null() || *mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let old = CAPTURE_MODE.with(|m| m.replace(*mode));
+    put(mode, old)
+}
+
+cu_api! {
+    fn cuStreamGetCaptureInfo(s: CUstream, status: *mut u32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_ptsz(s: CUstream, status: *mut u32, id: *mut u64) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_v2(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, std::ptr::null_mut(), count)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, std::ptr::null_mut(), count)
+    }
+    fn cuStreamGetCaptureInfo_v3(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const std::ffi::c_void, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, edges, count)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz(s: CUstream, status: *mut u32, id: *mut u64, graph_out: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const std::ffi::c_void, count: *mut usize) {
+        capture_info(s, status, id, graph_out, deps, edges, count)
+    }
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) { exchange_capture_mode(mode) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_info_mode_exchange_and_unmodelled_calls() {
+        use crate::context::*;
+        use crate::pools::*;
+        use crate::streams::*;
+        use crate::vmm::*;
+        let _g = crate::DRIVER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        unsafe {
+            assert_eq!(crate::devices::cuInit(0), CUDA_SUCCESS);
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), CUDA_SUCCESS);
+            let mut s: CUstream = std::ptr::null_mut();
+            assert_eq!(cuStreamCreate(&mut s, 0), CUDA_SUCCESS);
+            let null = std::ptr::null_mut();
+            // not capturing: status NONE, the other outputs untouched
+            let (mut st, mut id, mut g, mut deps, mut edges, mut n) =
+                (7u32, 9u64, null as CUgraph, std::ptr::null::<CUgraphNode>(), std::ptr::null::<std::ffi::c_void>(), 5usize);
+            assert_eq!(cuStreamGetCaptureInfo(s, &mut st, &mut id), CUDA_SUCCESS);
+            assert_eq!((st, id), (CAPTURE_STATUS_NONE, 9));
+            assert_eq!(cuStreamGetCaptureInfo_v3_ptsz(std::ptr::null_mut(), &mut st, &mut id, &mut g, &mut deps, &mut edges, &mut n), CUDA_SUCCESS);
+            assert_eq!((st, n), (CAPTURE_STATUS_NONE, 5));
+            assert_eq!(cuStreamGetCaptureInfo(0x1234 as CUstream, &mut st, &mut id), CUDA_ERROR_INVALID_HANDLE);
+            assert_eq!(cuStreamGetCaptureInfo(s, null as *mut u32, &mut id), CUDA_ERROR_INVALID_VALUE);
+            // capturing: ACTIVE, the graph, no dependency before the first node, then the last node
+            assert_eq!(cuStreamBeginCapture_v2(s, 0), CUDA_SUCCESS);
+            assert_eq!(cuStreamGetCaptureInfo_v2(s, &mut st, &mut id, &mut g, &mut deps, &mut n), CUDA_SUCCESS);
+            assert_eq!((st, n, id), (CAPTURE_STATUS_ACTIVE, 0, g as u64));
+            assert!(!g.is_null());
+            let mut p: CUdeviceptr = 0;
+            assert_eq!(cuMemAllocAsync(&mut p, 1 << 20, s), CUDA_SUCCESS);
+            assert_eq!(cuStreamGetCaptureInfo_v3(s, &mut st, &mut id, &mut g, &mut deps, &mut edges, &mut n), CUDA_SUCCESS);
+            assert_eq!((st, n), (CAPTURE_STATUS_ACTIVE, 1));
+            assert_eq!(cuGraphNodeGetType(*deps, &mut 0i32 as *mut i32), CUDA_SUCCESS);
+            assert!(!edges.is_null());
+            let mut out: CUgraph = null;
+            assert_eq!(cuStreamEndCapture(s, &mut out), CUDA_SUCCESS);
+            assert_eq!(out, g);
+            assert_eq!(cuStreamGetCaptureInfo_ptsz(s, &mut st, &mut id), CUDA_SUCCESS);
+            assert_eq!(st, CAPTURE_STATUS_NONE);
+            // capture mode: per thread, GLOBAL at first
+            let mut mode = 2u32;
+            assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), CUDA_SUCCESS);
+            assert_eq!(mode, 0);
+            assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), CUDA_SUCCESS);
+            assert_eq!(mode, 2);
+            std::thread::spawn(|| {
+                let mut m = 1u32;
+                assert_eq!(cuThreadExchangeStreamCaptureMode(&mut m), CUDA_SUCCESS);
+                assert_eq!(m, 0);
+            })
+            .join()
+            .unwrap();
+            let mut bad = 3u32;
+            assert_eq!(cuThreadExchangeStreamCaptureMode(&mut bad), CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuThreadExchangeStreamCaptureMode(null as *mut u32), CUDA_ERROR_INVALID_VALUE);
+            // stream memory operations and shareable handles are not modelled
+            assert_eq!(cuStreamWriteValue32_v2(s, 0, 1, 0), CUDA_ERROR_NOT_SUPPORTED);
+            assert_eq!(cuStreamWriteValue32(0x1234 as CUstream, 0, 1, 0), CUDA_ERROR_INVALID_HANDLE);
+            let mut fd = 0i32;
+            assert_eq!(
+                cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut std::ffi::c_void, 0xdead, 1, 0),
+                CUDA_ERROR_INVALID_VALUE
+            );
+            let mut h: CUmemGenericAllocationHandle = 0;
+            assert_eq!(
+                cuMemImportFromShareableHandle(&mut h, 3 as *mut std::ffi::c_void, 1),
+                CUDA_ERROR_NOT_SUPPORTED
+            );
+            assert_eq!(cuStreamDestroy_v2(s), CUDA_SUCCESS);
+            assert_eq!(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+        }
+    }
+}

@@ -376,6 +376,40 @@ pub static PROCS: &[(&str, &[Variant])] = &[
     ),
     ("cuStreamEndCapture", &[("cuStreamEndCapture", 10000, D), ("cuStreamEndCapture_ptsz", 10000, T)]),
     (
+        "cuStreamGetCaptureInfo",
+        &[
+            ("cuStreamGetCaptureInfo", 10010, D),
+            ("cuStreamGetCaptureInfo_ptsz", 10010, T),
+            ("cuStreamGetCaptureInfo_v2", 11030, D),
+            ("cuStreamGetCaptureInfo_v2_ptsz", 11030, T),
+            ("cuStreamGetCaptureInfo_v3", 12030, D),
+            ("cuStreamGetCaptureInfo_v3_ptsz", 12030, T),
+        ],
+    ),
+    (
+        "cuThreadExchangeStreamCaptureMode",
+        &[("cuThreadExchangeStreamCaptureMode", 10010, D)],
+    ),
+    // stream memory operations (cudaTypedefs.h: PFN_cuStreamWriteValue32_v8000[_ptsz], _v11070[_ptsz])
+    (
+        "cuStreamWriteValue32",
+        &[
+            ("cuStreamWriteValue32", 8000, D),
+            ("cuStreamWriteValue32_ptsz", 8000, T),
+            ("cuStreamWriteValue32_v2", 11070, D),
+            ("cuStreamWriteValue32_v2_ptsz", 11070, T),
+        ],
+    ),
+    (
+        "cuStreamWaitValue32",
+        &[
+            ("cuStreamWaitValue32", 8000, D),
+            ("cuStreamWaitValue32_ptsz", 8000, T),
+            ("cuStreamWaitValue32_v2", 11070, D),
+            ("cuStreamWaitValue32_v2_ptsz", 11070, T),
+        ],
+    ),
+    (
         "cuMemPoolSetAttribute",
         &[("cuMemPoolSetAttribute", 11020, D)],
     ),
@@ -500,6 +534,14 @@ pub static PROCS: &[(&str, &[Variant])] = &[
     ("cuMemUnmap", &[("cuMemUnmap", 10020, D)]),
     ("cuMemSetAccess", &[("cuMemSetAccess", 10020, D)]),
     ("cuMemGetAccess", &[("cuMemGetAccess", 10020, D)]),
+    (
+        "cuMemExportToShareableHandle",
+        &[("cuMemExportToShareableHandle", 10020, D)],
+    ),
+    (
+        "cuMemImportFromShareableHandle",
+        &[("cuMemImportFromShareableHandle", 10020, D)],
+    ),
     (
         "cuMemGetAllocationPropertiesFromHandle",
         &[("cuMemGetAllocationPropertiesFromHandle", 10020, D)],
@@ -730,6 +772,18 @@ mod tests {
         );
         assert_eq!(resolve("", 0, 0), Err(SYMBOL_NOT_FOUND));
         assert_eq!(resolve("cuNoSuchThing", 13000, 0), Err(SYMBOL_NOT_FOUND));
+    }
+
+    #[test]
+    fn capture_info_variants() {
+        assert_eq!(resolve("cuStreamGetCaptureInfo", 10010, 0), Ok("cuStreamGetCaptureInfo"));
+        assert_eq!(resolve("cuStreamGetCaptureInfo", 11030, 0), Ok("cuStreamGetCaptureInfo_v2"));
+        assert_eq!(resolve("cuStreamGetCaptureInfo", 13000, 0), Ok("cuStreamGetCaptureInfo_v3"));
+        assert_eq!(resolve("cuStreamGetCaptureInfo", 12090, 2), Ok("cuStreamGetCaptureInfo_v3_ptsz"));
+        assert_eq!(resolve("cuStreamGetCaptureInfo", 12000, 2), Ok("cuStreamGetCaptureInfo_v2_ptsz"));
+        assert_eq!(resolve("cuStreamWriteValue32", 12090, 0), Ok("cuStreamWriteValue32_v2"));
+        assert_eq!(resolve("cuStreamWriteValue32", 11000, 2), Ok("cuStreamWriteValue32_ptsz"));
+        assert_eq!(resolve("cuThreadExchangeStreamCaptureMode", 13000, 2), Ok("cuThreadExchangeStreamCaptureMode"));
     }
 
     #[test]

@@ -96,6 +96,15 @@ gpusim_common::exports! {
     cuGraphUpload_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz, cuDeviceGraphMemTrim,
     cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute, cuStreamBeginCapture_v2,
     cuStreamBeginCapture_v2_ptsz, cuStreamEndCapture, cuStreamEndCapture_ptsz,
+    cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo_v2,
+    cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz,
+    cuThreadExchangeStreamCaptureMode,
+    // stream memory operations
+    cuStreamWriteValue32, cuStreamWriteValue32_ptsz, cuStreamWriteValue32_v2,
+    cuStreamWriteValue32_v2_ptsz, cuStreamWaitValue32, cuStreamWaitValue32_ptsz,
+    cuStreamWaitValue32_v2, cuStreamWaitValue32_v2_ptsz,
+    // shareable handles
+    cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
     // procaddr
     cuGetProcAddress, cuGetProcAddress_v2
 }

@@ -286,3 +286,23 @@ cu_api! {
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
     fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
 }
+
+/// Stream memory operations (`cuStreamWriteValue32`, `cuStreamWaitValue32`): this driver reports
+/// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1` (92) as 0, and the real driver answers
+/// `CUDA_ERROR_NOT_SUPPORTED` on such a device; an unknown stream is still `INVALID_HANDLE`.
+fn stream_mem_op(s: CUstream, flags: u32) -> Res {
+    let _ = flags;
+    ctx_of(s)?;
+    Err(CUDA_ERROR_NOT_SUPPORTED)
+}
+
+cu_api! {
+    fn cuStreamWriteValue32(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWriteValue32_ptsz(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWriteValue32_v2(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWriteValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWaitValue32(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWaitValue32_ptsz(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWaitValue32_v2(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+    fn cuStreamWaitValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, value: u32, flags: u32) { let _ = (addr, value); stream_mem_op(s, flags) }
+}

@@ -311,3 +311,27 @@ cu_api! {
         put(flags, if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE { 3 } else { 0 })
     }
 }
+
+// Shareable handles (`cuMemExportToShareableHandle`/`cuMemImportFromShareableHandle`) are not
+// modelled: no OS handle (file descriptor, fabric handle) is ever made. A valid handle is
+// answered `CUDA_ERROR_NOT_SUPPORTED`, as the driver does for a handle type the allocation or
+// the platform does not support; an invalid one `CUDA_ERROR_INVALID_VALUE`.
+cu_api! {
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: i32, flags: u64) {
+        devices::visible()?;
+        let _ = kind;
+        if shareable.is_null() || flags != 0 || lock().referenced(handle).is_none() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
+    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: i32) {
+        devices::visible()?;
+        let _ = (os_handle, kind);
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+}

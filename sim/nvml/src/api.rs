@@ -9,7 +9,7 @@ use crate::cuda_link;
 use crate::devices::{self, Device};
 use crate::ffi::*;
 use crate::types::*;
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 /// What `nvmlSystemGetDriverVersion` reports.
 pub const DRIVER_VERSION: &str = "565.00.sim";
@@ -416,6 +416,30 @@ nvml_api! {
     fn nvmlDeviceOnSameBoard(device1: nvmlDevice_t, device2: nvmlDevice_t, onSameBoard: *mut c_int) {
         let (a, b) = two_devices(device1, device2)?;
         put(onSameBoard, (a.index == b.index) as c_int)
+    }
+
+    // ---- NVLink and fabric: not modelled (PCIe devices, not in an NVLink fabric) --------------
+    // PyTorch's c10::cuda::DriverAPI resolves these three with dlsym and asserts that they
+    // exist; the real NVML answers NOT_SUPPORTED for them on a GPU without NVLink / fabric.
+
+    fn nvmlDeviceGetNvLinkRemoteDeviceType(device: nvmlDevice_t, link: c_uint, pNvLinkDeviceType: *mut c_uint) {
+        device_arg(device)?;
+        let _ = link;
+        non_null(pNvLinkDeviceType)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    fn nvmlDeviceGetNvLinkRemotePciInfo_v2(device: nvmlDevice_t, link: c_uint, pci: *mut nvmlPciInfo_t) {
+        device_arg(device)?;
+        let _ = link;
+        non_null(pci)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    fn nvmlDeviceGetGpuFabricInfoV(device: nvmlDevice_t, gpuFabricInfo: *mut c_void) {
+        device_arg(device)?;
+        non_null(gpuFabricInfo)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
     }
 }
 

@@ -43,6 +43,9 @@ gpusim_common::exports! {
     nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v3,
     // topology
     nvmlDeviceGetP2PStatus, nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceOnSameBoard,
+    // NVLink, fabric (NOT_SUPPORTED)
+    nvmlDeviceGetNvLinkRemoteDeviceType, nvmlDeviceGetNvLinkRemotePciInfo_v2,
+    nvmlDeviceGetGpuFabricInfoV,
 }
 
 #[cfg(test)]
