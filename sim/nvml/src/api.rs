@@ -9,7 +9,7 @@ use crate::cuda_link;
 use crate::devices::{self, Device};
 use crate::ffi::*;
 use crate::types::*;
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 /// What `nvmlSystemGetDriverVersion` reports.
 pub const DRIVER_VERSION: &str = "565.00.sim";
@@ -116,6 +116,11 @@ nvml_api! {
 
     fn nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion: *mut c_int) {
         put(cudaDriverVersion, crate::config::get().driver_version)
+    }
+
+    /// NVML's private table of internal entry points (see `internal.rs`); needs no `nvmlInit`.
+    fn nvmlInternalGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const c_void) {
+        crate::internal::get_export_table(ppExportTable, pExportTableId)
     }
 
     // ---- enumeration and handles -------------------------------------------------------------

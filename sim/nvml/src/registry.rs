@@ -21,7 +21,7 @@ gpusim_common::exports! {
     // init and system
     nvmlInit, nvmlInit_v2, nvmlInitWithFlags, nvmlShutdown, nvmlErrorString,
     nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion,
-    nvmlSystemGetCudaDriverVersion_v2,
+    nvmlSystemGetCudaDriverVersion_v2, nvmlInternalGetExportTable,
     // enumeration and handles
     nvmlDeviceGetCount, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex,
     nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByUUID, nvmlDeviceGetHandleByUUIDV,
