@@ -118,6 +118,42 @@ nvml_api! {
         put(cudaDriverVersion, crate::config::get().driver_version)
     }
 
+    // ---- events: sets can be made and freed; no device has any event type --------------------
+
+    /// A new, empty event set (freed by `nvmlEventSetFree`).
+    fn nvmlEventSetCreate(set: *mut *mut c_void) {
+        need_init()?;
+        non_null(set)?;
+        put(set, events::create())
+    }
+
+    fn nvmlEventSetFree(set: *mut c_void) {
+        need_init()?;
+        events::free(set)
+    }
+
+    /// No simulated device supports any event type: 0.
+    fn nvmlDeviceGetSupportedEventTypes(device: nvmlDevice_t, eventTypes: *mut u64) {
+        device_arg(device)?;
+        put(eventTypes, 0)
+    }
+
+    /// `NOT_SUPPORTED` for any non-empty mask (as the real NVML for unsupported types).
+    fn nvmlDeviceRegisterEvents(device: nvmlDevice_t, eventTypes: u64, set: *mut c_void) {
+        device_arg(device)?;
+        events::check(set)?;
+        if eventTypes == 0 { Ok(()) } else { Err(NVML_ERROR_NOT_SUPPORTED) }
+    }
+
+    /// No event ever arrives: `NVML_ERROR_TIMEOUT` at once (without waiting the timeout).
+    fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut c_void, timeoutms: c_uint) {
+        need_init()?;
+        events::check(set)?;
+        non_null(data)?;
+        let _ = timeoutms;
+        Err(NVML_ERROR_TIMEOUT)
+    }
+
     /// NVML's private table of internal entry points (see `internal.rs`); needs no `nvmlInit`.
     fn nvmlInternalGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const c_void) {
         crate::internal::get_export_table(ppExportTable, pExportTableId)
@@ -470,4 +506,39 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         trace_line(&format!("gpusim-nvml: nvmlErrorString({result})\n"));
     }
     s
+}
+
+/// Event sets: each `nvmlEventSetCreate` leaks one small allocation whose address is the handle;
+/// the live ones are remembered so that a stale or made-up handle is `INVALID_ARGUMENT`.
+mod events {
+    use crate::types::*;
+    use std::collections::HashSet;
+    use std::ffi::c_void;
+    use std::sync::Mutex;
+
+    static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+    pub fn create() -> *mut c_void {
+        let p = Box::into_raw(Box::new(0u64)) as usize;
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(p);
+        p as *mut c_void
+    }
+
+    pub fn check(set: *mut c_void) -> Res {
+        let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        match live.as_ref() {
+            Some(l) if l.contains(&(set as usize)) => Ok(()),
+            _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+        }
+    }
+
+    pub fn free(set: *mut c_void) -> Res {
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        if !live.as_mut().is_some_and(|l| l.remove(&(set as usize))) {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: `set` came from `create` (Box::into_raw) and was live until just now.
+        drop(unsafe { Box::from_raw(set.cast::<u64>()) });
+        Ok(())
+    }
 }

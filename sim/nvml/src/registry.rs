@@ -43,6 +43,9 @@ gpusim_common::exports! {
     nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v3,
     // topology
     nvmlDeviceGetP2PStatus, nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceOnSameBoard,
+    // events
+    nvmlEventSetCreate, nvmlEventSetFree, nvmlDeviceGetSupportedEventTypes,
+    nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
 }
 
 #[cfg(test)]
