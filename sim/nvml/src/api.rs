@@ -68,6 +68,14 @@ unsafe fn no_processes(device: nvmlDevice_t, count: *mut c_uint) -> Res {
     put(count, 0)
 }
 
+/// A query the simulated devices do not support: a valid handle and out-pointer, then
+/// `NVML_ERROR_NOT_SUPPORTED` (nvidia-smi prints `N/A`).
+fn not_supported<T>(device: nvmlDevice_t, out: *mut T) -> Res {
+    device_arg(device)?;
+    non_null(out)?;
+    Err(NVML_ERROR_NOT_SUPPORTED)
+}
+
 /// Two distinct-or-equal devices, both valid.
 fn two_devices(a: nvmlDevice_t, b: nvmlDevice_t) -> Res<(&'static Device, &'static Device)> {
     need_init()?;
@@ -116,6 +124,41 @@ nvml_api! {
 
     fn nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion: *mut c_int) {
         put(cudaDriverVersion, crate::config::get().driver_version)
+    }
+
+    // ---- queries nvidia-smi makes that the simulated devices do not support -----------------
+
+    fn nvmlDeviceGetDisplayActive(device: nvmlDevice_t, isActive: *mut c_uint) {
+        not_supported(device, isActive)
+    }
+    fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
+        let _ = pending;
+        not_supported(device, current)
+    }
+    fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) {
+        not_supported(device, speed)
+    }
+    fn nvmlDeviceGetPerformanceState(device: nvmlDevice_t, pState: *mut c_uint) {
+        not_supported(device, pState)
+    }
+    fn nvmlDeviceGetEnforcedPowerLimit(device: nvmlDevice_t, limit: *mut c_uint) {
+        not_supported(device, limit)
+    }
+    fn nvmlDeviceGetVirtualizationMode(device: nvmlDevice_t, pVirtualMode: *mut c_uint) {
+        not_supported(device, pVirtualMode)
+    }
+    fn nvmlDeviceGetMaxMigDeviceCount(device: nvmlDevice_t, count: *mut c_uint) {
+        not_supported(device, count)
+    }
+    fn nvmlDeviceValidateInforom(device: nvmlDevice_t) {
+        device_arg(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    /// A simulated handle is always a whole GPU: 0.
+    fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, isMigDevice: *mut c_uint) {
+        device_arg(device)?;
+        put(isMigDevice, 0)
     }
 
     // ---- events: sets can be made and freed; no device has any event type --------------------

@@ -43,6 +43,10 @@ gpusim_common::exports! {
     nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v3,
     // topology
     nvmlDeviceGetP2PStatus, nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceOnSameBoard,
+    // not supported by the simulated devices
+    nvmlDeviceGetDisplayActive, nvmlDeviceGetEccMode, nvmlDeviceGetFanSpeed,
+    nvmlDeviceGetPerformanceState, nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetVirtualizationMode,
+    nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceValidateInforom, nvmlDeviceIsMigDeviceHandle,
     // events
     nvmlEventSetCreate, nvmlEventSetFree, nvmlDeviceGetSupportedEventTypes,
     nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
