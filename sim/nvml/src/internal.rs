@@ -9,8 +9,8 @@
 //! slots NULL; any other id, a NULL id or a NULL out-pointer is `NVML_ERROR_INVALID_ARGUMENT`.
 //!
 //! The simulation gives the 535 layout: the same size and the same NULL slots, and every other
-//! slot a function of its own that answers `NVML_ERROR_NOT_SUPPORTED` unless it is one of the
-//! few whose meaning is known (see [`call`]). With `GPUSIM_TRACE=1` each call prints
+//! slot a function of its own that answers `NVML_ERROR_NOT_SUPPORTED` unless its meaning is
+//! known (slot 81, see [`call`]). With `GPUSIM_TRACE=1` each call prints
 //! `gpusim-nvml: internal[slot](a0, a1, a2, a3) = rc`.
 
 use crate::ffi::trace_line;
@@ -52,10 +52,24 @@ unsafe extern "C" fn slot<const N: usize>(
     rc
 }
 
+/// Slot 81: `(unsigned index, nvmlDevice_t *out, flags)`, the handle of NVML index `index`.
+/// nvidia-smi 535 calls it (flags 0x22) for every index before `nvmlDeviceGetHandleByIndex_v2`,
+/// which it uses only when this slot fails. Modelled as that public function (as NVIDIA's own
+/// NVML mock in k8s-test-infra found for 580); the flags are not interpreted.
+pub const SLOT_HANDLE_BY_INDEX: usize = 81;
+
 /// What slot `n` does with its arguments.
 fn call(n: usize, a: [usize; 6]) -> Res {
-    let _ = (n, a);
-    Err(NVML_ERROR_NOT_SUPPORTED)
+    match n {
+        SLOT_HANDLE_BY_INDEX => {
+            crate::ffi::need_init()?;
+            let out = a[1] as *mut nvmlDevice_t;
+            let d = crate::devices::all().get(a[0] as u32 as usize).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+            // SAFETY: the caller passes NULL or a valid out-pointer.
+            unsafe { crate::ffi::put(out, d.handle()) }
+        }
+        _ => Err(NVML_ERROR_NOT_SUPPORTED),
+    }
 }
 
 macro_rules! row {

@@ -12,7 +12,7 @@ mod api;
 mod config;
 mod cuda_link;
 mod devices;
-mod internal;
+pub mod internal;
 mod registry;
 mod types;
 
