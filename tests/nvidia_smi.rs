@@ -1,4 +1,4 @@
-//! The real `nvidia-smi` 535.261.03 (Debian non-free, `scripts/fetch-drivers.sh`) over the
+//! The real `nvidia-smi` 535.261.03, 550.163.01 and 555.58.02 (Debian non-free, `scripts/fetch-drivers.sh`) over the
 //! simulated NVML (`sim/nvml`, which answers `nvmlInternalGetExportTable`): without the shim it
 //! lists the physical simulated GPUs; under the shim exactly the program's devices, in order,
 //! with the limits as totals; plain `nvidia-smi` prints its table and exits 0.
@@ -7,16 +7,32 @@ mod common;
 use common::*;
 use std::process::{Command, Output};
 
-fn smi() -> std::path::PathBuf {
-    let p = workspace_root().join(".deps/drivers/535.261.03/bin/nvidia-smi");
+const VERSIONS: [&str; 3] = ["535.261.03", "550.163.01", "555.58.02"];
+
+fn smi(version: &str) -> std::path::PathBuf {
+    let p = workspace_root().join(format!(".deps/drivers/{version}/bin/nvidia-smi"));
     assert!(p.is_file(), "{}: run `bash scripts/fetch-drivers.sh`", p.display());
     p
+}
+
+thread_local! {
+    /// The nvidia-smi version [`run`] uses on this thread (see [`each_version`]).
+    static VERSION: std::cell::RefCell<&'static str> = const { std::cell::RefCell::new("535.261.03") };
+}
+
+/// Runs `f` once per nvidia-smi version.
+fn each_version(f: impl Fn(&str)) {
+    for v in VERSIONS {
+        VERSION.with(|c| *c.borrow_mut() = v);
+        f(v);
+    }
 }
 
 const QUERY: &[&str] = &["--query-gpu=index,uuid,name,memory.total,memory.used", "--format=csv"];
 
 fn run(args: &[&str], shim: bool, env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(smi());
+    let v = VERSION.with(|v| *v.borrow());
+    let mut cmd = Command::new(smi(v));
     cmd.args(args).env_clear().env("PATH", "/usr/bin:/bin").env("LD_LIBRARY_PATH", sim_dir());
     cmd.env("GPUSIM_DEVICES", "4");
     let state = work_dir().join(format!("smi-state-{}", std::process::id()));
@@ -45,53 +61,61 @@ fn row(i: usize, uuid: &str, name: &str, mib: u64) -> Vec<String> {
 
 #[test]
 fn without_the_shim_the_physical_devices() {
-    let got = rows(&run(QUERY, false, &[]));
-    let want: Vec<_> = (0..4).map(|p| row(p as usize, &phys_uuid(p), &phys_name(p), 16384)).collect();
-    assert_eq!(got, want);
+    each_version(|_| {
+        let got = rows(&run(QUERY, false, &[]));
+        let want: Vec<_> = (0..4).map(|p| row(p as usize, &phys_uuid(p), &phys_name(p), 16384)).collect();
+        assert_eq!(got, want);
+    });
 }
 
 #[test]
 fn under_the_shim_the_programs_devices_in_order_with_the_limit() {
-    let env = [("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")];
-    let got = rows(&run(QUERY, true, &env));
-    assert_eq!(got, vec![row(0, &phys_uuid(2), &phys_name(2), 1024), row(1, &phys_uuid(0), &phys_name(0), 1024)]);
-    // a limit that is not a whole number of MiB: nvidia-smi prints NVML's bytes in whole MiB
-    let env = [("GPUSHIM_VISIBLE_DEVICES", "1"), ("GPUSHIM_MEMORY_LIMIT", "1.5GiB")];
-    let got = rows(&run(QUERY, true, &env));
-    assert_eq!(got, vec![row(0, &phys_uuid(1), &phys_name(1), 1536)]);
+    each_version(|_| {
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got, vec![row(0, &phys_uuid(2), &phys_name(2), 1024), row(1, &phys_uuid(0), &phys_name(0), 1024)]);
+        // a limit that is not a whole number of MiB: nvidia-smi prints NVML's bytes in whole MiB
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "1"), ("GPUSHIM_MEMORY_LIMIT", "1.5GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got, vec![row(0, &phys_uuid(1), &phys_name(1), 1536)]);
+    });
 }
 
 #[test]
 fn under_the_shim_each_virtual_part_is_a_device() {
-    let env = [("GPUSHIM_VISIBLE_DEVICES", "3,1"), ("GPUSHIM_VIRTUAL_DEVICES", "1:2x4GiB")];
-    let got = rows(&run(QUERY, true, &env));
-    assert_eq!(got.len(), 3, "{got:?}");
-    assert_eq!(got[0], row(0, &phys_uuid(3), &phys_name(3), 16384));
-    for (i, r) in got.iter().enumerate().skip(1) {
-        assert_eq!(r[0], i.to_string());
-        assert_eq!(r[2], phys_name(1));
-        assert_eq!(r[3], "4096 MiB");
-        assert_ne!(r[1], phys_uuid(1), "a part has a UUID of its own");
-    }
-    assert_ne!(got[1][1], got[2][1]);
+    each_version(|_| {
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "3,1"), ("GPUSHIM_VIRTUAL_DEVICES", "1:2x4GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0], row(0, &phys_uuid(3), &phys_name(3), 16384));
+        for (i, r) in got.iter().enumerate().skip(1) {
+            assert_eq!(r[0], i.to_string());
+            assert_eq!(r[2], phys_name(1));
+            assert_eq!(r[3], "4096 MiB");
+            assert_ne!(r[1], phys_uuid(1), "a part has a UUID of its own");
+        }
+        assert_ne!(got[1][1], got[2][1]);
+    });
 }
 
 #[test]
 fn plain_nvidia_smi_prints_its_table() {
-    for (shim, env) in [(false, &[][..]), (true, &[("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")][..])] {
-        let out = run(&[], shim, env);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-        assert!(text.contains("NVIDIA-SMI 535.261.03"), "{text}");
-        assert!(!text.contains("ERR!"), "{text}");
-        let gpus = text.lines().filter(|l| l.contains("gpusim device")).count();
-        assert_eq!(gpus, if shim { 2 } else { 4 }, "{text}");
-        if shim {
-            assert_eq!(text.matches("0MiB /  1024MiB").count(), 2, "{text}");
-            let first = text.find(&phys_name(2)).unwrap();
-            assert!(first < text.find(&phys_name(0)).unwrap(), "{text}");
-        } else {
-            assert_eq!(text.matches("0MiB / 16384MiB").count(), 4, "{text}");
+    each_version(|version| {
+        for (shim, env) in [(false, &[][..]), (true, &[("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")][..])] {
+            let out = run(&[], shim, env);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains(&format!("NVIDIA-SMI {version}")), "{text}");
+            assert!(!text.contains("ERR!"), "{text}");
+            let gpus = text.lines().filter(|l| l.contains("gpusim device")).count();
+            assert_eq!(gpus, if shim { 2 } else { 4 }, "{text}");
+            if shim {
+                assert_eq!(text.lines().filter(|l| l.contains(" 0MiB /") && l.contains(" 1024MiB")).count(), 2, "{text}");
+                let first = text.find(&phys_name(2)).unwrap();
+                assert!(first < text.find(&phys_name(0)).unwrap(), "{text}");
+            } else {
+                assert_eq!(text.lines().filter(|l| l.contains(" 0MiB /") && l.contains(" 16384MiB")).count(), 4, "{text}");
+            }
         }
-    }
+    });
 }
