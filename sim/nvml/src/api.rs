@@ -68,6 +68,14 @@ unsafe fn no_processes(device: nvmlDevice_t, count: *mut c_uint) -> Res {
     put(count, 0)
 }
 
+/// A query the simulated devices do not support: a valid handle and out-pointer, then
+/// `NVML_ERROR_NOT_SUPPORTED` (nvidia-smi prints `N/A`).
+fn not_supported<T>(device: nvmlDevice_t, out: *mut T) -> Res {
+    device_arg(device)?;
+    non_null(out)?;
+    Err(NVML_ERROR_NOT_SUPPORTED)
+}
+
 /// Two distinct-or-equal devices, both valid.
 fn two_devices(a: nvmlDevice_t, b: nvmlDevice_t) -> Res<(&'static Device, &'static Device)> {
     need_init()?;
@@ -116,6 +124,82 @@ nvml_api! {
 
     fn nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion: *mut c_int) {
         put(cudaDriverVersion, crate::config::get().driver_version)
+    }
+
+    // ---- queries nvidia-smi makes that the simulated devices do not support -----------------
+
+    fn nvmlDeviceGetDisplayActive(device: nvmlDevice_t, isActive: *mut c_uint) {
+        not_supported(device, isActive)
+    }
+    fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
+        let _ = pending;
+        not_supported(device, current)
+    }
+    fn nvmlDeviceGetFanSpeed(device: nvmlDevice_t, speed: *mut c_uint) {
+        not_supported(device, speed)
+    }
+    fn nvmlDeviceGetPerformanceState(device: nvmlDevice_t, pState: *mut c_uint) {
+        not_supported(device, pState)
+    }
+    fn nvmlDeviceGetEnforcedPowerLimit(device: nvmlDevice_t, limit: *mut c_uint) {
+        not_supported(device, limit)
+    }
+    fn nvmlDeviceGetVirtualizationMode(device: nvmlDevice_t, pVirtualMode: *mut c_uint) {
+        not_supported(device, pVirtualMode)
+    }
+    fn nvmlDeviceGetMaxMigDeviceCount(device: nvmlDevice_t, count: *mut c_uint) {
+        not_supported(device, count)
+    }
+    fn nvmlDeviceValidateInforom(device: nvmlDevice_t) {
+        device_arg(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    /// A simulated handle is always a whole GPU: 0.
+    fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, isMigDevice: *mut c_uint) {
+        device_arg(device)?;
+        put(isMigDevice, 0)
+    }
+
+    // ---- events: sets can be made and freed; no device has any event type --------------------
+
+    /// A new, empty event set (freed by `nvmlEventSetFree`).
+    fn nvmlEventSetCreate(set: *mut *mut c_void) {
+        need_init()?;
+        non_null(set)?;
+        put(set, events::create())
+    }
+
+    fn nvmlEventSetFree(set: *mut c_void) {
+        need_init()?;
+        events::free(set)
+    }
+
+    /// No simulated device supports any event type: 0.
+    fn nvmlDeviceGetSupportedEventTypes(device: nvmlDevice_t, eventTypes: *mut u64) {
+        device_arg(device)?;
+        put(eventTypes, 0)
+    }
+
+    /// `NOT_SUPPORTED` for any non-empty mask (as the real NVML for unsupported types).
+    fn nvmlDeviceRegisterEvents(device: nvmlDevice_t, eventTypes: u64, set: *mut c_void) {
+        device_arg(device)?;
+        events::check(set)?;
+        if eventTypes == 0 { Ok(()) } else { Err(NVML_ERROR_NOT_SUPPORTED) }
+    }
+
+    /// No event ever arrives: `NVML_ERROR_TIMEOUT` at once (without waiting the timeout).
+    fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut c_void, timeoutms: c_uint) {
+        need_init()?;
+        events::check(set)?;
+        non_null(data)?;
+        let _ = timeoutms;
+        Err(NVML_ERROR_TIMEOUT)
+    }
+
+    /// NVML's private table of internal entry points (see `internal.rs`); needs no `nvmlInit`.
+    fn nvmlInternalGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const c_void) {
+        crate::internal::get_export_table(ppExportTable, pExportTableId)
     }
 
     // ---- enumeration and handles -------------------------------------------------------------
@@ -489,4 +573,39 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         trace_line(&format!("gpusim-nvml: nvmlErrorString({result})\n"));
     }
     s
+}
+
+/// Event sets: each `nvmlEventSetCreate` leaks one small allocation whose address is the handle;
+/// the live ones are remembered so that a stale or made-up handle is `INVALID_ARGUMENT`.
+mod events {
+    use crate::types::*;
+    use std::collections::HashSet;
+    use std::ffi::c_void;
+    use std::sync::Mutex;
+
+    static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+    pub fn create() -> *mut c_void {
+        let p = Box::into_raw(Box::new(0u64)) as usize;
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(p);
+        p as *mut c_void
+    }
+
+    pub fn check(set: *mut c_void) -> Res {
+        let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        match live.as_ref() {
+            Some(l) if l.contains(&(set as usize)) => Ok(()),
+            _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+        }
+    }
+
+    pub fn free(set: *mut c_void) -> Res {
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        if !live.as_mut().is_some_and(|l| l.remove(&(set as usize))) {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: `set` came from `create` (Box::into_raw) and was live until just now.
+        drop(unsafe { Box::from_raw(set.cast::<u64>()) });
+        Ok(())
+    }
 }

@@ -21,7 +21,7 @@ gpusim_common::exports! {
     // init and system
     nvmlInit, nvmlInit_v2, nvmlInitWithFlags, nvmlShutdown, nvmlErrorString,
     nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion,
-    nvmlSystemGetCudaDriverVersion_v2,
+    nvmlSystemGetCudaDriverVersion_v2, nvmlInternalGetExportTable,
     // enumeration and handles
     nvmlDeviceGetCount, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex,
     nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByUUID, nvmlDeviceGetHandleByUUIDV,
@@ -46,6 +46,13 @@ gpusim_common::exports! {
     // NVLink, fabric (NOT_SUPPORTED)
     nvmlDeviceGetNvLinkRemoteDeviceType, nvmlDeviceGetNvLinkRemotePciInfo_v2,
     nvmlDeviceGetGpuFabricInfoV,
+    // not supported by the simulated devices
+    nvmlDeviceGetDisplayActive, nvmlDeviceGetEccMode, nvmlDeviceGetFanSpeed,
+    nvmlDeviceGetPerformanceState, nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetVirtualizationMode,
+    nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceValidateInforom, nvmlDeviceIsMigDeviceHandle,
+    // events
+    nvmlEventSetCreate, nvmlEventSetFree, nvmlDeviceGetSupportedEventTypes,
+    nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
 }
 
 #[cfg(test)]

@@ -416,3 +416,63 @@ fn error_strings_and_counts() {
     );
     assert!(count_of("nvmlSystemGetCudaDriverVersion") >= before + 2);
 }
+
+#[test]
+fn internal_export_table_has_the_535_layout() {
+    use crate::internal::{NULL_SLOTS, SLOTS, SLOT_HANDLE_BY_INDEX, TABLE_ID};
+    use std::ffi::c_void;
+    let _g = lock();
+    unsafe {
+        let mut t: *const c_void = null();
+        // no nvmlInit needed; a wrong id or NULL arguments are INVALID_ARGUMENT
+        assert_eq!(nvmlInternalGetExportTable(&mut t, TABLE_ID.as_ptr().cast()), NVML_SUCCESS);
+        assert_eq!(nvmlInternalGetExportTable(&mut t, [0u8; 16].as_ptr().cast()), NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlInternalGetExportTable(null_mut(), TABLE_ID.as_ptr().cast()), NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlInternalGetExportTable(&mut t, null()), NVML_ERROR_INVALID_ARGUMENT);
+        let slots = std::slice::from_raw_parts(t.cast::<usize>(), SLOTS);
+        assert_eq!(slots[0], 1960);
+        for (i, &s) in slots.iter().enumerate().skip(1) {
+            assert_eq!(s == 0, NULL_SLOTS.contains(&i), "slot {i}");
+        }
+        type F = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> nvmlReturn_t;
+        let f = |i: usize| std::mem::transmute::<usize, F>(slots[i]);
+        // an unknown slot: NOT_SUPPORTED; slot 81: the handle by index (after nvmlInit)
+        assert_eq!(f(26)(0, 0, 0, 0, 0, 0), NVML_ERROR_NOT_SUPPORTED);
+        let mut h: nvmlDevice_t = null_mut();
+        let out = &mut h as *mut nvmlDevice_t as usize;
+        assert_eq!(f(SLOT_HANDLE_BY_INDEX)(1, out, 0x22, 0, 0, 0), NVML_ERROR_UNINITIALIZED);
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        assert_eq!(f(SLOT_HANDLE_BY_INDEX)(1, out, 0x22, 0, 0, 0), NVML_SUCCESS);
+        assert_eq!(h, handle(1));
+        let n = devices::all().len();
+        assert_eq!(f(SLOT_HANDLE_BY_INDEX)(n, out, 0x22, 0, 0, 0), NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(f(SLOT_HANDLE_BY_INDEX)(0, 0, 0x22, 0, 0, 0), NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}
+
+#[test]
+fn event_sets_and_unsupported_queries() {
+    use std::ffi::c_void;
+    let _g = lock();
+    unsafe {
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        let mut set: *mut c_void = null_mut();
+        assert_eq!(nvmlEventSetCreate(&mut set), NVML_SUCCESS);
+        let mut types = 7u64;
+        assert_eq!(nvmlDeviceGetSupportedEventTypes(handle(0), &mut types), NVML_SUCCESS);
+        assert_eq!(types, 0);
+        assert_eq!(nvmlDeviceRegisterEvents(handle(0), 1, set), NVML_ERROR_NOT_SUPPORTED);
+        let mut data = [0u8; 64];
+        assert_eq!(nvmlEventSetWait_v2(set, data.as_mut_ptr().cast(), 10), NVML_ERROR_TIMEOUT);
+        assert_eq!(nvmlEventSetFree(set), NVML_SUCCESS);
+        assert_eq!(nvmlEventSetFree(set), NVML_ERROR_INVALID_ARGUMENT);
+        let mut v = 0u32;
+        assert_eq!(nvmlDeviceGetFanSpeed(handle(0), &mut v), NVML_ERROR_NOT_SUPPORTED);
+        assert_eq!(nvmlDeviceGetFanSpeed(null_mut(), &mut v), NVML_ERROR_INVALID_ARGUMENT);
+        v = 5;
+        assert_eq!(nvmlDeviceIsMigDeviceHandle(handle(0), &mut v), NVML_SUCCESS);
+        assert_eq!(v, 0);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}

@@ -1,0 +1,121 @@
+//! The real `nvidia-smi` 535.261.03, 550.163.01 and 555.58.02 (Debian non-free, `scripts/fetch-drivers.sh`) over the
+//! simulated NVML (`sim/nvml`, which answers `nvmlInternalGetExportTable`): without the shim it
+//! lists the physical simulated GPUs; under the shim exactly the program's devices, in order,
+//! with the limits as totals; plain `nvidia-smi` prints its table and exits 0.
+
+mod common;
+use common::*;
+use std::process::{Command, Output};
+
+const VERSIONS: [&str; 3] = ["535.261.03", "550.163.01", "555.58.02"];
+
+fn smi(version: &str) -> std::path::PathBuf {
+    let p = workspace_root().join(format!(".deps/drivers/{version}/bin/nvidia-smi"));
+    assert!(p.is_file(), "{}: run `bash scripts/fetch-drivers.sh`", p.display());
+    p
+}
+
+thread_local! {
+    /// The nvidia-smi version [`run`] uses on this thread (see [`each_version`]).
+    static VERSION: std::cell::RefCell<&'static str> = const { std::cell::RefCell::new("535.261.03") };
+}
+
+/// Runs `f` once per nvidia-smi version.
+fn each_version(f: impl Fn(&str)) {
+    for v in VERSIONS {
+        VERSION.with(|c| *c.borrow_mut() = v);
+        f(v);
+    }
+}
+
+const QUERY: &[&str] = &["--query-gpu=index,uuid,name,memory.total,memory.used", "--format=csv"];
+
+fn run(args: &[&str], shim: bool, env: &[(&str, &str)]) -> Output {
+    let v = VERSION.with(|v| *v.borrow());
+    let mut cmd = Command::new(smi(v));
+    cmd.args(args).env_clear().env("PATH", "/usr/bin:/bin").env("LD_LIBRARY_PATH", sim_dir());
+    cmd.env("GPUSIM_DEVICES", "4");
+    let state = work_dir().join(format!("smi-state-{}", std::process::id()));
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    cmd.env("GPUSHIM_STATE_DIR", &state);
+    if shim {
+        cmd.env("LD_PRELOAD", shim_path());
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+/// The csv rows after the header, as (index, uuid, name, total, used).
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("index, uuid, name, memory.total [MiB], memory.used [MiB]"), "{text}");
+    lines.map(|l| l.split(", ").map(str::to_owned).collect()).collect()
+}
+
+fn row(i: usize, uuid: &str, name: &str, mib: u64) -> Vec<String> {
+    vec![i.to_string(), uuid.to_owned(), name.to_owned(), format!("{mib} MiB"), "0 MiB".to_owned()]
+}
+
+#[test]
+fn without_the_shim_the_physical_devices() {
+    each_version(|_| {
+        let got = rows(&run(QUERY, false, &[]));
+        let want: Vec<_> = (0..4).map(|p| row(p as usize, &phys_uuid(p), &phys_name(p), 16384)).collect();
+        assert_eq!(got, want);
+    });
+}
+
+#[test]
+fn under_the_shim_the_programs_devices_in_order_with_the_limit() {
+    each_version(|_| {
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got, vec![row(0, &phys_uuid(2), &phys_name(2), 1024), row(1, &phys_uuid(0), &phys_name(0), 1024)]);
+        // a limit that is not a whole number of MiB: nvidia-smi prints NVML's bytes in whole MiB
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "1"), ("GPUSHIM_MEMORY_LIMIT", "1.5GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got, vec![row(0, &phys_uuid(1), &phys_name(1), 1536)]);
+    });
+}
+
+#[test]
+fn under_the_shim_each_virtual_part_is_a_device() {
+    each_version(|_| {
+        let env = [("GPUSHIM_VISIBLE_DEVICES", "3,1"), ("GPUSHIM_VIRTUAL_DEVICES", "1:2x4GiB")];
+        let got = rows(&run(QUERY, true, &env));
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0], row(0, &phys_uuid(3), &phys_name(3), 16384));
+        for (i, r) in got.iter().enumerate().skip(1) {
+            assert_eq!(r[0], i.to_string());
+            assert_eq!(r[2], phys_name(1));
+            assert_eq!(r[3], "4096 MiB");
+            assert_ne!(r[1], phys_uuid(1), "a part has a UUID of its own");
+        }
+        assert_ne!(got[1][1], got[2][1]);
+    });
+}
+
+#[test]
+fn plain_nvidia_smi_prints_its_table() {
+    each_version(|version| {
+        for (shim, env) in [(false, &[][..]), (true, &[("GPUSHIM_VISIBLE_DEVICES", "2,0"), ("GPUSHIM_MEMORY_LIMIT", "1GiB")][..])] {
+            let out = run(&[], shim, env);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains(&format!("NVIDIA-SMI {version}")), "{text}");
+            assert!(!text.contains("ERR!"), "{text}");
+            let gpus = text.lines().filter(|l| l.contains("gpusim device")).count();
+            assert_eq!(gpus, if shim { 2 } else { 4 }, "{text}");
+            if shim {
+                assert_eq!(text.lines().filter(|l| l.contains(" 0MiB /") && l.contains(" 1024MiB")).count(), 2, "{text}");
+                let first = text.find(&phys_name(2)).unwrap();
+                assert!(first < text.find(&phys_name(0)).unwrap(), "{text}");
+            } else {
+                assert_eq!(text.lines().filter(|l| l.contains(" 0MiB /") && l.contains(" 16384MiB")).count(), 4, "{text}");
+            }
+        }
+    });
+}
