@@ -24,8 +24,13 @@ use crate::state::State;
 
 /// The placement log's records (present only while it is on).
 pub struct Placement {
-    /// Kernel names by function or library-kernel handle.
-    names: Mutex<HashMap<usize, Arc<str>>>,
+    /// Kernel names by function or library-kernel handle, with the module or library that owns
+    /// the handle (0: unknown), so that an unload retires its handles.
+    names: Mutex<HashMap<usize, (Arc<str>, usize)>>,
+    /// Launches of handles retired by an unload (or of graphs destroyed), by (device, kernel
+    /// name) and (device, graph): the handle may be reused by the driver for something else.
+    retired: Mutex<HashMap<(CUdevice, Arc<str>), u64>>,
+    retired_graphs: Mutex<Vec<(CUdevice, usize, u64)>>,
     /// Launches per (program device, what was launched): kernels by handle (their names are
     /// looked up once, at the first launch), graphs by executable graph.
     launches: Mutex<HashMap<(CUdevice, Launched), u64, Fast>>,
@@ -103,6 +108,8 @@ impl Placement {
     pub fn new() -> Self {
         Placement {
             names: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashMap::new()),
+            retired_graphs: Mutex::new(Vec::new()),
             launches: Mutex::new(HashMap::default()),
             allocations: Mutex::new(HashMap::default()),
             places: Mutex::new(HashMap::new()),
@@ -113,6 +120,8 @@ impl Placement {
     /// Takes its locks for a fork (`fork`).
     pub fn hold_for_fork(&'static self) {
         crate::fork::hold(&self.names);
+        crate::fork::hold(&self.retired);
+        crate::fork::hold(&self.retired_graphs);
         crate::fork::hold(&self.launches);
         crate::fork::hold(&self.allocations);
         crate::fork::hold(&self.places);
@@ -122,6 +131,8 @@ impl Placement {
     /// A forked child starts counting afresh (it writes no report); it keeps the names.
     pub fn reset_after_fork(&self) {
         crate::fork::reset(&self.launches, HashMap::default);
+        crate::fork::reset(&self.retired, HashMap::new);
+        crate::fork::reset(&self.retired_graphs, Vec::new);
         crate::fork::reset(&self.allocations, HashMap::default);
         crate::fork::reset(&self.printed, std::collections::HashSet::new);
     }
@@ -163,27 +174,80 @@ impl State {
     ///
     /// # Safety
     /// `name` is NULL or a NUL-terminated string.
-    pub unsafe fn remember_kernel_name(&self, handle: *mut c_void, name: *const c_char) {
+    /// `owner`: the module or library it came from.
+    pub unsafe fn remember_kernel_name(&self, handle: *mut c_void, name: *const c_char, owner: *mut c_void) {
         let Some(p) = self.placement() else { return };
         // SAFETY: per the contract.
         if let (false, Some(name)) = (handle.is_null(), unsafe { name_text(name) }) {
-            lock(&p.names).insert(handle as usize, name);
+            self.retire(p, &[handle as usize]);
+            lock(&p.names).insert(handle as usize, (name, owner as usize));
+        }
+    }
+
+    /// Module or library `owner` was unloaded: its handles' launches are kept by name, and
+    /// the handles forgotten (the driver may hand them out again).
+    pub fn forget_kernels_of(&self, owner: *mut c_void) {
+        let Some(p) = self.placement() else { return };
+        if owner.is_null() {
+            return;
+        }
+        let handles: Vec<usize> = lock(&p.names).iter().filter(|(_, (_, o))| *o == owner as usize).map(|(h, _)| *h).collect();
+        self.retire(p, &handles);
+    }
+
+    /// Executable graph `exec` was destroyed: its launches are kept, the handle forgotten.
+    pub fn forget_graph(&self, exec: *mut c_void) {
+        let Some(p) = self.placement() else { return };
+        let gone: Vec<(CUdevice, u64)> = {
+            let mut launches = lock(&p.launches);
+            let keys: Vec<(CUdevice, Launched)> = launches.keys().filter(|(_, w)| *w == Launched::Graph(exec as usize)).copied().collect();
+            keys.into_iter().filter_map(|k| launches.remove(&k).map(|n| (k.0, n))).collect()
+        };
+        lock(&p.retired_graphs).extend(gone.into_iter().map(|(d, n)| (d, exec as usize, n)));
+    }
+
+    /// Moves the launches of kernel handles `handles` to their names' totals and forgets them.
+    fn retire(&self, p: &Placement, handles: &[usize]) {
+        if handles.is_empty() {
+            return;
+        }
+        let named: Vec<(usize, Arc<str>)> = {
+            let mut names = lock(&p.names);
+            handles.iter().filter_map(|h| names.remove(h).map(|(n, _)| (*h, n))).collect()
+        };
+        let moved: Vec<(CUdevice, Arc<str>, u64)> = {
+            let mut launches = lock(&p.launches);
+            let keys: Vec<(CUdevice, Launched)> =
+                launches.keys().filter(|(_, w)| matches!(w, Launched::Kernel(h) if handles.contains(h))).copied().collect();
+            keys.into_iter()
+                .filter_map(|k| {
+                    let n = launches.remove(&k)?;
+                    let Launched::Kernel(h) = k.1 else { return None };
+                    let name = named.iter().find(|(x, _)| *x == h).map_or_else(|| Arc::from(format!("function {h:#x}").as_str()), |(_, n)| n.clone());
+                    Some((k.0, name, n))
+                })
+                .collect()
+        };
+        let mut retired = lock(&p.retired);
+        for (dev, name, n) in moved {
+            *retired.entry((dev, name)).or_insert(0) += n;
         }
     }
 
     /// `function` was obtained from library kernel `kernel`: it has the kernel's name.
     pub fn remember_kernel_function(&self, function: *mut c_void, kernel: *mut c_void) {
         let Some(p) = self.placement() else { return };
-        let mut names = lock(&p.names);
-        if let Some(name) = names.get(&(kernel as usize)).cloned() {
-            names.insert(function as usize, name);
+        let known = lock(&p.names).get(&(kernel as usize)).cloned();
+        if let Some(entry) = known {
+            self.retire(p, &[function as usize]);
+            lock(&p.names).insert(function as usize, entry);
         }
     }
 
     /// The name of function (or library kernel) `f`: remembered, else asked of the driver
     /// (and remembered), else its handle.
     fn kernel_name(&self, p: &Placement, f: *mut c_void) -> Arc<str> {
-        if let Some(name) = lock(&p.names).get(&(f as usize)) {
+        if let Some((name, _)) = lock(&p.names).get(&(f as usize)) {
             return name.clone();
         }
         let api = self.api();
@@ -195,7 +259,7 @@ impl State {
         });
         // SAFETY: the driver's answer is NULL or a NUL-terminated string.
         let name = asked.and_then(|n| unsafe { name_text(n) }).unwrap_or_else(|| Arc::from(format!("function {:#x}", f as usize).as_str()));
-        lock(&p.names).insert(f as usize, name.clone());
+        lock(&p.names).insert(f as usize, (name.clone(), 0));
         name
     }
 
@@ -211,7 +275,8 @@ impl State {
             // SAFETY: a valid out-pointer; `d` is a driver ordinal.
             (unsafe { get(&mut id, d) } == CUDA_SUCCESS).then(|| crate::driver::uuid_string(&id))
         });
-        let gpu_index = uuid.as_ref().and_then(|u| self.inventory()?.iter().position(|p| p.uuid.eq_ignore_ascii_case(u)));
+        // (NVML's list as read at start-up when the log is on: never loaded from a launch)
+        let gpu_index = uuid.as_ref().and_then(|u| self.inventory_if_read()?.iter().position(|p| p.uuid.eq_ignore_ascii_case(u)));
         Place { gpu_index, uuid, part }
     }
 
@@ -227,8 +292,13 @@ impl State {
     }
 
     /// A launch of function (or library kernel) `f` on `stream`.
+    /// A launch into a stream being captured only adds a node to a graph: it is not counted
+    /// (the graph's launches are).
     pub fn place_launch(&self, f: *mut c_void, stream: CUstream, per_thread: bool) {
         let Some(p) = self.placement() else { return };
+        if self.capturing(stream) {
+            return;
+        }
         self.count_launch(p, Launched::Kernel(f as usize), stream, per_thread);
     }
 
@@ -302,18 +372,27 @@ impl State {
         }
         let launches: Vec<((CUdevice, Launched), u64)> = lock(&p.launches).iter().map(|(k, n)| (*k, *n)).collect();
         let names = lock(&p.names).clone();
-        for ((dev, what), n) in launches {
+        let retired: Vec<((CUdevice, Arc<str>), u64)> = lock(&p.retired).iter().map(|(k, n)| (k.clone(), *n)).collect();
+        let retired_graphs = lock(&p.retired_graphs).clone();
+        let by_name = launches
+            .into_iter()
+            .map(|((dev, what), n)| match what {
+                Launched::Kernel(f) => (dev, Ok(names.get(&f).map_or_else(|| format!("function {f:#x}"), |(n, _)| n.to_string())), n),
+                Launched::Graph(g) => (dev, Err(g), n),
+            })
+            .chain(retired.into_iter().map(|((dev, name), n)| (dev, Ok(name.to_string()), n)))
+            .chain(retired_graphs.into_iter().map(|(dev, g, n)| (dev, Err(g), n)));
+        for (dev, what, n) in by_name {
             match what {
-                Launched::Kernel(f) => {
+                Ok(name) => {
                     // (handles of the same name — a module's function, a library's kernel — add up)
-                    let name = names.get(&f).map_or_else(|| format!("function {f:#x}"), |n| n.to_string());
                     let kernels = &mut entry(&mut by_device, &places, dev).kernels;
                     match kernels.iter_mut().find(|(k, _)| *k == name) {
                         Some((_, count)) => *count += n,
                         None => kernels.push((name, n)),
                     }
                 }
-                Launched::Graph(g) => entry(&mut by_device, &places, dev).graphs.push((g, n)),
+                Err(g) => entry(&mut by_device, &places, dev).graphs.push((g, n)),
             }
         }
         for ((dev, what), (n, bytes)) in lock(&p.allocations).iter() {

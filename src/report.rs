@@ -48,7 +48,10 @@ extern "C" fn write_at_exit() {
         let placement_text = placement.as_ref().map_or(String::new(), |p| crate::placement::text(p));
         match target {
             // (the placement summary alone is part of the log: silent with GPUSHIM_LOG=off)
-            None if crate::log::enabled(crate::log::Level::Error) => crate::log::emit_plain(placement_text.trim_end()),
+            // (a process that only used NVML, like nvidia-smi, has nothing to say)
+            None if crate::log::enabled(crate::log::Level::Error) && placement.as_ref().is_some_and(|p| !p.is_empty()) => {
+                crate::log::emit_plain(placement_text.trim_end())
+            }
             None => {}
             Some(ReportTarget::Stderr) => crate::log::emit_plain((text(&rows) + &placement_text).trim_end()),
             Some(target @ ReportTarget::Path(path)) => {

@@ -221,6 +221,8 @@ fn build() -> Box<State> {
     }
     if state.mode == Mode::Active && state.settings.log_placement {
         state.placement = Some(crate::placement::Placement::new());
+        // (read now, at start-up, so that no launch or allocation ever initialises NVML)
+        let _ = state.inventory();
     }
     if state.mode == Mode::Active && (state.settings.report.is_some() || state.placement.is_some()) {
         crate::report::arm(state.settings.report.as_ref());
@@ -385,6 +387,11 @@ impl State {
         std::env::set_var(view::APPLIED_MARKER, &value);
         self.expected_devices = Some(entries.len());
         Ok(())
+    }
+
+    /// NVML's inventory if it was already read (never reads it).
+    pub fn inventory_if_read(&self) -> Option<&Vec<Physical>> {
+        self.inventory.get()?.as_ref()
     }
 
     /// NVML's inventory of physical devices (read once). A missing NVML is not logged here:

@@ -62,6 +62,7 @@ pub unsafe fn exec_destroy(st: &State, real: unsafe extern "C" fn(Exec) -> CUres
     let result = real(exec);
     if result == CUDA_SUCCESS {
         st.graph_destroyed(exec as usize);
+        st.forget_graph(exec);
     }
     result
 }

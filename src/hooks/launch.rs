@@ -174,7 +174,7 @@ pub unsafe fn module_get_function(st: &State, real: unsafe extern "C" fn(*mut Fu
     let result = real(f, module, name);
     if result == CUDA_SUCCESS && !f.is_null() {
         // SAFETY: the driver accepted `name` (a NUL-terminated string) and wrote `*f`.
-        unsafe { st.remember_kernel_name(*f, name) };
+        unsafe { st.remember_kernel_name(*f, name, module) };
     }
     result
 }
@@ -183,7 +183,7 @@ pub unsafe fn library_get_kernel(st: &State, real: unsafe extern "C" fn(*mut Fun
     let result = real(kernel, library, name);
     if result == CUDA_SUCCESS && !kernel.is_null() {
         // SAFETY: as above.
-        unsafe { st.remember_kernel_name(*kernel, name) };
+        unsafe { st.remember_kernel_name(*kernel, name, library) };
     }
     result
 }
@@ -192,6 +192,16 @@ pub unsafe fn kernel_get_function(st: &State, real: unsafe extern "C" fn(*mut Fu
     let result = real(f, kernel);
     if result == CUDA_SUCCESS && !f.is_null() {
         st.remember_kernel_function(*f, kernel);
+    }
+    result
+}
+
+/// `cuModuleUnload`, `cuLibraryUnload`: the unloaded code's handles are retired (their launches
+/// kept by name; the driver may hand the handles out again).
+pub unsafe fn unload(st: &State, real: unsafe extern "C" fn(*mut c_void) -> CUresult, owner: *mut c_void) -> CUresult {
+    let result = real(owner);
+    if result == CUDA_SUCCESS {
+        st.forget_kernels_of(owner);
     }
     result
 }

@@ -139,7 +139,7 @@ hook_table! {
     cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit place (exec: *mut c_void, stream: CUstream)                       => graph::launch_ptsz;
     cuGraphUpload             = "cuGraphUpload"         @ 11010 limit (exec: *mut c_void, stream: CUstream)                                  => graph::upload;
     cuGraphUpload_ptsz        = "cuGraphUpload"         @ 11010 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::upload;
-    cuGraphExecDestroy        = "cuGraphExecDestroy"    @ 10000 limit (exec: *mut c_void)                                                    => graph::exec_destroy;
+    cuGraphExecDestroy        = "cuGraphExecDestroy"    @ 10000 limit place (exec: *mut c_void)                                                    => graph::exec_destroy;
 
     // The placement log (src/placement.rs; hooks/launch.rs): handed out only while it is on.
     cuLaunchKernel            = "cuLaunchKernel"        @ 4000 place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
@@ -151,6 +151,8 @@ hook_table! {
     cuModuleGetFunction       = "cuModuleGetFunction"   @ 2000 place (f: *mut *mut c_void, module: *mut c_void, name: *const c_char)         => launch::module_get_function;
     cuLibraryGetKernel        = "cuLibraryGetKernel"    @ 12000 place (kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char)  => launch::library_get_kernel;
     cuKernelGetFunction       = "cuKernelGetFunction"   @ 12000 place (f: *mut *mut c_void, kernel: *mut c_void)                             => launch::kernel_get_function;
+    cuModuleUnload            = "cuModuleUnload"        @ 2000 place (module: *mut c_void)                                                    => launch::unload;
+    cuLibraryUnload           = "cuLibraryUnload"       @ 12000 place (library: *mut c_void)                                                  => launch::unload;
 
     // NVML (the base and version columns only matter for cuGetProcAddress).
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;

@@ -11,7 +11,9 @@
  *     stream it creates (cuLaunchKernelEx) and once cooperatively (cuLaunchCooperativeKernel);
  *   - loads a library from the same PTX and launches its kernel "vecAdd" once through its
  *     CUkernel handle (cuLibraryGetKernel, cuLaunchKernel);
- *   - instantiates an empty graph and launches it twice (cuGraphLaunch).
+ *   - instantiates an empty graph and launches it twice (cuGraphLaunch);
+ *   - captures a launch of vecAdd on its stream into a graph and launches that graph once;
+ *   - unloads everything, loads the module again and launches vecAdd once more.
  * Prints devices=N, per device dD.rc (the first failing call's result, 0 if none), done=1.
  */
 #include <cuda.h>
@@ -95,12 +97,33 @@ static CUresult on_device(int d) {
     CHECK(cuGraphExecDestroy(exec));
     CHECK(cuGraphDestroy(graph));
 
+    /* a launch into a stream being captured is a node of the graph, not a launch */
+    CUgraph captured;
+    CUgraphExec captured_exec;
+    CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuLaunchKernel(vec_add, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL));
+    CHECK(cuStreamEndCapture(stream, &captured));
+    CHECK(cuGraphInstantiateWithFlags(&captured_exec, captured, 0));
+    CHECK(cuGraphLaunch(captured_exec, stream));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuGraphExecDestroy(captured_exec));
+    CHECK(cuGraphDestroy(captured));
+
     CHECK(cuMemFree(a));
     CHECK(cuMemFree(b));
     CHECK(cuMemFree(m));
     CHECK(cuStreamDestroy(stream));
     CHECK(cuLibraryUnload(library));
     CHECK(cuModuleUnload(module));
+
+    /* the same code loaded again: new handles, the same kernel name */
+    CUmodule again;
+    CUfunction vec_add_again;
+    CHECK(cuModuleLoadData(&again, ptx));
+    CHECK(cuModuleGetFunction(&vec_add_again, again, "vecAdd"));
+    CHECK(cuLaunchKernel(vec_add_again, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuModuleUnload(again));
     return CUDA_SUCCESS;
 }
 

@@ -52,6 +52,9 @@ struct Registry {
     libraries: HashSet<usize>,
     functions: HashSet<usize>,
     kernels: HashSet<usize>,
+    /// Per library: the functions (`cuKernelGetFunction`) and modules (`cuLibraryGetModule`)
+    /// made from it, which its unload invalidates.
+    derived: BTreeMap<usize, Vec<usize>>,
 }
 
 fn registry() -> &'static RwLock<Registry> {
@@ -133,78 +136,117 @@ pub fn ptx_entries(text: &str) -> Vec<Entry> {
     entries
 }
 
-/// Reads a little-endian integer of `N` bytes at `at`.
-///
-/// # Safety
-/// `at..at+N` is readable.
-unsafe fn read<const N: usize>(at: *const u8) -> [u8; N] {
-    // SAFETY: per the contract.
-    unsafe { std::ptr::read_unaligned(at as *const [u8; N]) }
+/// The largest fat binary the simulator reads (a sanity bound on sizes an image claims).
+const MAX_FATBIN: usize = 1 << 30;
+
+fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at.checked_add(N)?)?.try_into().ok()
 }
 
-/// The kernels' names in a code image: PTX text or a fat binary (see the module documentation).
+/// The kernels of a fat binary container held in `bytes` (all of it, as its header says):
+/// every read is checked against its length.
+fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+    // header { magic: u32, version: u16, header_size: u16, fat_size: u64 }, then entries
+    // { kind: u16, _: u16, header_size: u32, payload_size: u64, compressed_size: u32, _: u32,
+    //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64, … }
+    // each followed by its payload
+    let bad = CUDA_ERROR_INVALID_IMAGE;
+    let header_size = u16::from_le_bytes(le::<2>(bytes, 6).ok_or(bad)?) as usize;
+    let fat_size = usize::try_from(u64::from_le_bytes(le::<8>(bytes, 8).ok_or(bad)?)).map_err(|_| bad)?;
+    let end = header_size.checked_add(fat_size).filter(|&e| e <= bytes.len()).ok_or(bad)?;
+    let mut entries = Vec::new();
+    let mut at = header_size;
+    while at < end {
+        let field = |off: usize| at.checked_add(off).ok_or(bad);
+        let kind = u16::from_le_bytes(le::<2>(bytes, at).ok_or(bad)?);
+        let entry_header = u32::from_le_bytes(le::<4>(bytes, field(4)?).ok_or(bad)?) as usize;
+        let payload = usize::try_from(u64::from_le_bytes(le::<8>(bytes, field(8)?).ok_or(bad)?)).map_err(|_| bad)?;
+        let flags = u64::from_le_bytes(le::<8>(bytes, field(40)?).ok_or(bad)?);
+        let start = at.checked_add(entry_header).ok_or(bad)?;
+        let next = start.checked_add(payload).filter(|&n| n <= end).ok_or(bad)?;
+        if entry_header < 48 {
+            return Err(bad);
+        }
+        if kind == FATBIN_KIND_PTX {
+            if flags & FATBIN_FLAG_COMPRESSED != 0 {
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            let text = &bytes[start..next];
+            let text = String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]));
+            entries.extend(ptx_entries(&text));
+        }
+        at = next;
+    }
+    if entries.is_empty() {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    } else {
+        Ok(entries)
+    }
+}
+
+/// The kernels of an image held in `bytes`: a fat binary or PTX text (see the module
+/// documentation); anything else (machine code) is `CUDA_ERROR_NOT_SUPPORTED`.
+fn bytes_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+    if le::<4>(bytes, 0).map(u32::from_le_bytes) == Some(FATBIN_MAGIC) {
+        return fatbin_entries(bytes);
+    }
+    let text = String::from_utf8_lossy(bytes.split(|&b| b == 0).next().unwrap_or(&[]));
+    if !text.contains(".version") || !text.contains(".target") {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(ptx_entries(&text))
+}
+
+/// The kernels of a code image given by address (`cuModuleLoadData` and friends): PTX text, a
+/// fat binary, or the wrapper the CUDA runtime registers (one level).
 ///
 /// # Safety
-/// `image` points to a NUL-terminated PTX text, a fat binary or its wrapper, as the driver API
-/// requires of its callers.
+/// `image` points to a NUL-terminated PTX text, a fat binary whose header tells its size, or
+/// a wrapper of one, as the driver API requires of its callers.
 unsafe fn image_entries(image: *const c_void) -> Res<Vec<Entry>> {
+    // SAFETY: per the contract.
+    unsafe { image_entries_at(image, true) }
+}
+
+/// # Safety
+/// As [`image_entries`].
+unsafe fn image_entries_at(image: *const c_void, wrapper_allowed: bool) -> Res<Vec<Entry>> {
     if image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let p = image as *const u8;
-    // SAFETY: any image is at least 4 bytes (a PTX text of 3 characters and its NUL at least).
-    let magic = u32::from_le_bytes(unsafe { read::<4>(p) });
+    // The first 4 bytes, stopping at a NUL (a PTX text shorter than that ends there).
+    let mut head = [0u8; 4];
+    for (i, b) in head.iter_mut().enumerate() {
+        // SAFETY: bytes up to and including the first NUL are the caller's image.
+        *b = unsafe { *p.add(i) };
+        if *b == 0 {
+            break;
+        }
+    }
+    let magic = u32::from_le_bytes(head);
     if magic == FATBIN_WRAPPER_MAGIC {
+        if !wrapper_allowed {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
         // { magic: u32, version: u32, data: *const fatbin, filename_or_fatbins: *const c_void }
-        // SAFETY: the wrapper's layout; `data` points to the fat binary.
+        // SAFETY: the wrapper's layout (16 bytes); `data` points to the fat binary.
         let data = unsafe { std::ptr::read_unaligned(p.add(8) as *const *const c_void) };
-        // SAFETY: as the wrapper says.
-        return unsafe { image_entries(data) };
+        // SAFETY: as the wrapper says; a wrapper of a wrapper is refused.
+        return unsafe { image_entries_at(data, false) };
     }
     if magic == FATBIN_MAGIC {
-        // header { magic: u32, version: u16, header_size: u16, fat_size: u64 }, then entries
-        // { kind: u16, _: u16, header_size: u32, payload_size: u64, compressed_size: u32, _: u32,
-        //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64, … }
-        // each followed by its payload
-        // SAFETY: the container's header is 16 bytes.
-        let header_size = u16::from_le_bytes(unsafe { read::<2>(p.add(6)) }) as usize;
-        // SAFETY: as above.
-        let fat_size = u64::from_le_bytes(unsafe { read::<8>(p.add(8)) }) as usize;
-        let mut names = Vec::new();
-        let mut at = header_size;
-        while at + 48 <= header_size + fat_size {
-            // SAFETY: inside the container, as its sizes say.
-            let (kind, entry_header, payload, flags) = unsafe {
-                (
-                    u16::from_le_bytes(read::<2>(p.add(at))),
-                    u32::from_le_bytes(read::<4>(p.add(at + 4))) as usize,
-                    u64::from_le_bytes(read::<8>(p.add(at + 8))) as usize,
-                    u64::from_le_bytes(read::<8>(p.add(at + 40))),
-                )
-            };
-            if entry_header < 48 {
-                return Err(CUDA_ERROR_INVALID_IMAGE);
-            }
-            if kind == FATBIN_KIND_PTX {
-                if flags & FATBIN_FLAG_COMPRESSED != 0 {
-                    return Err(CUDA_ERROR_NOT_SUPPORTED);
-                }
-                // SAFETY: the payload follows the entry's header, `payload` bytes long.
-                let text = unsafe { std::slice::from_raw_parts(p.add(at + entry_header), payload) };
-                let text = String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]));
-                names.extend(ptx_entries(&text));
-            }
-            at += entry_header + payload;
-        }
-        return if names.is_empty() { Err(CUDA_ERROR_NOT_SUPPORTED) } else { Ok(names) };
+        // SAFETY: the container's header is 16 bytes; its sizes say how long the whole is
+        // (bounded, then every entry is checked against that length).
+        let (header_size, fat_size) = unsafe {
+            (u16::from_le_bytes(std::ptr::read_unaligned(p.add(6) as *const [u8; 2])) as usize, u64::from_le_bytes(std::ptr::read_unaligned(p.add(8) as *const [u8; 8])))
+        };
+        let total = usize::try_from(fat_size).ok().and_then(|f| f.checked_add(header_size)).filter(|&t| t <= MAX_FATBIN).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        // SAFETY: the caller's image is as long as its header says.
+        return fatbin_entries(unsafe { std::slice::from_raw_parts(p, total) });
     }
     // SAFETY: per the contract, otherwise a NUL-terminated text.
-    let text = unsafe { CStr::from_ptr(image as *const c_char) }.to_string_lossy();
-    if !text.contains(".version") || !text.contains(".target") {
-        // machine code (cubin) or something else: nothing a simulator can load
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    Ok(ptx_entries(&text))
+    bytes_entries(unsafe { CStr::from_ptr(image as *const c_char) }.to_bytes())
 }
 
 fn cstring(name: &str) -> CString {
@@ -268,6 +310,10 @@ fn launchable(f: *mut c_void) -> Res<&'static CStr> {
 fn launch(f: CUfunction, s: CUstream) -> Res {
     let name = launchable(f)?;
     crate::streams::ctx_of(s)?;
+    if crate::graphs::capturing(s).is_some() {
+        // captured: a node of the graph being built, nothing runs now
+        return Ok(());
+    }
     let mut l = launches().lock().unwrap_or_else(|e| e.into_inner());
     *l.entry(name.to_string_lossy().into_owned()).or_insert(0) += 1;
     Ok(())
@@ -413,7 +459,7 @@ cu_api! {
 
     fn cuLibraryEnumerateKernels(kernels: *mut *mut c_void, n: u32, lib: *mut c_void) {
         let l = library(lib)?;
-        if kernels.is_null() || n as usize > l.kernels.len() {
+        if kernels.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         for (i, k) in l.kernels.iter().take(n as usize).enumerate() {
@@ -439,6 +485,9 @@ cu_api! {
         let mut m: CUmodule = std::ptr::null_mut();
         load_module(&mut m, entries)?;
         made.insert((lib as usize, ctx.id), m as usize);
+        let mut made_here = vec![m as usize];
+        made_here.extend(crate::kernels::module(m)?.functions.iter().map(|(_, f)| *f as *const Function as usize));
+        registry().write().unwrap_or_else(|e| e.into_inner()).derived.entry(lib as usize).or_default().extend(made_here);
         put(module, m)
     }
 
@@ -469,9 +518,8 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let path = std::ffi::OsStr::new(CStr::from_ptr(path).to_str().map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?);
-        let mut bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-        bytes.push(0);
-        load_module(module, image_entries(bytes.as_ptr() as *const c_void)?)
+        let bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+        load_module(module, bytes_entries(&bytes)?)
     }
 
     fn cuModuleUnload(module: CUmodule) {
@@ -518,6 +566,11 @@ cu_api! {
         for k in &l.kernels {
             r.kernels.remove(&(*k as *const Kernel as usize));
         }
+        // what was made from it goes with it (a handle is in only one of these sets)
+        for h in r.derived.remove(&(lib as usize)).unwrap_or_default() {
+            r.functions.remove(&h);
+            r.modules.remove(&h);
+        }
         Ok(())
     }
 
@@ -559,9 +612,12 @@ cu_api! {
         static MADE: OnceLock<Mutex<BTreeMap<(usize, u64), usize>>> = OnceLock::new();
         let mut made = MADE.get_or_init(|| Mutex::new(BTreeMap::new())).lock().unwrap_or_else(|e| e.into_inner());
         let params = (*(kernel as *const Kernel)).params.clone();
+        let library = (*(kernel as *const Kernel)).library;
         let function = *made.entry((kernel as usize, ctx.id)).or_insert_with(|| {
             let func: &'static Function = Box::leak(Box::new(Function { name, params }));
-            registry().write().unwrap_or_else(|e| e.into_inner()).functions.insert(func as *const Function as usize);
+            let mut r = registry().write().unwrap_or_else(|e| e.into_inner());
+            r.functions.insert(func as *const Function as usize);
+            r.derived.entry(library).or_default().push(func as *const Function as usize);
             func as *const Function as usize
         });
         put(f, function as CUfunction)
