@@ -3,6 +3,7 @@
 # own virtual environment with pinned versions (their CUDA libraries' pins differ):
 #   .deps/frameworks/venv/  torch 2.15.0, cupy-cuda12x 14.2.0   (tests/frameworks.rs)
 #   .deps/jax/venv/         jax[cuda12] 0.10.2                  (tests/frameworks_jax.rs)
+#   .deps/tf/venv/          tensorflow[and-cuda] 2.21.0         (tests/frameworks_tf.rs)
 #   <dir>/.stamp            the pinned versions a venv was built with
 # Idempotent: when a stamp matches, nothing is downloaded (no network). When the package index
 # cannot be reached, one line on stderr and a non-zero exit (the tests would otherwise not run).
@@ -45,3 +46,4 @@ venv() {
 
 venv frameworks 5.7GB "torch, cupy" "torch==2.15.0" "cupy-cuda12x==14.2.0"
 venv jax 5.5GB "jax" "jax[cuda12]==0.10.2"
+venv tf 6.3GB "tensorflow" "tensorflow[and-cuda]==2.21.0"
