@@ -24,16 +24,8 @@ const LIMIT: u64 = GIB;
 /// How far a fill goes at most (without the shim it gets all of it).
 const CAP: u64 = 2 * GIB;
 
-/// The virtual environment's python (`scripts/fetch-frameworks.sh`).
 fn venv_python() -> PathBuf {
-    let py = workspace_root().join(".deps/frameworks/venv/bin/python");
-    if !py.is_file() {
-        panic!(
-            "PyTorch/CuPy are not installed in {}; run `bash scripts/fetch-frameworks.sh` first",
-            py.display()
-        );
-    }
-    py
+    common::venv_python("frameworks", "PyTorch/CuPy are")
 }
 
 fn framework_run(script: &str) -> Run {

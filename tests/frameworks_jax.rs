@@ -15,11 +15,7 @@ use std::path::PathBuf;
 const GIB: u64 = 1 << 30;
 
 fn venv_python() -> PathBuf {
-    let py = workspace_root().join(".deps/jax/venv/bin/python");
-    if !py.is_file() {
-        panic!("JAX is not installed in {}; run `bash scripts/fetch-frameworks.sh` first", py.display());
-    }
-    py
+    common::venv_python("jax", "JAX is")
 }
 
 /// Per device JAX shows: `limitI` (its allocator's `bytes_limit`) after a `device_put`.

@@ -19,11 +19,7 @@ const GIB: u64 = 1 << 30;
 const GPU: u64 = 16 * GIB;
 
 fn venv_python() -> PathBuf {
-    let py = workspace_root().join(".deps/tf/venv/bin/python");
-    if !py.is_file() {
-        panic!("TensorFlow is not installed in {}; run `bash scripts/fetch-frameworks.sh` first", py.display());
-    }
-    py
+    common::venv_python("tf", "TensorFlow is")
 }
 
 /// `count` (GPUs TensorFlow lists), `device` (where a constant landed), then, with `HOLD=P`, it

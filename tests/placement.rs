@@ -204,8 +204,7 @@ fn a_bad_value_is_a_configuration_error() {
 /// caching allocator (`cudaMalloc`, so `cuMemAlloc`), and nothing lands on device 0.
 #[test]
 fn pytorch_tensors_on_cuda_1() {
-    let python = workspace_root().join(".deps/frameworks/venv/bin/python");
-    assert!(python.is_file(), "PyTorch is not installed in {}; run `bash scripts/fetch-frameworks.sh` first", python.display());
+    let python = venv_python("frameworks", "PyTorch is");
     let script = "import torch\nx = torch.empty(8 << 20, dtype=torch.uint8, device='cuda:1')\ny = torch.empty(4 << 20, dtype=torch.uint8, device='cuda:1')\ntorch.cuda.synchronize(1)\nprint('done=1')\n";
     let out = Run::new(python)
         .arg("-c")

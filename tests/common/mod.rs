@@ -147,6 +147,16 @@ pub fn python_deps() -> PathBuf {
     dir
 }
 
+/// The python of the framework virtual environment `.deps/<dir>/venv` (`scripts/fetch-frameworks.sh`;
+/// `what` names its frameworks for the message when it is missing).
+pub fn venv_python(dir: &str, what: &str) -> PathBuf {
+    let py = workspace_root().join(".deps").join(dir).join("venv/bin/python");
+    if !py.is_file() {
+        panic!("{what} not installed in {}; run `bash scripts/fetch-frameworks.sh` first", py.display());
+    }
+    py
+}
+
 /// `python3 -c SCRIPT ARGS…` with `PYTHONPATH=.deps/python` (pynvml), the simulators on
 /// LD_LIBRARY_PATH like any other [`Run`].
 pub fn python_run(script: &str) -> Run {
