@@ -137,5 +137,11 @@ fn memory_of_a_context_being_torn_down_is_not_allocated_twice() {
         }
         assert!(peak <= LIMIT, "{what}: the driver held {peak} bytes, limit {LIMIT}\n{}", out.dump());
         assert_eq!(out.num("fill.refused"), 1, "{what}\n{}", out.dump());
+        // (else the scenario ran after the destroy had returned: nothing was tested)
+        assert_eq!(out.num("fill.during_destroy"), 1, "{what}: the destroy returned too early\n{}", out.dump());
+        // the credits that waited for the destroy were applied once it returned: the limit
+        // minus what the program still holds (the reserve's chunks in grow) is free again
+        let held = if api == "alloc" { filler + 20 } else { filler + again + out.u64("fill.bytes") / MIB };
+        assert_eq!(out.u64("after.bytes"), (64 - held) * MIB, "{what}: the torn-down memory is free again\n{}", out.dump());
     }
 }

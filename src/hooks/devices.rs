@@ -154,10 +154,11 @@ pub unsafe fn primary_retain(st: &State, real: unsafe extern "C" fn(*mut CUconte
 /// `dev`) and, if that destroyed the context, forgets its reserve (`modes`).
 fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -> CUresult) -> CUresult {
     on_driver(st, dev, |d| {
+        // (begun before the state probe: its retain and release may be the last release)
+        let _teardown = (st.pooled() || st.limits_apply()).then(|| st.teardown_begins());
         let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
         let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
         let doomed = primary.map(|c| st.context_allocations(c));
-        let _teardown = primary.is_some().then(|| st.teardown_begins());
         let result = teardown(d);
         if result == CUDA_SUCCESS && primary.is_some() && !st.primary_active(d) {
             if let Some(id) = reserve {

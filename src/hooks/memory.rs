@@ -284,6 +284,9 @@ pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAll
     // may hand the same handle value to another thread's cuMemCreate at once, whose new entry
     // must not be taken for this one.
     let entry = st.live.get(Kind::VmmHandle, handle);
+    // (another thread handed this handle's value or addresses meanwhile must not credit the
+    // old memory before the driver's release has returned: `teardown`)
+    let _freeing = st.teardown_begins();
     let result = real(handle);
     if result == CUDA_SUCCESS && crate::vmm::released(handle) {
         credit_vmm(st, handle, entry);
@@ -333,6 +336,7 @@ pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usiz
         .into_iter()
         .filter_map(|h| Some((h, st.live.get(Kind::VmmHandle, h)?)))
         .collect();
+    let _freeing = st.teardown_begins();
     let result = real(ptr, size);
     if result == CUDA_SUCCESS {
         for handle in crate::vmm::unmapped(ptr, size as u64) {

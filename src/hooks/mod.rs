@@ -110,6 +110,7 @@ hook_table! {
     cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split pool  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
     cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split pool (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
     cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split pool (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
+    cuCtxDestroy              = "cuCtxDestroy"          @ 2000 split pool limit  (ctx: CUcontext)                                                      => devices::ctx_destroy;
     cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool limit  (ctx: CUcontext)                                                      => devices::ctx_destroy;
     cuCtxGetDevice            = "cuCtxGetDevice"        @ 2000 split  (dev: *mut CUdevice)                                                  => devices::ctx_get_device;
     cuCtxGetDevice_v2         = "cuCtxGetDevice"        @ 13000 split (dev: *mut CUdevice, ctx: CUcontext)                                  => devices::ctx_get_device_v2;

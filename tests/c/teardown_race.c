@@ -14,7 +14,9 @@
  * 3. Main, 100 ms after being told (the destroy under way): allocates AGAIN through API
  *    (again.rc, again.ptr; reuse=1 when again.ptr lies in what own.ptr was), then 1 MiB blocks
  *    through API until refused or 64 held -> fill.bytes, fill.refused.
- * 4. Main: joins the thread, frees what it holds; done=1.
+ *    fill.during_destroy=1 when all that happened before the destroy returned.
+ * 4. Main: joins the thread, then 1 MiB blocks again until refused (after.bytes: what the
+ *    destroy gave back is free once it has returned), frees what it holds; done=1.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -37,6 +39,7 @@ static CUresult own_rc = CUDA_ERROR_UNKNOWN, destroy_rc = CUDA_ERROR_UNKNOWN;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t told = PTHREAD_COND_INITIALIZER;
 static int allocated;
+static volatile int destroy_returned;
 
 static CUresult allocate(CUdeviceptr *p, size_t bytes) {
     return managed ? cuMemAllocManaged(p, bytes, CU_MEM_ATTACH_GLOBAL) : cuMemAlloc(p, bytes);
@@ -51,6 +54,7 @@ static void *tear_down(void *arg) {
     pthread_cond_signal(&told);
     pthread_mutex_unlock(&lock);
     if (own != NULL) destroy_rc = cuCtxDestroy(own);
+    destroy_returned = 1;
     return NULL;
 }
 
@@ -96,8 +100,16 @@ int main(int argc, char **argv) {
     }
     kv("fill.bytes=%llu", (unsigned long long)n * MIB);
     kv("fill.refused=%d", refused);
+    /* the whole scenario ran while the destroy was still under way */
+    kv("fill.during_destroy=%d", !destroy_returned);
     pthread_join(thread, NULL);
     kv("destroy.rc=%d", (int)destroy_rc);
+    /* once the destroy has returned, its memory is free again: 1 MiB blocks until refused */
+    CUdeviceptr after[64];
+    int m = 0;
+    while (n + m < 64 && allocate(&after[m], MIB) == CUDA_SUCCESS) m++;
+    kv("after.bytes=%llu", (unsigned long long)m * MIB);
+    while (m > 0) cuMemFree(after[--m]);
     while (n > 0) cuMemFree(blocks[--n]);
     if (again_rc == CUDA_SUCCESS) cuMemFree(again_ptr);
     cuMemFree(filler_ptr);
