@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 use crate::quota::Quota;
@@ -50,6 +50,9 @@ pub struct DeviceBudget {
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
     /// what every member holds.
     shared: OnceLock<(&'static Quota, usize)>,
+    /// This device's entry in the process' published figures (`live`); null: not published
+    /// (not yet, beyond `live::DEVICES`, or a forked child).
+    mirror: AtomicPtr<crate::live::Dev>,
 }
 
 /// Why a reservation failed: what was reserved against which limit.
@@ -71,7 +74,37 @@ impl DeviceBudget {
             pool_kept: AtomicU64::new(0),
             pool_epoch: AtomicU64::new(0),
             shared: OnceLock::new(),
+            mirror: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    /// Publishes this budget's figures in `dev` from now on (`live`).
+    pub fn mirror_to(&self, dev: &'static crate::live::Dev) {
+        self.mirror.store(dev as *const _ as *mut _, Release);
+        self.publish();
+    }
+
+    /// Stops publishing (a forked child: the file is its parent's).
+    pub fn unmirror(&self) {
+        self.mirror.store(std::ptr::null_mut(), Release);
+    }
+
+    /// Copies the figures into the published entry, if any: a few relaxed loads and stores to
+    /// a shared page, no system call, no lock.
+    #[inline]
+    fn publish(&self) {
+        let m = self.mirror.load(Acquire);
+        if m.is_null() {
+            return;
+        }
+        // SAFETY: a non-null mirror points into the process' published mapping, never unmapped.
+        let d = unsafe { &*m };
+        d.limit.store(self.limit.load(Relaxed), Relaxed);
+        d.in_use.store(self.in_use.load(Relaxed), Relaxed);
+        d.peak_in_use.store(self.peak_in_use.load(Relaxed), Relaxed);
+        d.reserved.store(self.reserved.load(Relaxed), Relaxed);
+        d.peak_reserved.store(self.peak_reserved.load(Relaxed), Relaxed);
+        d.refused.store(self.refused.load(Relaxed), Relaxed);
     }
 
     /// Makes reservations on this device count in `quota`'s device `index`.
@@ -100,6 +133,7 @@ impl DeviceBudget {
 
     pub fn set_limit(&self, limit: u64) {
         self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+        self.publish();
     }
 
     pub fn reserved(&self) -> u64 {
@@ -130,6 +164,7 @@ impl DeviceBudget {
             quota.reserve(*d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
             let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
             self.peak_reserved.fetch_max(now, Relaxed);
+            self.publish();
             return Ok(());
         }
         let mut reserved = self.reserved.load(Relaxed);
@@ -141,6 +176,7 @@ impl DeviceBudget {
             match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
                     self.peak_reserved.fetch_max(next, Relaxed);
+                    self.publish();
                     return Ok(());
                 }
                 Err(now) => reserved = now,
@@ -154,17 +190,20 @@ impl DeviceBudget {
         if let Some((quota, d)) = self.shared.get() {
             quota.release(*d, bytes);
         }
+        self.publish();
     }
 
     /// The program now holds `bytes` more.
     pub fn take(&self, bytes: u64) {
         let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
         self.peak_in_use.fetch_max(now, Relaxed);
+        self.publish();
     }
 
     /// The program gave `bytes` back (never below zero).
     pub fn give(&self, bytes: u64) {
         let _ = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        self.publish();
     }
 
     /// Bytes freed into stream-ordered pools and possibly still held by them.
@@ -208,6 +247,7 @@ impl DeviceBudget {
 
     /// A forked child holds nothing (`fork`): every figure back to zero, the limit kept.
     pub fn reset_after_fork(&self) {
+        self.unmirror();
         for a in [&self.reserved, &self.peak_reserved, &self.in_use, &self.peak_in_use, &self.refused, &self.pool_kept] {
             a.store(0, SeqCst);
         }
@@ -217,6 +257,7 @@ impl DeviceBudget {
     /// Counts one of the program's requests as refused.
     pub fn count_refusal(&self) {
         self.refused.fetch_add(1, Relaxed);
+        self.publish();
     }
 }
 

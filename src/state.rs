@@ -522,6 +522,9 @@ impl State {
                 ));
             }
         }
+        if self.mode == Mode::Active {
+            self.start_publishing(&devices);
+        }
         if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
             for i in 0..count {
@@ -535,6 +538,27 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Publishes the program's view and, from now on, every budget's figures (`live`).
+    fn start_publishing(&self, devices: &[(String, [u8; 16])]) {
+        let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
+        let view: Vec<crate::live::ViewEntry> = (0..count)
+            .map(|i| {
+                let uuid = self.driver_of(i as CUdevice).and_then(|d| devices.get(d as usize)).map(|(_, u)| driver::uuid_string(u)).unwrap_or_default();
+                let part = self.program_devices().and_then(|d| d.get(i as CUdevice)).and_then(|d| d.part).map(|p| {
+                    let derived = self.part_uuid(i as CUdevice).map(|u| driver::uuid_string(&u)).unwrap_or_default();
+                    (p.index + 1, p.count, derived)
+                });
+                crate::live::ViewEntry { uuid, part }
+            })
+            .collect();
+        let Some(publisher) = crate::sharing::publish(&self.settings, &view) else { return };
+        for (i, budget) in self.budgets.iter().enumerate().take(count) {
+            if let Some(dev) = publisher.device(i) {
+                budget.mirror_to(dev);
+            }
+        }
     }
 
     /// Figures of every device the program touched, for the report.

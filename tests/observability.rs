@@ -1,0 +1,260 @@
+//! Observability (issue 17): the live figures each process under the shim publishes in the
+//! state directory, and what `gpushim ps`, `gpushim metrics` (printed and over HTTP) and
+//! `gpushim top` make of them, against test programs holding known amounts on the simulated
+//! driver.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn cli() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpushim"))
+}
+
+/// A fresh directory for one test: `state` is its GPUSHIM_STATE_DIR.
+struct Node {
+    dir: PathBuf,
+    state: PathBuf,
+}
+
+impl Node {
+    fn new(name: &str) -> Node {
+        let dir = scratch_path(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Node { state: dir.join("state"), dir }
+    }
+
+    /// Starts the driver-API program under the shim on 2 simulated 16 GiB devices with `env`,
+    /// running `ops` then sleeping; returns once the operations are done.
+    fn start(&self, env: &[(&str, &str)], ops: &[&str]) -> Holder {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ready = self.dir.join(format!("ready-{n}"));
+        let mut cmd = Command::new(program(Program::Driver(DriverPath::Link)));
+        cmd.args(ops)
+            .arg(format!("touch={}", ready.display()))
+            .arg("sleep=60000")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", sim_dir())
+            .env("LD_PRELOAD", shim_path())
+            .env("GPUSIM_DEVICES", "2")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSHIM_STATE_DIR", &self.state);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the holder never got ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    }
+
+    /// `gpushim ARGS…` reading this node's state directory.
+    fn gpushim(&self, args: &[&str]) -> RunOutput {
+        shim_path();
+        nvml_sim_library();
+        Run::new(cli()).args(args).env("GPUSIM_DEVICES", "2").env("GPUSIM_MEMORY", "16GiB").env("GPUSHIM_STATE_DIR", &self.state).run()
+    }
+
+    fn published(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.state)
+            .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().filter(|n| n.starts_with("proc-")).map(str::to_string)).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+/// A program holding memory in the background; killed with SIGKILL when dropped.
+struct Holder(Child);
+
+impl Holder {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One sample of the exposition: metric name, labels, value.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the text exposition format (checking every line is a comment or a sample).
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or_else(|| panic!("bad labels in {line:?}"))),
+            None => (series, ""),
+        };
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
+        let mut map = BTreeMap::new();
+        // (the test's label values hold no `",` sequence)
+        for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label {pair:?} in {line:?}"));
+            map.insert(k.to_string(), v.trim_end_matches('"').to_string());
+        }
+        out.push(Sample { name: name.to_string(), labels: map, value });
+    }
+    out
+}
+
+/// The value of `name` whose labels include all of `want`; panics unless exactly one matches.
+fn value(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
+    let found: Vec<&Sample> = samples.iter().filter(|s| s.name == name && want.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))).collect();
+    assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");
+    found[0].value
+}
+
+fn count(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> usize {
+    samples.iter().filter(|s| s.name == name && want.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))).count()
+}
+
+/// Two programs under the shim: one with a 64 MiB limit holding 10 MiB on device 0 and 3 MiB
+/// on device 1 after one refused request; one seeing only GPU 1, in a shared quota, holding
+/// 5 MiB. `gpushim metrics` reports exactly that, `gpushim ps` too; a SIGKILLed program is
+/// shown dead at once and its entry is removed by the next program; a clean exit removes it.
+#[test]
+fn metrics_and_ps_show_what_programs_hold() {
+    let node = Node::new("obs-figures");
+    let a = node.start(
+        &[("GPUSHIM_MEMORY_LIMIT", "64MiB")],
+        &["dev=0", &format!("alloc=mem:{}", 10 * MIB), "dev=1", &format!("alloc=mem:{}", 3 * MIB), &format!("alloc=mem:{}", 100 * MIB)],
+    );
+    let b = node.start(
+        &[("GPUSHIM_MEMORY_LIMIT", "32MiB"), ("GPUSHIM_VISIBLE_DEVICES", "1"), ("GPUSHIM_SHARED_QUOTA", "team")],
+        &[&format!("alloc=mem:{}", 5 * MIB)],
+    );
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    assert_eq!(node.published(), {
+        let mut v = vec![format!("proc-{pa}"), format!("proc-{pb}")];
+        v.sort();
+        v
+    });
+    // private to the user
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(node.state.join(format!("proc-{pa}"))).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&node.state).unwrap().mode() & 0o777, 0o700);
+    }
+
+    let out = node.gpushim(&["metrics"]);
+    assert!(out.status.success(), "{}", out.dump());
+    let text = out.stdout_text();
+    let s = parse_exposition(&text);
+    let (g0, g1) = (phys_uuid(0), phys_uuid(1));
+    let at = |pid: &str, dev: &str| vec![("pid", pid.to_string()), ("device", dev.to_string())];
+    let v = |name: &str, l: Vec<(&str, String)>| {
+        let l: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        value(&s, name, &l)
+    };
+    assert_eq!(v("gpushim_memory_used_bytes", at(&pa, "0")), (10 * MIB) as f64, "{text}");
+    assert_eq!(v("gpushim_memory_used_bytes", at(&pa, "1")), (3 * MIB) as f64, "{text}");
+    assert_eq!(v("gpushim_memory_peak_used_bytes", at(&pa, "1")), (3 * MIB) as f64, "{text}");
+    assert_eq!(v("gpushim_memory_limit_bytes", at(&pa, "0")), (64 * MIB) as f64, "{text}");
+    assert_eq!(v("gpushim_allocations_refused_total", at(&pa, "1")), 1.0, "{text}");
+    assert_eq!(v("gpushim_allocations_refused_total", at(&pa, "0")), 0.0, "{text}");
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pa), ("device", "0"), ("gpu_uuid", &g0), ("quota", ""), ("user", "root")]), (10 * MIB) as f64);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pa), ("device", "1"), ("gpu_uuid", &g1)]), (3 * MIB) as f64);
+    // b sees GPU 1 as its device 0, in quota "team"
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pb), ("device", "0"), ("gpu_uuid", &g1), ("quota", "team")]), (5 * MIB) as f64, "{text}");
+    assert_eq!(count(&s, "gpushim_memory_used_bytes", &[("pid", &pb)]), 1, "{text}");
+    assert_eq!(value(&s, "gpushim_quota_used_bytes", &[("quota", "team"), ("gpu_uuid", &g1)]), (5 * MIB) as f64, "{text}");
+    assert_eq!(value(&s, "gpushim_quota_limit_bytes", &[("quota", "team"), ("gpu_uuid", &g1)]), (32 * MIB) as f64, "{text}");
+    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pa)]), 1.0);
+    assert_eq!(value(&s, "gpushim_process_devices", &[("pid", &pa)]), 2.0);
+    // the physical GPUs, from NVML
+    assert_eq!(value(&s, "gpushim_gpu_memory_total_bytes", &[("gpu_uuid", &g0)]), (16 * GIB) as f64, "{text}");
+    assert!(text.contains("# TYPE gpushim_allocations_refused_total counter"));
+
+    let ps = node.gpushim(&["ps"]);
+    assert!(ps.status.success(), "{}", ps.dump());
+    let pst = ps.stdout_text();
+    assert!(pst.contains("processes under gpushim ("), "{pst}");
+    assert!(pst.contains(&format!("pid {pa} drvapi-link")), "{pst}");
+    assert!(pst.contains(&format!("device 1 {g1}: 3 MiB in use (peak 3 MiB), 3 MiB reserved, limit 64 MiB, 1 refused")), "{pst}");
+    assert!(pst.contains(&format!("pid {pb} drvapi-link (root, shared quota team): 1 devices")), "{pst}");
+
+    // killed: dead at once, its figures gone from the metrics; the next program reclaims it
+    drop(a);
+    let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
+    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pa)]), 0.0);
+    assert_eq!(count(&s, "gpushim_memory_used_bytes", &[("pid", &pa)]), 0);
+    assert_eq!(count(&s, "gpushim_gpu_memory_total_bytes", &[]), 0, "--no-gpus");
+    let ps = node.gpushim(&["ps"]).stdout_text();
+    assert!(ps.contains(&format!("pid {pa} drvapi-link (root): 2 devices (exited without leaving")), "{ps}");
+    // a program that runs to its end: its entry is gone when it is; it removed the dead one
+    let done = Run::program(Program::Driver(DriverPath::Link))
+        .shim(true)
+        .args([format!("alloc=mem:{MIB}")])
+        .env("GPUSIM_DEVICES", "2")
+        .env("GPUSHIM_STATE_DIR", &node.state)
+        .run();
+    done.assert_completed();
+    assert_eq!(node.published(), vec![format!("proc-{pb}")]);
+    drop(b);
+}
+
+/// Split GPUs: each part is published with its GPU's UUID and its place (`part="2/2"`).
+#[test]
+fn split_parts_are_labelled() {
+    let node = Node::new("obs-split");
+    let h = node.start(&[("GPUSHIM_VIRTUAL_DEVICES", "0:2x4GiB")], &["dev=1", &format!("alloc=mem:{}", 7 * MIB)]);
+    let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
+    let pid = h.pid().to_string();
+    let g0 = phys_uuid(0);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "1"), ("gpu_uuid", &g0), ("part", "2/2")]), (7 * MIB) as f64);
+    assert_eq!(value(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "1")]), (4 * GIB) as f64);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "0"), ("part", "1/2")]), 0.0);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "2"), ("gpu_uuid", &phys_uuid(1)), ("part", "")]), 0.0);
+}
+
+/// A program that never touches CUDA publishes nothing (no state directory is made).
+#[test]
+fn nothing_without_cuda() {
+    let node = Node::new("obs-nocuda");
+    let out = Run::new("/bin/true").shim(true).env("GPUSHIM_STATE_DIR", &node.state).env("GPUSHIM_MEMORY_LIMIT", "1GiB").run();
+    assert!(out.status.success());
+    assert!(!node.state.exists());
+}
+
+/// Waits for `path` (a file a background command writes) to have content.
+#[allow(dead_code)]
+fn wait_for(path: &Path, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path) {
+            if !t.is_empty() {
+                return t;
+            }
+        }
+        assert!(Instant::now() < deadline, "{what}: nothing in {}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
