@@ -262,6 +262,7 @@ fn wait_for(path: &Path, what: &str) -> String {
 /// A background command killed with SIGKILL when dropped; its stderr is read line by line.
 struct Server {
     child: Child,
+    #[allow(dead_code)] // (kept open: the server must not get SIGPIPE)
     stderr: std::io::BufReader<std::process::ChildStderr>,
 }
 
@@ -440,4 +441,74 @@ impl Server {
             }
         }
     }
+}
+
+/// `gpushim top` in a real terminal (tmux): the program's row with its figures under its GPU,
+/// `s` changes the order, `q` quits; not on a terminal it prints the `ps` snapshot.
+#[test]
+fn top_in_a_terminal() {
+    let node = Node::new("obs-top");
+    let a = node.start(&[("GPUSHIM_MEMORY_LIMIT", "64MiB")], &["dev=1", &format!("alloc=mem:{}", 32 * MIB)]);
+    let b = node.start(&[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_SHARED_QUOTA", "tq")], &[&format!("alloc=mem:{}", 8 * MIB), &format!("alloc=mem:{}", 90 * MIB)]);
+    shim_path();
+    nvml_sim_library();
+    let socket = format!("gpushim-obs-{}", std::process::id());
+    let tmux = |args: &[&str]| Command::new("tmux").arg("-L").arg(&socket).args(args).output().expect("tmux");
+    let cmd = format!(
+        "env -u LD_PRELOAD GPUSHIM_STATE_DIR={} LD_LIBRARY_PATH={} GPUSIM_DEVICES=2 GPUSIM_MEMORY=16GiB {} top --interval 0.3",
+        node.state.display(),
+        sim_dir().display(),
+        cli().display()
+    );
+    struct Kill(Box<dyn Fn()>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            (self.0)()
+        }
+    }
+    let s2 = socket.clone();
+    let _cleanup = Kill(Box::new(move || {
+        let _ = Command::new("tmux").args(["-L", &s2, "kill-server"]).output();
+    }));
+    let o = tmux(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "40", &cmd]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let capture = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned();
+    let wait_screen = |what: &dyn Fn(&str) -> bool, why: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let screen = capture();
+            if what(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "{why}:\n{screen}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let screen = wait_screen(&|s: &str| s.contains(&pa) && s.contains(&pb) && s.contains("order: memory in use"), "top never showed both programs");
+    // GPU 1 (NVML) with a's row: half of its limit
+    assert!(screen.contains(&format!("GPU 1 gpusim device 1 {}: ", phys_uuid(1))), "{screen}");
+    let row_a = screen.lines().find(|l| l.trim_start().starts_with(&format!("{pa} ")) && l.contains("32 MiB")).unwrap_or_else(|| panic!("{screen}"));
+    assert!(row_a.contains("[##########..........]") && row_a.contains("32 MiB") && row_a.contains("64 MiB"), "{row_a}");
+    let row_b = screen.lines().find(|l| l.trim_start().starts_with(&format!("{pb} ")) && l.contains("8 MiB")).unwrap_or_else(|| panic!("{screen}"));
+    assert!(row_b.contains(" 1 tq"), "refusals and quota: {row_b}");
+    assert!(screen.contains("tq (root)"), "{screen}");
+    tmux(&["send-keys", "-t", "top", "s"]);
+    wait_screen(&|s: &str| s.contains("order: pid"), "s did not change the order");
+    tmux(&["send-keys", "-t", "top", "s"]);
+    wait_screen(&|s: &str| s.contains("order: refusals"), "s did not change the order again");
+    // a program killed: shown as exited
+    drop(a);
+    wait_screen(&|s: &str| s.contains(&format!("pid {pa} drvapi-link (root): exited")), "the killed program was not shown as exited");
+    tmux(&["send-keys", "-t", "top", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux(&["has-session", "-t", "top"]).status.success() {
+        assert!(Instant::now() < deadline, "q did not quit:\n{}", capture());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // not on a terminal: the snapshot
+    let snap = node.gpushim(&["top"]);
+    assert!(snap.status.success(), "{}", snap.dump());
+    assert!(snap.stdout_text().contains(&format!("pid {pb} drvapi-link (root, shared quota tq)")), "{}", snap.dump());
+    drop(b);
 }
