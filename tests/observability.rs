@@ -33,6 +33,12 @@ impl Node {
     /// Starts the driver-API program under the shim on 2 simulated 16 GiB devices with `env`,
     /// running `ops` then sleeping; returns once the operations are done.
     fn start(&self, env: &[(&str, &str)], ops: &[&str]) -> Holder {
+        self.start_as(None, env, ops)
+    }
+
+    /// As [`Node::start`], as user `uid` (when given) with its own `GPUSHIM_STATE_DIR` in `env`
+    /// (or none: its default directory).
+    fn start_as(&self, uid: Option<u32>, env: &[(&str, &str)], ops: &[&str]) -> Holder {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ready = self.dir.join(format!("ready-{n}"));
@@ -46,9 +52,17 @@ impl Node {
             .env("LD_PRELOAD", shim_path())
             .env("GPUSIM_DEVICES", "2")
             .env("GPUSIM_MEMORY", "16GiB")
-            .env("GPUSHIM_STATE_DIR", &self.state);
+            .env("GPUSHIM_STATE_DIR", &self.state)
+            .current_dir("/");
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+            if !env.iter().any(|(k, _)| *k == "GPUSHIM_STATE_DIR") {
+                cmd.env_remove("GPUSHIM_STATE_DIR");
+            }
         }
         let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -511,4 +525,87 @@ fn top_in_a_terminal() {
     assert!(snap.status.success(), "{}", snap.dump());
     assert!(snap.stdout_text().contains(&format!("pid {pb} drvapi-link (root, shared quota tq)")), "{}", snap.dump());
     drop(b);
+}
+
+/// Only the user's own processes are shown, unless run as root; another user can read nothing.
+/// Needs root (to run processes as other users).
+#[test]
+fn other_users_see_nothing() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("other_users_see_nothing: skipped (needs root)");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    const OTHER: u32 = 65533;
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new("obs-users");
+    // everything the other users run must be reachable to them
+    let make_reachable = |p: &Path| {
+        let mut d = Some(p);
+        while let Some(dir) = d {
+            if let Ok(m) = std::fs::metadata(dir) {
+                if m.is_dir() && m.permissions().mode() & 0o001 == 0 {
+                    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(m.permissions().mode() | 0o011));
+                }
+            }
+            d = dir.parent();
+        }
+    };
+    for p in [node.dir.clone(), sim_dir(), program(Program::Driver(DriverPath::Link)), shim_path(), cli()] {
+        make_reachable(&p);
+    }
+    std::fs::set_permissions(&node.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let theirs = node.dir.join("their-state");
+    let theirs_s = theirs.display().to_string();
+    let h = node.start_as(Some(NOBODY), &[("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSHIM_STATE_DIR", &theirs_s)], &[&format!("alloc=mem:{}", 9 * MIB)]);
+    let pid = h.pid().to_string();
+    let file = theirs.join(format!("proc-{pid}"));
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (d, f) = (std::fs::metadata(&theirs).unwrap(), std::fs::metadata(&file).unwrap());
+        assert_eq!((d.uid(), d.mode() & 0o777, f.uid(), f.mode() & 0o777), (NOBODY, 0o700, NOBODY, 0o600));
+    }
+    let metrics_as = |uid: Option<u32>, dir: Option<&Path>| {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(cli());
+        c.args(["metrics", "--no-gpus"]).env_remove("GPUSHIM_STATE_DIR").env_remove("XDG_RUNTIME_DIR").env_remove("GPUSHIM_CONFIG").current_dir("/");
+        if let Some(d) = dir {
+            c.env("GPUSHIM_STATE_DIR", d);
+        }
+        if let Some(u) = uid {
+            c.uid(u).gid(u);
+        }
+        let out = c.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // the owner sees it; root sees it, labelled with the owner's name
+    let (ok, text, err) = metrics_as(Some(NOBODY), Some(&theirs));
+    assert!(ok, "{err}");
+    let s = parse_exposition(&text);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("user", "nobody"), ("device", "0")]), (9 * MIB) as f64, "{text}");
+    let (ok, text, _) = metrics_as(None, Some(&theirs));
+    assert!(ok);
+    assert_eq!(value(&parse_exposition(&text), "gpushim_memory_used_bytes", &[("pid", &pid), ("user", "nobody"), ("device", "0")]), (9 * MIB) as f64);
+    // another user: refused the directory, shown nothing, cannot open the file
+    let (ok, text, err) = metrics_as(Some(OTHER), Some(&theirs));
+    assert!(!ok && !text.contains(&pid), "{text}{err}");
+    assert!(err.contains("is not a private directory of this user"), "{err}");
+    let peek = Run::new("/bin/cat").arg(&file).without_sim().as_user(OTHER).run();
+    assert!(!peek.status.success() && peek.stderr_text().contains("Permission denied"), "{}", peek.dump());
+    // root without a configured directory reads every user's default one: a process of
+    // nobody's in /tmp/gpushim-65534 is listed
+    let d = node.start_as(Some(NOBODY), &[("GPUSHIM_MEMORY_LIMIT", "1GiB")], &[&format!("alloc=mem:{}", 5 * MIB)]);
+    let dpid = d.pid().to_string();
+    let (ok, text, err) = metrics_as(None, None);
+    assert!(ok, "{err}");
+    assert_eq!(value(&parse_exposition(&text), "gpushim_memory_used_bytes", &[("pid", &dpid), ("user", "nobody"), ("device", "0")]), (5 * MIB) as f64, "{text}");
+    // ... which that user's own listing shows too, but another user's does not
+    let (_, text, _) = metrics_as(Some(NOBODY), None);
+    assert!(text.contains(&format!("pid=\"{dpid}\"")), "{text}");
+    let (_, text, _) = metrics_as(Some(OTHER), None);
+    assert!(!text.contains(&format!("pid=\"{dpid}\"")) && !text.contains(&format!("pid=\"{pid}\"")), "{text}");
+    drop(d);
+    let _ = std::fs::remove_file(format!("/tmp/gpushim-{NOBODY}/proc-{dpid}"));
+    drop(h);
 }

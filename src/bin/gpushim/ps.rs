@@ -113,6 +113,9 @@ fn print_registry(r: &Quota) {
 pub fn processes_text(f: &crate::figures::Figures) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
+    if f.processes.is_empty() {
+        return out; // (like the registry's section: absent when empty)
+    }
     let dirs: Vec<String> = f.dirs.iter().filter(|d| d.exists()).map(|d| d.display().to_string()).collect();
     let live = f.processes.iter().filter(|p| p.alive).count();
     let _ = writeln!(out, "processes under gpushim ({}): {live}", if dirs.is_empty() { "no state directory yet".into() } else { dirs.join(", ") });
