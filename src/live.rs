@@ -22,8 +22,9 @@
 //! # Forks
 //!
 //! A forked child inherits the mapping and the lock (the open file description is shared), so
-//! it stops publishing: its budgets let go of the mapping, and only the process that made the
-//! file removes it at exit.
+//! it stops publishing: its budgets let go of the mapping, it closes its copy of the
+//! descriptor (so the lock still goes with the parent's death), and only the process that made
+//! the file removes it at exit.
 //!
 //! This module uses only `libc` and `quota`: the `gpushim` command compiles it too.
 
@@ -136,6 +137,8 @@ pub struct Publisher {
     pid: u32,
     path: PathBuf,
     header: *mut Header,
+    /// The descriptor holding the liveness lock (kept open for the life of the process).
+    fd: libc::c_int,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics only, never unmapped.
@@ -155,6 +158,7 @@ impl Publisher {
         let (ctmp, cfinal) = (cpath(&tmp)?, cpath(&path)?);
         // SAFETY: NUL-terminated paths; the file is sized before it is mapped; the mapping is
         // kept for the life of the process.
+        let lock_fd;
         let header = unsafe {
             libc::unlink(ctmp.as_ptr());
             let fd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
@@ -170,14 +174,25 @@ impl Publisher {
             if libc::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
                 return fail("cannot size");
             }
-            if !lock0(fd, libc::F_OFD_SETLK) {
+            // The lock is taken through a description of its own, not the one mapped: a forked
+            // child inherits the mapping (which keeps its description alive) but closes its copy
+            // of the lock's descriptor, so the lock goes with the parent's death.
+            let lfd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW);
+            if lfd < 0 {
+                return fail("cannot open");
+            }
+            if !lock0(lfd, libc::F_OFD_SETLK) {
+                libc::close(lfd);
                 return fail("cannot lock");
             }
             let m = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
             if m == libc::MAP_FAILED {
+                libc::close(lfd);
                 return fail("cannot map");
             }
-            // (the fd stays open: it holds the liveness lock until the process ends)
+            libc::close(fd);
+            // (`lfd` stays open: it holds the liveness lock until the process ends)
+            lock_fd = lfd;
             m.cast::<Header>()
         };
         // SAFETY: the fresh mapping (zero-filled), ours alone until renamed.
@@ -207,11 +222,15 @@ impl Publisher {
         // SAFETY: NUL-terminated paths.
         if unsafe { libc::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
             let e = errno();
-            // SAFETY: as above.
-            unsafe { libc::unlink(ctmp.as_ptr()) };
+            // SAFETY: as above; our own descriptor and mapping, not handed out.
+            unsafe {
+                libc::unlink(ctmp.as_ptr());
+                libc::close(lock_fd);
+                libc::munmap(header.cast(), FILE_BYTES);
+            }
             return Err(format!("cannot publish {}: {e}", path.display()));
         }
-        Ok(Publisher { pid, path, header })
+        Ok(Publisher { pid, path, header, fd: lock_fd })
     }
 
     /// The entry of program device `d` (`None` beyond [`DEVICES`]).
@@ -221,10 +240,23 @@ impl Publisher {
         h.dev.get(d)
     }
 
+    /// Whether this process made the file (not a forked child of the one that did).
+    pub fn is_mine(&self) -> bool {
+        // SAFETY: getpid cannot fail.
+        unsafe { libc::getpid() as u32 == self.pid }
+    }
+
+    /// In a forked child: lets go of the inherited descriptor, so that the lock (held by the
+    /// open file description both share) goes away when the parent dies, even while the child
+    /// lives. Only `close`: safe in a fork handler.
+    pub fn forget_in_child(&self) {
+        // SAFETY: closing the child's copy of our own descriptor.
+        unsafe { libc::close(self.fd) };
+    }
+
     /// Removes the file (at exit), unless this is a forked child (the file is its parent's).
     pub fn remove(&self) {
-        // SAFETY: getpid cannot fail.
-        if unsafe { libc::getpid() } as u32 != self.pid {
+        if !self.is_mine() {
             return;
         }
         if let Ok(c) = cpath(&self.path) {

@@ -54,6 +54,15 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
             }
         })
         .as_ref()
+        // (a forked child that initialises CUDA again: the file is its parent's)
+        .filter(|p| p.is_mine())
+}
+
+/// In a forked child (`fork`): the published file is the parent's (see `live`).
+pub fn after_fork_in_child() {
+    if let Some(Some(p)) = PUBLISHER.get() {
+        p.forget_in_child();
+    }
 }
 
 pub fn quota() -> Option<&'static Quota> {

@@ -309,6 +309,7 @@ impl State {
         for b in &self.budgets {
             b.reset_after_fork();
         }
+        crate::sharing::after_fork_in_child();
         self.live.reset_after_fork();
         self.reserves.reset_after_fork();
         self.graphs.reset_after_fork();

@@ -609,3 +609,49 @@ fn other_users_see_nothing() {
     let _ = std::fs::remove_file(format!("/tmp/gpushim-{NOBODY}/proc-{dpid}"));
     drop(h);
 }
+
+/// A forked child that uses CUDA does not change its parent's published figures, and does not
+/// keep the parent alive in them: killed, the parent is dead at once while the child lives.
+#[test]
+fn forked_child_leaves_the_parent_figures_alone() {
+    use std::os::unix::process::CommandExt;
+    let node = Node::new("obs-fork");
+    let ready = node.dir.join("ready");
+    let mut cmd = Command::new(program(Program::ForkQuota));
+    cmd.args(["linger", &(10 * MIB).to_string(), &(3 * MIB).to_string(), &ready.display().to_string()])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", shim_path())
+        .env("GPUSIM_DEVICES", "1")
+        .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+        .env("GPUSHIM_STATE_DIR", &node.state)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let parent = Holder(cmd.spawn().unwrap());
+    let pgid = parent.pid() as i32;
+    struct Group(i32);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            // SAFETY: signalling the test's own process group.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+    let _group = Group(pgid);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the program never got ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = parent.pid().to_string();
+    assert_eq!(node.published(), vec![format!("proc-{pid}")], "the child publishes nothing");
+    let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "0")]), (10 * MIB) as f64, "the child's 3 MiB are not the parent's");
+    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 1.0);
+    // SAFETY: killing the test's own child.
+    unsafe { libc::kill(parent.pid() as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(100));
+    let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
+    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 0.0, "the child (still running) does not keep the parent alive");
+}
