@@ -78,10 +78,19 @@ impl DeviceBudget {
         }
     }
 
-    /// Publishes this budget's figures in `dev` from now on (`live`).
+    /// Publishes this budget's figures in `dev` from now on (`live`): copies them, then every
+    /// change is applied to the copy as the same atomic step (an addition, a subtraction of
+    /// what was actually subtracted, a maximum), so concurrent changes never leave a stale
+    /// figure behind. Called once, before the program allocates (at `cuInit`, which other
+    /// threads wait for).
     pub fn mirror_to(&self, dev: &'static crate::live::Dev) {
+        dev.limit.store(self.limit.load(Relaxed), Relaxed);
+        dev.in_use.store(self.in_use.load(Relaxed), Relaxed);
+        dev.peak_in_use.store(self.peak_in_use.load(Relaxed), Relaxed);
+        dev.reserved.store(self.reserved.load(Relaxed), Relaxed);
+        dev.peak_reserved.store(self.peak_reserved.load(Relaxed), Relaxed);
+        dev.refused.store(self.refused.load(Relaxed), Relaxed);
         self.mirror.store(dev as *const _ as *mut _, Release);
-        self.publish();
     }
 
     /// Stops publishing (a forked child: the file is its parent's).
@@ -89,22 +98,12 @@ impl DeviceBudget {
         self.mirror.store(std::ptr::null_mut(), Release);
     }
 
-    /// Copies the figures into the published entry, if any: a few relaxed loads and stores to
-    /// a shared page, no system call, no lock.
+    /// The published entry, if any (one load; no system call, no lock).
     #[inline]
-    fn publish(&self) {
+    fn mirror(&self) -> Option<&crate::live::Dev> {
         let m = self.mirror.load(Acquire);
-        if m.is_null() {
-            return;
-        }
         // SAFETY: a non-null mirror points into the process' published mapping, never unmapped.
-        let d = unsafe { &*m };
-        d.limit.store(self.limit.load(Relaxed), Relaxed);
-        d.in_use.store(self.in_use.load(Relaxed), Relaxed);
-        d.peak_in_use.store(self.peak_in_use.load(Relaxed), Relaxed);
-        d.reserved.store(self.reserved.load(Relaxed), Relaxed);
-        d.peak_reserved.store(self.peak_reserved.load(Relaxed), Relaxed);
-        d.refused.store(self.refused.load(Relaxed), Relaxed);
+        (!m.is_null()).then(|| unsafe { &*m })
     }
 
     /// Makes reservations on this device count in `quota`'s device `index`.
@@ -133,7 +132,9 @@ impl DeviceBudget {
 
     pub fn set_limit(&self, limit: u64) {
         self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
-        self.publish();
+        if let Some(m) = self.mirror() {
+            m.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+        }
     }
 
     pub fn reserved(&self) -> u64 {
@@ -164,7 +165,10 @@ impl DeviceBudget {
             quota.reserve(*d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
             let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
             self.peak_reserved.fetch_max(now, Relaxed);
-            self.publish();
+            if let Some(m) = self.mirror() {
+                m.reserved.fetch_add(bytes, Relaxed);
+                m.peak_reserved.fetch_max(now, Relaxed);
+            }
             return Ok(());
         }
         let mut reserved = self.reserved.load(Relaxed);
@@ -176,7 +180,10 @@ impl DeviceBudget {
             match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
                     self.peak_reserved.fetch_max(next, Relaxed);
-                    self.publish();
+                    if let Some(m) = self.mirror() {
+                        m.reserved.fetch_add(bytes, Relaxed);
+                        m.peak_reserved.fetch_max(next, Relaxed);
+                    }
                     return Ok(());
                 }
                 Err(now) => reserved = now,
@@ -186,24 +193,31 @@ impl DeviceBudget {
 
     /// Gives back `bytes` of the reservation (never below zero).
     pub fn release(&self, bytes: u64) {
-        let _ = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        let before = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+        if let Some(m) = self.mirror() {
+            m.reserved.fetch_sub(before.min(bytes), Relaxed);
+        }
         if let Some((quota, d)) = self.shared.get() {
             quota.release(*d, bytes);
         }
-        self.publish();
     }
 
     /// The program now holds `bytes` more.
     pub fn take(&self, bytes: u64) {
         let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
         self.peak_in_use.fetch_max(now, Relaxed);
-        self.publish();
+        if let Some(m) = self.mirror() {
+            m.in_use.fetch_add(bytes, Relaxed);
+            m.peak_in_use.fetch_max(now, Relaxed);
+        }
     }
 
     /// The program gave `bytes` back (never below zero).
     pub fn give(&self, bytes: u64) {
-        let _ = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
-        self.publish();
+        let before = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+        if let Some(m) = self.mirror() {
+            m.in_use.fetch_sub(before.min(bytes), Relaxed);
+        }
     }
 
     /// Bytes freed into stream-ordered pools and possibly still held by them.
@@ -257,7 +271,9 @@ impl DeviceBudget {
     /// Counts one of the program's requests as refused.
     pub fn count_refusal(&self) {
         self.refused.fetch_add(1, Relaxed);
-        self.publish();
+        if let Some(m) = self.mirror() {
+            m.refused.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -462,6 +478,47 @@ mod tests {
         }
         assert_eq!(b.reserved(), 0);
         assert!(b.peak_reserved() <= 10_000 && b.peak_reserved() > 9_000);
+    }
+
+    #[test]
+    fn the_published_copy_follows_concurrent_changes_exactly() {
+        // SAFETY: a Dev is atomics only: all-zero is a valid value.
+        let dev: &'static crate::live::Dev = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
+        let b = Arc::new(DeviceBudget::new());
+        b.set_limit(5_000);
+        b.try_reserve(100, 5_000).unwrap();
+        b.take(100);
+        b.mirror_to(dev);
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let size = 1 + (i * 7919 + t * 104_729) % 300;
+                        if b.try_reserve(size, 5_000).is_ok() {
+                            b.take(size);
+                            if i % 2 == 0 {
+                                b.give(size);
+                                b.release(size);
+                            }
+                        } else {
+                            b.count_refusal();
+                            b.give(400); // (more than some hold: saturates at zero)
+                            b.release(400);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let published = [&dev.in_use, &dev.peak_in_use, &dev.reserved, &dev.peak_reserved, &dev.refused, &dev.limit].map(|a| a.load(SeqCst));
+        assert_eq!(published, [b.in_use(), b.peak_in_use(), b.reserved(), b.peak_reserved(), b.refused(), 5_000]);
+        assert!(b.refused() > 0);
+        b.unmirror();
+        b.take(1);
+        assert_eq!(dev.in_use.load(SeqCst) + 1, b.in_use());
     }
 
     #[test]

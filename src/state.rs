@@ -541,8 +541,14 @@ impl State {
         Ok(())
     }
 
-    /// Publishes the program's view and, from now on, every budget's figures (`live`).
+    /// Publishes the program's view and, from now on, every budget's figures (`live`). Once; a
+    /// thread that comes meanwhile (its own `cuInit`) waits until every budget is mirrored.
     fn start_publishing(&self, devices: &[(String, [u8; 16])]) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| self.publish_now(devices));
+    }
+
+    fn publish_now(&self, devices: &[(String, [u8; 16])]) {
         let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
         let view: Vec<crate::live::ViewEntry> = (0..count)
             .map(|i| {
