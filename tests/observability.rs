@@ -655,3 +655,28 @@ fn forked_child_leaves_the_parent_figures_alone() {
     let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
     assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 0.0, "the child (still running) does not keep the parent alive");
 }
+
+/// The command lines: help pages, mistakes.
+#[test]
+fn command_lines() {
+    let node = Node::new("obs-cli");
+    for (args, code, needle) in [
+        (&["help", "metrics"][..], 0, "gpushim_allocations_refused_total"),
+        (&["help", "top"][..], 0, "s changes the"),
+        (&["metrics", "--help"][..], 0, "--listen ADDR:PORT"),
+        (&["metrics", "--bogus"][..], 2, "unexpected argument \"--bogus\""),
+        (&["metrics", "--listen"][..], 2, "--listen needs an address"),
+        (&["top", "--interval", "0"][..], 2, "--interval needs seconds"),
+        (&["metrics", "--listen", "256.0.0.1:1"][..], 1, "cannot listen on 256.0.0.1:1"),
+        (&["topp"][..], 2, "did you mean gpushim top?"),
+    ] {
+        let out = node.gpushim(args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", out.dump());
+        let all = out.stdout_text() + &out.stderr_text();
+        assert!(all.contains(needle), "{args:?}: {all}");
+    }
+    // nothing under the shim yet: an empty exposition with its HELP/TYPE lines, an empty ps
+    let out = node.gpushim(&["metrics", "--no-gpus"]);
+    assert!(out.status.success() && out.stdout_text().contains("# TYPE gpushim_memory_used_bytes gauge"), "{}", out.dump());
+    assert!(parse_exposition(&out.stdout_text()).is_empty());
+}
