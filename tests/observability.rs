@@ -680,3 +680,18 @@ fn command_lines() {
     assert!(out.status.success() && out.stdout_text().contains("# TYPE gpushim_memory_used_bytes gauge"), "{}", out.dump());
     assert!(parse_exposition(&out.stdout_text()).is_empty());
 }
+
+/// A process with no limit at all is listed with what it holds; its limit is the device's
+/// memory.
+#[test]
+fn a_process_without_limits_is_listed() {
+    let node = Node::new("obs-nolimit");
+    let h = node.start(&[], &[&format!("alloc=mem:{}", 4 * MIB)]);
+    let pid = h.pid().to_string();
+    let s = parse_exposition(&node.gpushim(&["metrics", "--no-gpus"]).stdout_text());
+    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 1.0);
+    assert_eq!(value(&s, "gpushim_process_devices", &[("pid", &pid)]), 2.0);
+    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "0"), ("gpu_uuid", &phys_uuid(0))]), (4 * MIB) as f64);
+    assert_eq!(value(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "0")]), (16 * GIB) as f64);
+    assert_eq!(count(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "1")]), 0, "device 1 never used: not resolved yet");
+}
