@@ -28,5 +28,6 @@ python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || n
 bash scripts/fetch-deps.sh
 bash scripts/fetch-drivers.sh
 bash scripts/fetch-frameworks.sh
+bash scripts/fetch-prometheus.sh
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"

@@ -17,6 +17,7 @@ mod graphs;
 mod fuzz;
 mod hooks;
 mod intercept;
+mod live;
 mod log;
 mod md2;
 mod memory;

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 use crate::quota::Quota;
@@ -50,6 +50,9 @@ pub struct DeviceBudget {
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
     /// what every member holds.
     shared: OnceLock<(&'static Quota, usize)>,
+    /// This device's entry in the process' published figures (`live`); null: not published
+    /// (not yet, beyond `live::DEVICES`, or a forked child).
+    mirror: AtomicPtr<crate::live::Dev>,
 }
 
 /// Why a reservation failed: what was reserved against which limit.
@@ -71,7 +74,36 @@ impl DeviceBudget {
             pool_kept: AtomicU64::new(0),
             pool_epoch: AtomicU64::new(0),
             shared: OnceLock::new(),
+            mirror: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    /// Publishes this budget's figures in `dev` from now on (`live`): copies them, then every
+    /// change is applied to the copy as the same atomic step (an addition, a subtraction of
+    /// what was actually subtracted, a maximum), so concurrent changes never leave a stale
+    /// figure behind. Called once, before the program allocates (at `cuInit`, which other
+    /// threads wait for).
+    pub fn mirror_to(&self, dev: &'static crate::live::Dev) {
+        dev.limit.store(self.limit.load(Relaxed), Relaxed);
+        dev.in_use.store(self.in_use.load(Relaxed), Relaxed);
+        dev.peak_in_use.store(self.peak_in_use.load(Relaxed), Relaxed);
+        dev.reserved.store(self.reserved.load(Relaxed), Relaxed);
+        dev.peak_reserved.store(self.peak_reserved.load(Relaxed), Relaxed);
+        dev.refused.store(self.refused.load(Relaxed), Relaxed);
+        self.mirror.store(dev as *const _ as *mut _, Release);
+    }
+
+    /// Stops publishing (a forked child: the file is its parent's).
+    pub fn unmirror(&self) {
+        self.mirror.store(std::ptr::null_mut(), Release);
+    }
+
+    /// The published entry, if any (one load; no system call, no lock).
+    #[inline]
+    fn mirror(&self) -> Option<&crate::live::Dev> {
+        let m = self.mirror.load(Acquire);
+        // SAFETY: a non-null mirror points into the process' published mapping, never unmapped.
+        (!m.is_null()).then(|| unsafe { &*m })
     }
 
     /// Makes reservations on this device count in `quota`'s device `index`.
@@ -100,6 +132,9 @@ impl DeviceBudget {
 
     pub fn set_limit(&self, limit: u64) {
         self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+        if let Some(m) = self.mirror() {
+            m.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+        }
     }
 
     pub fn reserved(&self) -> u64 {
@@ -130,6 +165,10 @@ impl DeviceBudget {
             quota.reserve(*d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
             let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
             self.peak_reserved.fetch_max(now, Relaxed);
+            if let Some(m) = self.mirror() {
+                m.reserved.fetch_add(bytes, Relaxed);
+                m.peak_reserved.fetch_max(now, Relaxed);
+            }
             return Ok(());
         }
         let mut reserved = self.reserved.load(Relaxed);
@@ -141,6 +180,10 @@ impl DeviceBudget {
             match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
                     self.peak_reserved.fetch_max(next, Relaxed);
+                    if let Some(m) = self.mirror() {
+                        m.reserved.fetch_add(bytes, Relaxed);
+                        m.peak_reserved.fetch_max(next, Relaxed);
+                    }
                     return Ok(());
                 }
                 Err(now) => reserved = now,
@@ -150,7 +193,10 @@ impl DeviceBudget {
 
     /// Gives back `bytes` of the reservation (never below zero).
     pub fn release(&self, bytes: u64) {
-        let _ = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        let before = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+        if let Some(m) = self.mirror() {
+            m.reserved.fetch_sub(before.min(bytes), Relaxed);
+        }
         if let Some((quota, d)) = self.shared.get() {
             quota.release(*d, bytes);
         }
@@ -160,11 +206,18 @@ impl DeviceBudget {
     pub fn take(&self, bytes: u64) {
         let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
         self.peak_in_use.fetch_max(now, Relaxed);
+        if let Some(m) = self.mirror() {
+            m.in_use.fetch_add(bytes, Relaxed);
+            m.peak_in_use.fetch_max(now, Relaxed);
+        }
     }
 
     /// The program gave `bytes` back (never below zero).
     pub fn give(&self, bytes: u64) {
-        let _ = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        let before = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+        if let Some(m) = self.mirror() {
+            m.in_use.fetch_sub(before.min(bytes), Relaxed);
+        }
     }
 
     /// Bytes freed into stream-ordered pools and possibly still held by them.
@@ -208,6 +261,7 @@ impl DeviceBudget {
 
     /// A forked child holds nothing (`fork`): every figure back to zero, the limit kept.
     pub fn reset_after_fork(&self) {
+        self.unmirror();
         for a in [&self.reserved, &self.peak_reserved, &self.in_use, &self.peak_in_use, &self.refused, &self.pool_kept] {
             a.store(0, SeqCst);
         }
@@ -217,6 +271,9 @@ impl DeviceBudget {
     /// Counts one of the program's requests as refused.
     pub fn count_refusal(&self) {
         self.refused.fetch_add(1, Relaxed);
+        if let Some(m) = self.mirror() {
+            m.refused.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -421,6 +478,47 @@ mod tests {
         }
         assert_eq!(b.reserved(), 0);
         assert!(b.peak_reserved() <= 10_000 && b.peak_reserved() > 9_000);
+    }
+
+    #[test]
+    fn the_published_copy_follows_concurrent_changes_exactly() {
+        // SAFETY: a Dev is atomics only: all-zero is a valid value.
+        let dev: &'static crate::live::Dev = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
+        let b = Arc::new(DeviceBudget::new());
+        b.set_limit(5_000);
+        b.try_reserve(100, 5_000).unwrap();
+        b.take(100);
+        b.mirror_to(dev);
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let size = 1 + (i * 7919 + t * 104_729) % 300;
+                        if b.try_reserve(size, 5_000).is_ok() {
+                            b.take(size);
+                            if i % 2 == 0 {
+                                b.give(size);
+                                b.release(size);
+                            }
+                        } else {
+                            b.count_refusal();
+                            b.give(400); // (more than some hold: saturates at zero)
+                            b.release(400);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let published = [&dev.in_use, &dev.peak_in_use, &dev.reserved, &dev.peak_reserved, &dev.refused, &dev.limit].map(|a| a.load(SeqCst));
+        assert_eq!(published, [b.in_use(), b.peak_in_use(), b.reserved(), b.peak_reserved(), b.refused(), 5_000]);
+        assert!(b.refused() > 0);
+        b.unmirror();
+        b.take(1);
+        assert_eq!(dev.in_use.load(SeqCst) + 1, b.in_use());
     }
 
     #[test]

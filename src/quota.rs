@@ -717,7 +717,7 @@ fn comm_of(s: &Slot) -> String {
 }
 
 /// This process' `comm` (at most 15 bytes), NUL-padded.
-fn comm() -> [u8; 16] {
+pub fn comm() -> [u8; 16] {
     let mut out = [0u8; 16];
     let mut buf = [0 as libc::c_char; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes including the NUL into `buf`.

@@ -16,6 +16,7 @@ use std::sync::{Once, OnceLock};
 
 use crate::config::{self, Settings};
 use crate::ffi::CUdevice;
+use crate::live::{Publisher, ViewEntry};
 use crate::log::{log, Level};
 use crate::quota::{self, Quota};
 
@@ -23,6 +24,46 @@ use crate::quota::{self, Quota};
 static QUOTA: OnceLock<Quota> = OnceLock::new();
 /// This process' entry in the registry of limited processes (`None`: it could not be joined).
 static REGISTRY: OnceLock<Option<Quota>> = OnceLock::new();
+
+/// This process' published live figures (`live`), started when the driver initialised.
+static PUBLISHER: OnceLock<Option<Publisher>> = OnceLock::new();
+
+/// Starts publishing this process' figures (once; at `cuInit`): the file describes `view`, and
+/// is removed at exit. `None` when it cannot be published (said at `debug`; the program runs as
+/// usual).
+pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
+    PUBLISHER
+        .get_or_init(|| {
+            let dir = quota::state_dir(s.state_dir.as_deref());
+            match Publisher::start(&dir, quota().map(|q| q.name.as_str()), view) {
+                Ok(p) => {
+                    static ONCE: Once = Once::new();
+                    extern "C" fn remove() {
+                        let _ = std::panic::catch_unwind(|| PUBLISHER.get().and_then(Option::as_ref).map(Publisher::remove));
+                    }
+                    // SAFETY: registering a plain extern "C" function that never unwinds.
+                    ONCE.call_once(|| unsafe {
+                        libc::atexit(remove);
+                    });
+                    Some(p)
+                }
+                Err(e) => {
+                    log!(Level::Debug, "not publishing this process' figures (gpushim ps, top, metrics will not show it): {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+        // (a forked child that initialises CUDA again: the file is its parent's)
+        .filter(|p| p.is_mine())
+}
+
+/// In a forked child (`fork`): the published file is the parent's (see `live`).
+pub fn after_fork_in_child() {
+    if let Some(Some(p)) = PUBLISHER.get() {
+        p.forget_in_child();
+    }
+}
 
 pub fn quota() -> Option<&'static Quota> {
     QUOTA.get()

@@ -309,6 +309,7 @@ impl State {
         for b in &self.budgets {
             b.reset_after_fork();
         }
+        crate::sharing::after_fork_in_child();
         self.live.reset_after_fork();
         self.reserves.reset_after_fork();
         self.graphs.reset_after_fork();
@@ -522,6 +523,9 @@ impl State {
                 ));
             }
         }
+        if self.mode == Mode::Active {
+            self.start_publishing(&devices);
+        }
         if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
             for i in 0..count {
@@ -535,6 +539,33 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Publishes the program's view and, from now on, every budget's figures (`live`). Once; a
+    /// thread that comes meanwhile (its own `cuInit`) waits until every budget is mirrored.
+    fn start_publishing(&self, devices: &[(String, [u8; 16])]) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| self.publish_now(devices));
+    }
+
+    fn publish_now(&self, devices: &[(String, [u8; 16])]) {
+        let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
+        let view: Vec<crate::live::ViewEntry> = (0..count)
+            .map(|i| {
+                let uuid = self.driver_of(i as CUdevice).and_then(|d| devices.get(d as usize)).map(|(_, u)| driver::uuid_string(u)).unwrap_or_default();
+                let part = self.program_devices().and_then(|d| d.get(i as CUdevice)).and_then(|d| d.part).map(|p| {
+                    let derived = self.part_uuid(i as CUdevice).map(|u| driver::uuid_string(&u)).unwrap_or_default();
+                    (p.index + 1, p.count, derived)
+                });
+                crate::live::ViewEntry { uuid, part }
+            })
+            .collect();
+        let Some(publisher) = crate::sharing::publish(&self.settings, &view) else { return };
+        for (i, budget) in self.budgets.iter().enumerate().take(count) {
+            if let Some(dev) = publisher.device(i) {
+                budget.mirror_to(dev);
+            }
+        }
     }
 
     /// Figures of every device the program touched, for the report.

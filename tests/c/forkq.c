@@ -8,6 +8,9 @@
  *   exec   execs /bin/true
  *   alloc  initialises CUDA, creates a context of its own, allocates CHILD_BYTES twice
  *          (child.rc1, child.rc2, printed by the child), then exits with exit(0)
+ *   linger (tests/observability.rs) allocates CHILD_BYTES in a context of its own and sleeps;
+ *          the parent does not wait: it creates the file argv[4] once the child allocated
+ *          and sleeps (both 60 s)
  * The parent waits (child.status), then allocates CHILD_BYTES (after.rc1) and again (after.rc2)
  * and reads cuMemGetInfo (after.free).
  */
@@ -30,7 +33,27 @@ int main(int argc, char **argv) {
     cuCtxCreate_v2(&ctx, 0, dev);
     printf("parent.rc=%d\n", (int)cuMemAlloc(&p, parent_bytes));
     fflush(stdout);
+    int ready[2];
+    if (pipe(ready) != 0) return 3;
     pid_t pid = fork();
+    if (pid == 0 && !strcmp(mode, "linger")) {
+        CUcontext own;
+        cuInit(0);
+        cuCtxCreate_v2(&own, 0, dev);
+        printf("child.rc1=%d\n", (int)cuMemAlloc(&a, child_bytes));
+        fflush(stdout);
+        if (write(ready[1], "x", 1) != 1) _exit(3);
+        sleep(60);
+        _exit(0);
+    }
+    if (pid > 0 && !strcmp(mode, "linger")) {
+        char c;
+        if (argc < 5 || read(ready[0], &c, 1) != 1) return 3;
+        FILE *f = fopen(argv[4], "w");
+        if (f) fclose(f);
+        sleep(60);
+        return 0;
+    }
     if (pid == 0) {
         if (!strcmp(mode, "exec")) {
             execl("/bin/true", "true", (char *)NULL);

@@ -130,13 +130,13 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
     }
 }
 
-struct Probe {
-    values: BTreeMap<String, String>,
-    stderr: String,
+pub(crate) struct Probe {
+    pub values: BTreeMap<String, String>,
+    pub stderr: String,
 }
 
 /// Runs `gpushim __probe SECTIONS…` in `env` and reads its `key=value` lines.
-fn probe(env: &[(OsString, OsString)], sections: &[&str]) -> Result<Probe, String> {
+pub(crate) fn probe(env: &[(OsString, OsString)], sections: &[&str]) -> Result<Probe, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate the gpushim executable: {e}"))?;
     let mut child = Command::new(exe)
         .arg("__probe")

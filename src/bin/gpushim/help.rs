@@ -11,7 +11,9 @@ SYNOPSIS
     gpushim run [OPTIONS] [--] COMMAND [ARGS...]
     gpushim check [OPTIONS]
     gpushim ps [--quota NAME]
-    gpushim help [run|check|ps]
+    gpushim top [--interval SECONDS]
+    gpushim metrics [--listen ADDR:PORT] [--no-gpus]
+    gpushim help [run|check|ps|top|metrics]
     gpushim --version
 
 DESCRIPTION
@@ -22,7 +24,9 @@ DESCRIPTION
 
     run      start COMMAND under the shim with the options applied
     check    validate the configuration and show the devices a program would see
-    ps       list the shared quotas of this user and the processes in them
+    ps       list this user's processes under the shim and its shared quotas
+    top      the same, live, in the terminal
+    metrics  the same figures for Prometheus (printed, or served on /metrics)
 
 EXAMPLES
     gpushim run --visible-devices 1 --memory-limit 40% -- python train.py
@@ -35,12 +39,19 @@ SEE ALSO
 
 pub const PS: &str = "\
 NAME
-    gpushim ps - list shared quotas and the processes in them
+    gpushim ps - list the processes under the shim and the shared quotas
 
 SYNOPSIS
     gpushim ps [--quota NAME]
 
 DESCRIPTION
+    Without --quota, first every process of this user under the shim (all users' when run as
+    root): pid, user, name, its shared quota, and per device of its view (ordinal, GPU UUID,
+    part of a split GPU) what it holds, its peak, what is reserved for it, its limit and the
+    allocations refused. The figures are the ones the process publishes in the state directory
+    (proc-PID) as they change; a process killed without exiting is shown as exited until the
+    next process of the user that starts CUDA removes its entry.
+
     For each shared quota of this user (GPUSHIM_SHARED_QUOTA), or only NAME: every device with
     the bytes all members hold now and at most, the budget (the largest limit of a live member)
     and the device's memory; then every member: pid, name, and per device what it holds of its
@@ -59,6 +70,52 @@ EXIT STATUS
 EXAMPLES
     gpushim ps
     gpushim ps --quota job42
+";
+
+pub const TOP: &str = "\
+NAME
+    gpushim top - the processes under the shim, live
+
+SYNOPSIS
+    gpushim top [--interval SECONDS]
+
+DESCRIPTION
+    A live view of what gpushim ps shows, refreshed every SECONDS (default 1): per GPU its
+    memory as NVML sees it (used of total), then each process under the shim on it with a bar
+    of what it holds against its limit, its peak, its limit, its shared quota and the
+    allocations refused; then the shared quotas. Keys: q (or Ctrl-C) quits; s changes the
+    order (memory in use, pid, refusals, name); r refreshes now.
+
+    When standard output is not a terminal, prints one snapshot (gpushim ps) and exits.
+
+EXIT STATUS
+    0; 1 when the state directory cannot be read; 2 for a bad command line.
+";
+
+pub const METRICS: &str = "\
+NAME
+    gpushim metrics - the figures of gpushim ps for Prometheus
+
+SYNOPSIS
+    gpushim metrics [--listen ADDR:PORT] [--no-gpus]
+
+DESCRIPTION
+    Prints the figures in the Prometheus text exposition format (for node-exporter's textfile
+    collector), or, with --listen, serves them over HTTP on /metrics (one request at a time).
+    Metrics: gpushim_memory_used_bytes, gpushim_memory_reserved_bytes,
+    gpushim_memory_peak_used_bytes, gpushim_memory_peak_reserved_bytes,
+    gpushim_memory_limit_bytes, gpushim_allocations_refused_total (labels pid, user, comm,
+    quota, device, gpu_uuid, part), gpushim_process_alive, gpushim_process_devices,
+    gpushim_quota_used_bytes, gpushim_quota_peak_used_bytes, gpushim_quota_limit_bytes (labels
+    quota, user, gpu_uuid), gpushim_gpu_memory_total_bytes and gpushim_gpu_memory_used_bytes
+    (NVML; labels gpu, gpu_uuid, name; left out with --no-gpus).
+
+    Only this user's processes are shown, unless run as root. The endpoint answers anyone who
+    can connect to ADDR: keep it on 127.0.0.1 (or a pod's network) when others share the node.
+
+EXAMPLES
+    gpushim metrics > /var/lib/node_exporter/textfile/gpushim.prom
+    gpushim metrics --listen 127.0.0.1:9400
 ";
 
 pub fn run() -> String {
@@ -137,6 +194,8 @@ pub fn topic(topic: &str) -> Option<String> {
         "run" => Some(run()),
         "check" => Some(check()),
         "ps" => Some(PS.to_string()),
+        "top" => Some(TOP.to_string()),
+        "metrics" => Some(METRICS.to_string()),
         _ => None,
     }
 }

@@ -17,13 +17,20 @@ mod units;
 #[path = "../../quota.rs"]
 mod quota;
 
+#[allow(dead_code)]
+#[path = "../../live.rs"]
+mod live;
+
 mod check;
+mod figures;
 mod help;
 mod library;
+mod metrics;
 mod options;
 mod probe;
 mod ps;
 mod run;
+mod top;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -103,9 +110,11 @@ fn main() -> ExitCode {
         "run" => run::main(rest),
         "check" => check::main(rest),
         "ps" => ps::main(rest),
+        "top" => top::main(rest),
+        "metrics" => metrics::main(rest),
         "__probe" => probe::main(rest),
         other => {
-            let hint = config::suggest(other, &["run", "check", "ps", "help", "version"])
+            let hint = config::suggest(other, &["run", "check", "ps", "top", "metrics", "help", "version"])
                 .map_or(String::new(), |s| format!(" (did you mean gpushim {s}?)"));
             Err(Failure::usage("", format!("unknown command {other:?}{hint}; see gpushim --help")))
         }

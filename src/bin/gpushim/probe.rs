@@ -231,6 +231,7 @@ fn nvml() {
             let mut m: Memory = std::mem::zeroed();
             if mem(h, &mut m) == 0 {
                 println!("nvml.{i}.total={}", m.total);
+                println!("nvml.{i}.used={}", m.used);
             }
         }
     }

@@ -29,6 +29,10 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
     // the state directory is a setting like any other (GPUSHIM_STATE_DIR, or the file's key)
     let settings = crate::config::load().map_err(|e| Failure::plain(e.to_string()))?;
     let dir = quota::state_dir(settings.state_dir.as_deref());
+    if only.is_none() {
+        let f = crate::figures::collect(false).map_err(|e| Failure::setup("ps", e))?;
+        print!("{}", processes_text(&f));
+    }
     let names = match &only {
         Some(n) => vec![n.clone()],
         None => quota::names_in(&dir),
@@ -104,14 +108,41 @@ fn print_registry(r: &Quota) {
     }
 }
 
-/// Bytes for people: `1.50 GiB`, `512 MiB`, `0 B`.
-fn human(b: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (size, unit) in UNITS {
-        if b >= size {
-            let v = b as f64 / size as f64;
-            return if b.is_multiple_of(size) { format!("{} {unit}", b / size) } else { format!("{v:.2} {unit}") };
+/// The processes under the shim, one line per device of each (`gpushim ps`, and `top` when
+/// not on a terminal).
+pub fn processes_text(f: &crate::figures::Figures) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if f.processes.is_empty() {
+        return out; // (like the registry's section: absent when empty)
+    }
+    let dirs: Vec<String> = f.dirs.iter().filter(|d| d.exists()).map(|d| d.display().to_string()).collect();
+    let live = f.processes.iter().filter(|p| p.alive).count();
+    let _ = writeln!(out, "processes under gpushim ({}): {live}", if dirs.is_empty() { "no state directory yet".into() } else { dirs.join(", ") });
+    for p in &f.processes {
+        let user = crate::figures::user_name(p.uid);
+        let quota = p.quota.as_ref().map_or(String::new(), |q| format!(", shared quota {q}"));
+        let state = if p.alive { String::new() } else { " (exited without leaving: shown until the next process of the user removes it)".into() };
+        let _ = writeln!(out, "  pid {} {} ({user}{quota}): {} devices{state}", p.pid, p.comm, p.view_len);
+        if !p.alive {
+            continue;
+        }
+        for d in &p.devices {
+            let part = d.part.as_ref().map_or(String::new(), |(i, n, u)| format!(" part {i}/{n} ({u})"));
+            let limit = d.limit.map_or("not yet resolved".to_string(), human);
+            let _ = writeln!(
+                out,
+                "    device {} {}{part}: {} in use (peak {}), {} reserved, limit {limit}, {} refused",
+                d.ordinal,
+                d.uuid,
+                human(d.in_use),
+                human(d.peak_in_use),
+                human(d.reserved),
+                d.refused
+            );
         }
     }
-    format!("{b} B")
+    out
 }
+
+use crate::figures::human;

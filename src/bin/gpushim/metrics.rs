@@ -1,0 +1,170 @@
+//! `gpushim metrics [--listen ADDR:PORT] [--no-gpus]`: the figures of `gpushim ps` in the
+//! Prometheus text exposition format (version 0.0.4), printed once (for node-exporter's
+//! textfile collector) or served on `/metrics` over HTTP.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use crate::figures::{self, Figures};
+use crate::Failure;
+
+pub fn main(args: &[OsString]) -> Result<(), Failure> {
+    let mut listen: Option<String> = None;
+    let mut with_gpus = true;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].to_string_lossy().into_owned();
+        i += 1;
+        match a.as_str() {
+            "--help" | "-h" => {
+                print!("{}", crate::help::METRICS);
+                return Ok(());
+            }
+            "--no-gpus" => with_gpus = false,
+            "--listen" => {
+                let v = args.get(i).map(|v| v.to_string_lossy().into_owned());
+                i += 1;
+                listen = Some(v.ok_or_else(|| Failure::usage("metrics", "--listen needs an address, like --listen 127.0.0.1:9400"))?);
+            }
+            other if other.starts_with("--listen=") => listen = Some(other["--listen=".len()..].to_string()),
+            other => return Err(Failure::usage("metrics", format!("unexpected argument {other:?}; see gpushim metrics --help"))),
+        }
+    }
+    match listen {
+        None => {
+            let f = figures::collect(with_gpus).map_err(|e| Failure::setup("metrics", e))?;
+            print!("{}", exposition(&f));
+            Ok(())
+        }
+        Some(addr) => serve(&addr, with_gpus),
+    }
+}
+
+fn serve(addr: &str, with_gpus: bool) -> Result<(), Failure> {
+    let listener = TcpListener::bind(addr).map_err(|e| Failure::setup("metrics", format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+    eprintln!("gpushim metrics: serving http://{local}/metrics");
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        // one request at a time: a scrape is a few file reads
+        let _ = answer(stream, with_gpus);
+    }
+    Ok(())
+}
+
+fn answer(mut s: TcpStream, with_gpus: bool) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") && req.len() < 16384 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&req);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, body, ctype) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => match figures::collect(with_gpus) {
+            Ok(f) => ("200 OK", exposition(&f), "text/plain; version=0.0.4; charset=utf-8"),
+            Err(e) => ("500 Internal Server Error", format!("gpushim metrics: {e}\n"), "text/plain; charset=utf-8"),
+        },
+        ("GET" | "HEAD", "/") => ("200 OK", "gpushim metrics: see /metrics\n".to_string(), "text/plain; charset=utf-8"),
+        ("GET" | "HEAD", _) => ("404 Not Found", "not found; see /metrics\n".to_string(), "text/plain; charset=utf-8"),
+        _ => ("405 Method Not Allowed", "GET /metrics\n".to_string(), "text/plain; charset=utf-8"),
+    };
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes())?;
+    if method != "HEAD" {
+        s.write_all(body.as_bytes())?;
+    }
+    s.flush()
+}
+
+/// A label value, escaped as the format wants (`\\`, `\"`, `\n`).
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(String, u64)>,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+        Family { name, kind, help, samples: Vec::new() }
+    }
+}
+
+/// The exposition of `f`.
+pub fn exposition(f: &Figures) -> String {
+    let mut used = Family::new("gpushim_memory_used_bytes", "gauge", "Device memory the process holds (its allocations), per device of its view.");
+    let mut reserved = Family::new("gpushim_memory_reserved_bytes", "gauge", "Device memory taken from the driver for the process (allocations and its reserve's free blocks); what the limit bounds.");
+    let mut peak = Family::new("gpushim_memory_peak_used_bytes", "gauge", "The most device memory the process held at once.");
+    let mut peak_res = Family::new("gpushim_memory_peak_reserved_bytes", "gauge", "The most device memory reserved for the process at once.");
+    let mut limit = Family::new("gpushim_memory_limit_bytes", "gauge", "The process' effective limit on the device (with a shared quota: the quota's budget).");
+    let mut refused = Family::new("gpushim_allocations_refused_total", "counter", "Allocations the shim refused because of the limit.");
+    let mut alive = Family::new("gpushim_process_alive", "gauge", "1 while the process runs; 0 for one that died without exiting (killed) until its entry is reclaimed.");
+    let mut devices = Family::new("gpushim_process_devices", "gauge", "Devices in the process' view.");
+    let mut q_used = Family::new("gpushim_quota_used_bytes", "gauge", "Device memory all processes of a shared quota hold on the device.");
+    let mut q_peak = Family::new("gpushim_quota_peak_used_bytes", "gauge", "The most all processes of the shared quota held on the device at once.");
+    let mut q_limit = Family::new("gpushim_quota_limit_bytes", "gauge", "The shared quota's budget on the device (the largest limit of a live member).");
+    let mut g_total = Family::new("gpushim_gpu_memory_total_bytes", "gauge", "The GPU's memory (NVML).");
+    let mut g_used = Family::new("gpushim_gpu_memory_used_bytes", "gauge", "The GPU's memory in use by all processes (NVML).");
+    let mut users = std::collections::HashMap::new();
+    let mut user = |uid: u32| users.entry(uid).or_insert_with(|| figures::user_name(uid)).clone();
+    for p in &f.processes {
+        let u = user(p.uid);
+        let quota = esc(p.quota.as_deref().unwrap_or(""));
+        let who = format!("pid=\"{}\",user=\"{}\",comm=\"{}\",quota=\"{quota}\"", p.pid, esc(&u), esc(&p.comm));
+        alive.samples.push((who.clone(), p.alive as u64));
+        if !p.alive {
+            continue;
+        }
+        devices.samples.push((who.clone(), p.view_len as u64));
+        for d in &p.devices {
+            let part = d.part.as_ref().map_or(String::new(), |(i, n, _)| format!("{i}/{n}"));
+            let l = format!("{who},device=\"{}\",gpu_uuid=\"{}\",part=\"{part}\"", d.ordinal, esc(&d.uuid));
+            used.samples.push((l.clone(), d.in_use));
+            reserved.samples.push((l.clone(), d.reserved));
+            peak.samples.push((l.clone(), d.peak_in_use));
+            peak_res.samples.push((l.clone(), d.peak_reserved));
+            refused.samples.push((l.clone(), d.refused));
+            if let Some(x) = d.limit {
+                limit.samples.push((l, x));
+            }
+        }
+    }
+    for q in &f.quotas {
+        let l = format!("quota=\"{}\",user=\"{}\",gpu_uuid=\"{}\"", esc(&q.quota), esc(&user(q.uid)), esc(&q.uuid));
+        q_used.samples.push((l.clone(), q.held));
+        q_peak.samples.push((l.clone(), q.peak));
+        if q.limit > 0 {
+            q_limit.samples.push((l, q.limit));
+        }
+    }
+    for g in &f.gpus {
+        let l = format!("gpu=\"{}\",gpu_uuid=\"{}\",name=\"{}\"", g.index, esc(&g.uuid), esc(&g.name));
+        g_total.samples.push((l.clone(), g.total));
+        g_used.samples.push((l, g.used));
+    }
+    let mut out = String::new();
+    for fam in [used, reserved, peak, peak_res, limit, refused, alive, devices, q_used, q_peak, q_limit, g_total, g_used] {
+        let _ = writeln!(out, "# HELP {} {}", fam.name, fam.help);
+        let _ = writeln!(out, "# TYPE {} {}", fam.name, fam.kind);
+        for (labels, v) in fam.samples {
+            let _ = writeln!(out, "{}{{{labels}}} {v}", fam.name);
+        }
+    }
+    out
+}

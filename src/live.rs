@@ -1,0 +1,441 @@
+//! Live figures: each process under the shim publishes what it holds, per device, in a small
+//! file of the state directory (`STATE_DIR/proc-PID`, 0600 in the 0700 directory of
+//! `quota`), read by `gpushim ps`, `gpushim top` and `gpushim metrics`.
+//!
+//! # Cheap
+//!
+//! The file is created once, when the driver initialises (`cuInit`): never in a process that
+//! does not touch CUDA. It is mapped shared, and each device's budget (`memory::DeviceBudget`)
+//! holds a pointer to its entry: every change of a figure (a reservation, a release, a
+//! refusal, a resolved limit) copies the budget's figures into it with plain relaxed stores —
+//! no system call, no lock, no clock on the allocation path; readers see the page cache.
+//!
+//! # Liveness
+//!
+//! The process holds an open-file-description lock (`F_OFD_SETLK`) on the file's first byte,
+//! taken before the file gets its public name (it is built under a temporary name and
+//! renamed). The kernel drops the lock when the process dies, however it dies: a reader that
+//! could take it (`F_OFD_GETLK`) knows the process is gone. A clean exit removes the file
+//! (`atexit`); a killed process' file stays, shown as exited, until the next process of the
+//! user that publishes removes it (it removes every file whose lock is free).
+//!
+//! # Forks
+//!
+//! A forked child inherits the mapping and the lock (the open file description is shared), so
+//! it stops publishing: its budgets let go of the mapping, it closes its copy of the
+//! descriptor (so the lock still goes with the parent's death), and only the process that made
+//! the file removes it at exit.
+//!
+//! This module uses only `libc` and `quota`: the `gpushim` command compiles it too.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// Program devices whose figures are published (the first ones of the program's view).
+pub const DEVICES: usize = 64;
+const UUID_BYTES: usize = 48;
+const NAME_BYTES: usize = 64;
+const MAGIC: u64 = u64::from_le_bytes(*b"gpushimL");
+const VERSION: u32 = 1;
+/// The prefix of the files' names.
+pub const PREFIX: &str = "proc-";
+/// A figure not known yet (a limit resolved at the device's first use).
+pub const UNKNOWN: u64 = u64::MAX;
+
+/// One program device's entry.
+#[repr(C)]
+pub struct Dev {
+    /// 1 once the entry describes a device of the program's view.
+    pub present: AtomicU32,
+    /// For a part of a split GPU: its index (from 1) and the count of parts; 0 otherwise.
+    pub part_index: AtomicU32,
+    pub part_count: AtomicU32,
+    _pad: AtomicU32,
+    /// The physical GPU's UUID (`GPU-…`), NUL-padded.
+    pub uuid: [AtomicU64; UUID_BYTES / 8],
+    /// A part's derived UUID (all zero for a whole GPU).
+    pub part_uuid: [AtomicU64; UUID_BYTES / 8],
+    /// The effective limit ([`UNKNOWN`] until resolved).
+    pub limit: AtomicU64,
+    pub in_use: AtomicU64,
+    pub peak_in_use: AtomicU64,
+    pub reserved: AtomicU64,
+    pub peak_reserved: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    pid: AtomicU32,
+    layout: AtomicU64,
+    /// Seconds since the epoch when the process started publishing.
+    started: AtomicU64,
+    /// Devices in the program's view (may exceed [`DEVICES`]).
+    devices: AtomicU32,
+    _pad: AtomicU32,
+    comm: [AtomicU64; 2],
+    /// The shared quota's name, NUL-padded (empty: none).
+    quota: [AtomicU64; NAME_BYTES / 8],
+    dev: [Dev; DEVICES],
+}
+
+const FILE_BYTES: usize = std::mem::size_of::<Header>();
+const LAYOUT: u64 = (std::mem::size_of::<Header>() as u64) << 16 | std::mem::size_of::<Dev>() as u64;
+
+/// What a device of the program's view is, when publishing starts.
+#[derive(Debug, Clone, Default)]
+pub struct ViewEntry {
+    pub uuid: String,
+    /// (index from 1, count, derived UUID) of a part of a split GPU.
+    pub part: Option<(u32, u32, String)>,
+}
+
+fn put_str(words: &[AtomicU64], s: &str) {
+    let mut bytes = vec![0u8; words.len() * 8];
+    let n = s.len().min(bytes.len() - 1);
+    bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
+    for (w, chunk) in words.iter().zip(bytes.chunks(8)) {
+        w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Relaxed);
+    }
+}
+
+fn get_str(words: &[AtomicU64]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.load(Relaxed).to_le_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+fn cpath(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{}: NUL in the path", p.display()))
+}
+
+/// `F_OFD_SETLK` (take) or `F_OFD_GETLK` (is it free?) on byte 0 of `fd`: true when taken / free.
+fn lock0(fd: libc::c_int, cmd: libc::c_int) -> bool {
+    // SAFETY: a zeroed flock is valid; fcntl reads and (GETLK) writes it.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    // SAFETY: `fd` is open; `fl` is a valid flock.
+    if unsafe { libc::fcntl(fd, cmd, &mut fl) } != 0 {
+        return false;
+    }
+    cmd == libc::F_OFD_SETLK || fl.l_type == libc::F_UNLCK as _
+}
+
+/// This process' published file.
+pub struct Publisher {
+    pid: u32,
+    path: PathBuf,
+    header: *mut Header,
+    /// The descriptor holding the liveness lock (kept open for the life of the process).
+    fd: libc::c_int,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics only, never unmapped.
+unsafe impl Send for Publisher {}
+unsafe impl Sync for Publisher {}
+
+impl Publisher {
+    /// Creates `dir/proc-PID` describing `view` (and the quota `quota`), locked and mapped;
+    /// first removes the files of processes that died.
+    pub fn start(dir: &Path, quota: Option<&str>, view: &[ViewEntry]) -> Result<Publisher, String> {
+        crate::quota::private_dir(dir)?;
+        reap(dir);
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        let path = dir.join(format!("{PREFIX}{pid}"));
+        let tmp = dir.join(format!(".{PREFIX}tmp-{pid}"));
+        let (ctmp, cfinal) = (cpath(&tmp)?, cpath(&path)?);
+        // SAFETY: NUL-terminated paths; the file is sized before it is mapped; the mapping is
+        // kept for the life of the process.
+        let lock_fd;
+        let header = unsafe {
+            libc::unlink(ctmp.as_ptr());
+            let fd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+            if fd < 0 {
+                return Err(format!("cannot create {}: {}", tmp.display(), errno()));
+            }
+            let fail = |what: &str| {
+                let e = format!("{}: {what}: {}", tmp.display(), errno());
+                libc::close(fd);
+                libc::unlink(ctmp.as_ptr());
+                Err(e)
+            };
+            if libc::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
+                return fail("cannot size");
+            }
+            // The lock is taken through a description of its own, not the one mapped: a forked
+            // child inherits the mapping (which keeps its description alive) but closes its copy
+            // of the lock's descriptor, so the lock goes with the parent's death.
+            let lfd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW);
+            if lfd < 0 {
+                return fail("cannot open");
+            }
+            if !lock0(lfd, libc::F_OFD_SETLK) {
+                libc::close(lfd);
+                return fail("cannot lock");
+            }
+            let m = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            if m == libc::MAP_FAILED {
+                libc::close(lfd);
+                return fail("cannot map");
+            }
+            libc::close(fd);
+            // (`lfd` stays open: it holds the liveness lock until the process ends)
+            lock_fd = lfd;
+            m.cast::<Header>()
+        };
+        // SAFETY: the fresh mapping (zero-filled), ours alone until renamed.
+        let h = unsafe { &*header };
+        h.version.store(VERSION, Relaxed);
+        h.pid.store(pid, Relaxed);
+        h.layout.store(LAYOUT, Relaxed);
+        h.started.store(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()), Relaxed);
+        h.devices.store(view.len() as u32, Relaxed);
+        let comm = crate::quota::comm();
+        h.comm[0].store(u64::from_le_bytes(comm[..8].try_into().expect("8 bytes")), Relaxed);
+        h.comm[1].store(u64::from_le_bytes(comm[8..].try_into().expect("8 bytes")), Relaxed);
+        put_str(&h.quota, quota.unwrap_or(""));
+        for (d, v) in h.dev.iter().zip(view) {
+            for f in [&d.limit] {
+                f.store(UNKNOWN, Relaxed);
+            }
+            put_str(&d.uuid, &v.uuid);
+            if let Some((index, count, uuid)) = &v.part {
+                d.part_index.store(*index, Relaxed);
+                d.part_count.store(*count, Relaxed);
+                put_str(&d.part_uuid, uuid);
+            }
+            d.present.store(1, Relaxed);
+        }
+        h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
+        // SAFETY: NUL-terminated paths.
+        if unsafe { libc::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
+            let e = errno();
+            // SAFETY: as above; our own descriptor and mapping, not handed out.
+            unsafe {
+                libc::unlink(ctmp.as_ptr());
+                libc::close(lock_fd);
+                libc::munmap(header.cast(), FILE_BYTES);
+            }
+            return Err(format!("cannot publish {}: {e}", path.display()));
+        }
+        Ok(Publisher { pid, path, header, fd: lock_fd })
+    }
+
+    /// The entry of program device `d` (`None` beyond [`DEVICES`]).
+    pub fn device(&self, d: usize) -> Option<&'static Dev> {
+        // SAFETY: the mapping lives as long as the process.
+        let h: &'static Header = unsafe { &*self.header };
+        h.dev.get(d)
+    }
+
+    /// Whether this process made the file (not a forked child of the one that did).
+    pub fn is_mine(&self) -> bool {
+        // SAFETY: getpid cannot fail.
+        unsafe { libc::getpid() as u32 == self.pid }
+    }
+
+    /// In a forked child: lets go of the inherited descriptor, so that the lock (held by the
+    /// open file description both share) goes away when the parent dies, even while the child
+    /// lives. Only `close`: safe in a fork handler.
+    pub fn forget_in_child(&self) {
+        // SAFETY: closing the child's copy of our own descriptor.
+        unsafe { libc::close(self.fd) };
+    }
+
+    /// Removes the file (at exit), unless this is a forked child (the file is its parent's).
+    pub fn remove(&self) {
+        if !self.is_mine() {
+            return;
+        }
+        if let Ok(c) = cpath(&self.path) {
+            // SAFETY: NUL-terminated path.
+            unsafe { libc::unlink(c.as_ptr()) };
+        }
+    }
+}
+
+/// Removes the files of `dir` whose process died (their lock is free).
+fn reap(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(PREFIX) {
+            continue;
+        }
+        let path = dir.join(name);
+        let Ok(c) = cpath(&path) else { continue };
+        // SAFETY: NUL-terminated path; our own fd, closed below; `a`, `b` written by fstat/lstat.
+        unsafe {
+            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+            if fd < 0 {
+                continue;
+            }
+            if lock0(fd, libc::F_OFD_GETLK) {
+                // dead: remove it if the name still is this file (not a new process' of the same pid)
+                let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+                if libc::fstat(fd, &mut a) == 0 && libc::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                    libc::unlink(c.as_ptr());
+                }
+            }
+            libc::close(fd);
+        }
+    }
+}
+
+/// One device's figures as read.
+#[derive(Debug, Clone)]
+#[allow(dead_code)]
+pub struct DeviceFigures {
+    pub ordinal: usize,
+    pub uuid: String,
+    pub part: Option<(u32, u32, String)>,
+    pub limit: Option<u64>,
+    pub in_use: u64,
+    pub peak_in_use: u64,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub refused: u64,
+}
+
+/// One process' published file as read.
+#[derive(Debug, Clone)]
+#[allow(dead_code)]
+pub struct Process {
+    pub pid: u32,
+    pub uid: u32,
+    pub comm: String,
+    pub alive: bool,
+    pub started: u64,
+    pub quota: Option<String>,
+    /// Devices in the program's view.
+    pub view_len: usize,
+    pub devices: Vec<DeviceFigures>,
+    pub path: PathBuf,
+}
+
+/// Reads the published files of `dir` without changing anything. The directory and each file
+/// must be closed to other users and belong to one user (this user, unless run as root).
+#[allow(dead_code)]
+pub fn read_dir(dir: &Path) -> Result<Vec<Process>, String> {
+    let c = cpath(dir)?;
+    // SAFETY: getuid cannot fail; `st` is written by lstat.
+    let (me, st) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::lstat(c.as_ptr(), &mut st) != 0 {
+            return Err(format!("{}: {}", dir.display(), errno()));
+        }
+        (libc::getuid(), st)
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_mode & 0o077 != 0 || (me != 0 && st.st_uid != me) {
+        return Err(format!("{} is not a private directory of this user (mode {:o}, uid {})", dir.display(), st.st_mode & 0o7777, st.st_uid));
+    }
+    let owner = st.st_uid;
+    let mut out = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(PREFIX) {
+            continue;
+        }
+        if let Some(p) = read_file(&dir.join(name), owner) {
+            out.push(p);
+        }
+    }
+    out.sort_by_key(|p| p.pid);
+    Ok(out)
+}
+
+fn read_file(path: &Path, owner: u32) -> Option<Process> {
+    let c = cpath(path).ok()?;
+    // SAFETY: NUL-terminated path; our own fd, closed before returning; `st` by fstat;
+    // `buf` is a zeroed Header (all atomics: any bytes are a valid value), filled by pread.
+    unsafe {
+        let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        if fd < 0 {
+            return None;
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        let ok = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == owner && st.st_mode & 0o077 == 0 && st.st_size as usize >= FILE_BYTES;
+        let mut buf: Box<std::mem::MaybeUninit<Header>> = Box::new(std::mem::MaybeUninit::zeroed());
+        let n = if ok { libc::pread(fd, buf.as_mut_ptr().cast(), FILE_BYTES, 0) } else { -1 };
+        let alive = ok && !lock0(fd, libc::F_OFD_GETLK);
+        libc::close(fd);
+        if n != FILE_BYTES as isize {
+            return None;
+        }
+        let h = buf.assume_init_ref();
+        if h.magic.load(Relaxed) != MAGIC || h.version.load(Relaxed) != VERSION || h.layout.load(Relaxed) != LAYOUT {
+            return None;
+        }
+        let comm = get_str(&h.comm);
+        let quota = Some(get_str(&h.quota)).filter(|q| !q.is_empty());
+        let devices = h
+            .dev
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.present.load(Relaxed) != 0)
+            .map(|(ordinal, d)| DeviceFigures {
+                ordinal,
+                uuid: get_str(&d.uuid),
+                part: (d.part_count.load(Relaxed) != 0).then(|| (d.part_index.load(Relaxed), d.part_count.load(Relaxed), get_str(&d.part_uuid))),
+                limit: Some(d.limit.load(Relaxed)).filter(|&l| l != UNKNOWN),
+                in_use: d.in_use.load(Relaxed),
+                peak_in_use: d.peak_in_use.load(Relaxed),
+                reserved: d.reserved.load(Relaxed),
+                peak_reserved: d.peak_reserved.load(Relaxed),
+                refused: d.refused.load(Relaxed),
+            })
+            .collect();
+        Some(Process {
+            pid: h.pid.load(Relaxed),
+            uid: st.st_uid,
+            comm,
+            alive,
+            started: h.started.load(Relaxed),
+            quota,
+            view_len: h.devices.load(Relaxed) as usize,
+            devices,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// The state directories to read: the configured one; as root, also every user's default one
+/// (`/run/user/UID/gpushim`, `/tmp/gpushim-UID`) unless a directory was configured.
+#[allow(dead_code)]
+pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
+    let mine = crate::quota::state_dir(configured);
+    let mut out = vec![mine.clone()];
+    // SAFETY: getuid cannot fail.
+    if configured.is_some() || unsafe { libc::getuid() } != 0 {
+        return out;
+    }
+    let mut more = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/run/user") {
+        more.extend(rd.flatten().map(|e| e.path().join("gpushim")));
+    }
+    if let Ok(rd) = std::fs::read_dir("/tmp") {
+        more.extend(rd.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("gpushim-"))).map(|e| e.path()));
+    }
+    more.sort();
+    for d in more {
+        if d != mine && d.is_dir() {
+            out.push(d);
+        }
+    }
+    out
+}
