@@ -368,8 +368,17 @@ impl Api {
 
 /// Formats 16 UUID bytes the way CUDA_VISIBLE_DEVICES and NVML write them.
 pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
 }
 
 pub type NvmlDevice = *mut c_void;
@@ -477,5 +486,15 @@ impl NvmlApi {
             }
             Ok(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_strings_are_written_as_nvml_writes_them() {
+        let u = [0x5b, 0x1e, 0xaf, 0x00, 0x12, 0x34, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xff, 0x0a];
+        assert_eq!(super::uuid_string(&u), "GPU-5b1eaf00-1234-abcd-ef01-23456789ff0a");
+        assert_eq!(super::uuid_string(&[0; 16]), "GPU-00000000-0000-0000-0000-000000000000");
     }
 }

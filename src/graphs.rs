@@ -58,12 +58,13 @@ struct ExecMemory {
 pub struct Graphs {
     execs: Mutex<HashMap<usize, ExecMemory>>,
     /// What the shim counts for each device's graph pool.
-    counted: [AtomicU64; MAX_DEVICES],
+    /// One per device, on the heap (see `State::budgets`).
+    counted: Box<[AtomicU64]>,
 }
 
 impl Graphs {
     pub fn new() -> Self {
-        Graphs { execs: Mutex::new(HashMap::new()), counted: [const { AtomicU64::new(0) }; MAX_DEVICES] }
+        Graphs { execs: Mutex::new(HashMap::new()), counted: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect() }
     }
 
     pub fn hold_for_fork(&'static self) {

@@ -10,11 +10,12 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 use crate::driver::{self, Lib};
 use crate::ffi::*;
-use crate::hooks::{HOOKS, HOOK_COUNT, REAL};
+use crate::hooks::{BASE_BITS, BY_BASE, BY_NAME, HOOKS, HOOK_COUNT, REAL};
 use crate::state::{self, State};
 
 /// NVML's codes for the failures `enter` reports.
@@ -105,6 +106,15 @@ macro_rules! hook_table {
             },
         )*];
 
+        /// The hooks' indices in the order of their exported names, and of their base names
+        /// (ties in table order): binary searches instead of scans of the whole table for
+        /// every `dlsym` and `cuGetProcAddress` of a driver name. Sorted at compile time.
+        pub static BY_NAME: [u16; HOOK_COUNT] = $crate::intercept::sorted(&[$(stringify!($sym)),*]);
+        pub static BY_BASE: [u16; HOOK_COUNT] = $crate::intercept::sorted(&[$($base),*]);
+        /// A bitmap of the base names' hashes: most names `cuGetProcAddress` is asked for are
+        /// not hooked, and this says so without a search.
+        pub static BASE_BITS: $crate::intercept::NameBits = $crate::intercept::NameBits::of(&[$($base),*]);
+
         /// The driver's own pointer for each hook, filled when the driver is opened.
         pub static REAL: [std::sync::atomic::AtomicUsize; HOOK_COUNT] =
             [const { std::sync::atomic::AtomicUsize::new(0) }; HOOK_COUNT];
@@ -173,16 +183,137 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
     .unwrap_or(unknown)
 }
 
-/// The hook whose exported name is `name`.
+/// `keys`' indices in the order of the keys (a stable insertion sort, at compile time).
+pub const fn sorted<const N: usize>(keys: &[&str; N]) -> [u16; N] {
+    const fn less(a: &[u8], b: &[u8]) -> bool {
+        let mut i = 0;
+        while i < a.len() && i < b.len() {
+            if a[i] != b[i] {
+                return a[i] < b[i];
+            }
+            i += 1;
+        }
+        a.len() < b.len()
+    }
+    assert!(N <= u16::MAX as usize);
+    let mut order = [0u16; N];
+    let mut i = 0;
+    while i < N {
+        order[i] = i as u16;
+        let mut j = i;
+        while j > 0 && less(keys[i].as_bytes(), keys[order[j - 1] as usize].as_bytes()) {
+            order[j] = order[j - 1];
+            j -= 1;
+        }
+        order[j] = i as u16;
+        i += 1;
+    }
+    order
+}
+
+/// A set of names as a 1024-bit bitmap of their hashes: "certainly not in the set" in one
+/// pass over the name's bytes (built at compile time).
+pub struct NameBits([u64; 16]);
+
+impl NameBits {
+    const fn hash(name: &[u8]) -> usize {
+        let mut h: u32 = 0x811c_9dc5; // FNV-1a
+        let mut i = 0;
+        while i < name.len() {
+            h = (h ^ name[i] as u32).wrapping_mul(0x0100_0193);
+            i += 1;
+        }
+        (h ^ (h >> 16)) as usize % 1024
+    }
+
+    pub const fn of<const N: usize>(names: &[&str; N]) -> NameBits {
+        let mut bits = [0u64; 16];
+        let mut i = 0;
+        while i < N {
+            let h = Self::hash(names[i].as_bytes());
+            bits[h / 64] |= 1 << (h % 64);
+            i += 1;
+        }
+        NameBits(bits)
+    }
+
+    #[inline]
+    pub fn may_contain(&self, name: &[u8]) -> bool {
+        let h = Self::hash(name);
+        self.0[h / 64] & (1 << (h % 64)) != 0
+    }
+}
+
+/// The hook whose exported name is `name` (a binary search: no allocation, no lock).
 fn hook_by_name(name: &[u8]) -> Option<usize> {
-    HOOKS.iter().position(|h| h.bare_name() == name)
+    let at = BY_NAME.partition_point(|&i| HOOKS[i as usize].bare_name() < name);
+    let i = *BY_NAME.get(at)? as usize;
+    (HOOKS[i].bare_name() == name).then_some(i)
+}
+
+/// The hooks whose base name (the name `cuGetProcAddress` is asked with) is `base`, in table
+/// order.
+fn hooks_by_base(base: &[u8]) -> impl Iterator<Item = usize> + use<'_> {
+    let from = if !BASE_BITS.may_contain(base) { HOOK_COUNT } else { BY_BASE.partition_point(|&i| HOOKS[i as usize].base.as_bytes() < base) };
+    BY_BASE[from..].iter().map(|&i| i as usize).take_while(move |&i| HOOKS[i].base.as_bytes() == base)
+}
+
+/// The driver's pointers of the hooks, as a set: which hook (if any) a driver address is, in a
+/// few loads ([`substitute`] asks for every `cuGetProcAddress`). Open addressing; each slot is
+/// `address << 16 | (index + 1)`, claimed with one compare-and-swap (two threads opening the
+/// library at once store the same entries; an entry is never removed).
+const REAL_SET_SLOTS: usize = 1024;
+static REAL_SET: [AtomicU64; REAL_SET_SLOTS] = [const { AtomicU64::new(0) }; REAL_SET_SLOTS];
+
+fn real_set_start(addr: usize) -> usize {
+    ((addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % REAL_SET_SLOTS
+}
+
+/// Records that `addr` is the driver's pointer of hook `index`. An address that does not fit
+/// the packing (above 2^48) is not recorded: [`hook_of_real`] then scans [`REAL`].
+fn remember_real(addr: usize, index: usize) {
+    if addr == 0 || addr as u64 >= 1 << 48 {
+        return;
+    }
+    let entry = (addr as u64) << 16 | (index as u64 + 1);
+    let mut slot = real_set_start(addr);
+    for _ in 0..REAL_SET_SLOTS {
+        match REAL_SET[slot].compare_exchange(0, entry, AcqRel, Acquire) {
+            Ok(_) => return,
+            Err(seen) if seen == entry => return,
+            Err(_) => slot = (slot + 1) % REAL_SET_SLOTS,
+        }
+    }
+}
+
+/// The first hook (in table order) whose driver pointer is `addr`.
+fn hook_of_real(addr: usize) -> Option<usize> {
+    if addr as u64 >= 1 << 48 {
+        return (0..HOOK_COUNT).find(|&i| REAL[i].load(Relaxed) == addr);
+    }
+    let mut slot = real_set_start(addr);
+    let mut first: Option<usize> = None;
+    for _ in 0..REAL_SET_SLOTS {
+        let entry = REAL_SET[slot].load(Acquire);
+        if entry == 0 {
+            break;
+        }
+        if (entry >> 16) as usize == addr {
+            let index = (entry & 0xffff) as usize - 1;
+            first = Some(first.map_or(index, |f| f.min(index)));
+        }
+        slot = (slot + 1) % REAL_SET_SLOTS;
+    }
+    first
 }
 
 /// Fills [`REAL`] for the hooks of `which` from the opened library.
 pub fn resolve_real(lib: &driver::Library, which: Lib) {
-    for (hook, slot) in HOOKS.iter().zip(REAL.iter()) {
+    for (index, (hook, slot)) in HOOKS.iter().zip(REAL.iter()).enumerate() {
         if hook.lib() == which {
-            slot.store(driver::lookup(lib.handle, hook.symbol()) as usize, Relaxed);
+            let addr = driver::lookup(lib.handle, hook.symbol()) as usize;
+            slot.store(addr, Relaxed);
+            remember_real(addr, index);
         }
     }
 }
@@ -303,15 +434,12 @@ pub fn substitute(st: &State, symbol: &CStr, version: c_int, flags: u64, found: 
     }
     let active = st.needs();
     let wanted = |h: &HookInfo| h.wanted(active);
-    let addr = found as usize;
-    for i in 0..HOOK_COUNT {
-        if REAL[i].load(Relaxed) == addr {
-            return if wanted(&HOOKS[i]) { HOOKS[i].hook.0 as *mut c_void } else { found };
-        }
+    if let Some(i) = hook_of_real(found as usize) {
+        return if wanted(&HOOKS[i]) { HOOKS[i].hook.0 as *mut c_void } else { found };
     }
     let base = symbol.to_bytes();
     let per_thread = flags & PROC_ADDRESS_PER_THREAD != 0;
-    let candidates = || HOOKS.iter().filter(|h| h.base.as_bytes() == base && h.since <= version && wanted(h));
+    let candidates = || hooks_by_base(base).map(|i| &HOOKS[i]).filter(|h| h.since <= version && wanted(h));
     let want_pt = per_thread && candidates().any(|h| h.per_thread);
     match candidates().filter(|h| h.per_thread == want_pt).max_by_key(|h| h.since) {
         Some(h) => {
@@ -346,6 +474,47 @@ mod tests {
             assert!(h.bare_name().starts_with(b"cu") || h.bare_name().starts_with(b"nvml"), "{}", h.name);
             assert_eq!(hook_by_name(h.bare_name()), Some(i), "duplicate {}", h.name);
         }
+    }
+
+    #[test]
+    fn the_sorted_indexes_agree_with_the_table() {
+        for (i, h) in HOOKS.iter().enumerate() {
+            let by_base: Vec<usize> = hooks_by_base(h.base.as_bytes()).collect();
+            let scanned: Vec<usize> = (0..HOOK_COUNT).filter(|&j| HOOKS[j].base == h.base).collect();
+            assert_eq!(by_base, scanned, "{}", h.base);
+            assert!(by_base.contains(&i));
+            assert!(BASE_BITS.may_contain(h.base.as_bytes()));
+        }
+        assert_eq!(hook_by_name(b"cuMemAlloc_v"), None);
+        assert_eq!(hook_by_name(b""), None);
+        assert_eq!(hook_by_name(b"zzz"), None);
+        assert_eq!(hooks_by_base(b"cuLaunchKernelEx_").count(), 0);
+        // the bitmap rules most other names out (it may not rule out all)
+        let others = ["cuMemcpyHtoD", "cuModuleLoad", "cuStreamCreate", "cuEventRecord", "cuTexRefSetAddress", "cuOccupancyMaxActiveBlocksPerMultiprocessor"];
+        assert!(others.iter().filter(|n| BASE_BITS.may_contain(n.as_bytes())).count() <= 2);
+    }
+
+    #[test]
+    fn driver_addresses_map_back_to_the_first_hook_that_has_them() {
+        // (addresses no driver pointer of the tests can have: the set is process-wide)
+        let a = 0x7f12_3456_7000usize;
+        assert_eq!(hook_of_real(a), None);
+        remember_real(a, 7);
+        remember_real(a, 3); // two variants the driver implements with one function
+        remember_real(a, 7); // a second thread opening the library stores the same entries
+        remember_real(a + 16, 5);
+        assert_eq!(hook_of_real(a), Some(3));
+        assert_eq!(hook_of_real(a + 16), Some(5));
+        assert_eq!(hook_of_real(a + 32), None);
+        // many entries starting at the same slot still all resolve
+        let colliding: Vec<usize> = (1..2000usize).map(|k| 0x5000_0000 + k * 16).filter(|&x| real_set_start(x) == real_set_start(0x5000_0000)).take(20).collect();
+        for (k, &x) in colliding.iter().enumerate() {
+            remember_real(x, 100 + k);
+        }
+        for (k, &x) in colliding.iter().enumerate() {
+            assert_eq!(hook_of_real(x), Some(100 + k));
+        }
+        assert_eq!(hook_of_real(1 << 50), None); // beyond the packing: a scan, which finds nothing
     }
 
     #[test]

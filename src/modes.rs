@@ -31,14 +31,15 @@ const MIB: u64 = 1 << 20;
 
 /// The reserves of every device, and which devices have one.
 pub struct Reserves {
-    arenas: [Mutex<Arena>; MAX_DEVICES],
+    /// One per device, on the heap (see `State::budgets`).
+    arenas: Box<[Mutex<Arena>]>,
     /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
     present: [AtomicU64; MAX_DEVICES / 64],
 }
 
 impl Reserves {
-    pub const fn new() -> Self {
-        Reserves { arenas: [const { Mutex::new(Arena::new()) }; MAX_DEVICES], present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
+    pub fn new() -> Self {
+        Reserves { arenas: (0..MAX_DEVICES).map(|_| Mutex::new(Arena::new())).collect(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
     }
 
     fn arena(&self, dev: usize) -> MutexGuard<'_, Arena> {

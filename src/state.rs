@@ -49,7 +49,9 @@ pub struct State {
     /// How many devices the driver must show once initialised, when the shim set the view.
     expected_devices: Option<usize>,
     announced: AtomicBool,
-    budgets: [DeviceBudget; MAX_DEVICES],
+    /// One per device (`MAX_DEVICES`), on the heap: a `State` built by value would be copied
+    /// several times on its way into its box (150,000 instructions of `memcpy` at start-up).
+    budgets: Box<[DeviceBudget]>,
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
@@ -271,7 +273,7 @@ impl State {
             split: OnceLock::new(),
             expected_devices: None,
             announced: AtomicBool::new(false),
-            budgets: [const { DeviceBudget::new() }; MAX_DEVICES],
+            budgets: (0..MAX_DEVICES).map(|_| DeviceBudget::new()).collect(),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
             pools: std::sync::Mutex::new(Vec::new()),
