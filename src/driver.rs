@@ -196,13 +196,13 @@ pub struct Api {
     pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
 }
 
-/// Looks a function up and types it: `sym!(lib, c"name")`.
+/// Looks a function up and types it: `sym!(lib, known, c"name")`.
 /// `NVML_ERROR_DRIVER_NOT_LOADED`: NVML's answer on a machine without the NVIDIA kernel driver.
 const NVML_ERROR_DRIVER_NOT_LOADED: c_int = 9;
 
 macro_rules! sym {
-    ($lib:expr, $name:literal) => {{
-        let p = lookup($lib.handle, $name);
+    ($lib:expr, $known:expr, $name:literal) => {{
+        let p = $known($name).unwrap_or_else(|| lookup($lib.handle, $name));
         // SAFETY: a non-NULL result is the library's function of that name, whose C signature
         // is the one of the field it is stored in (cuda.h, nvml.h).
         (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })
@@ -247,41 +247,42 @@ impl Api {
         kernel_get_name: None,
     };
 
-    pub fn load(lib: &Library) -> Api {
+    /// `known`: the pointers already looked up (the hooks'), by name; the rest are looked up.
+    pub fn load(lib: &Library, known: &dyn Fn(&CStr) -> Option<*mut c_void>) -> Api {
         Api {
-            device_get_attribute: sym!(lib, c"cuDeviceGetAttribute"),
-            ctx_create: sym!(lib, c"cuCtxCreate_v2"),
-            ctx_destroy: sym!(lib, c"cuCtxDestroy_v2"),
-            primary_ctx_retain: sym!(lib, c"cuDevicePrimaryCtxRetain"),
-            driver_get_version: sym!(lib, c"cuDriverGetVersion"),
-            device_get_count: sym!(lib, c"cuDeviceGetCount"),
-            device_get_name: sym!(lib, c"cuDeviceGetName"),
-            device_get_uuid: sym!(lib, c"cuDeviceGetUuid"),
-            ctx_get_device: sym!(lib, c"cuCtxGetDevice"),
-            ctx_get_current: sym!(lib, c"cuCtxGetCurrent"),
-            ctx_push_current: sym!(lib, c"cuCtxPushCurrent_v2"),
-            ctx_pop_current: sym!(lib, c"cuCtxPopCurrent_v2"),
-            stream_get_ctx: sym!(lib, c"cuStreamGetCtx"),
-            device_total_mem: sym!(lib, c"cuDeviceTotalMem_v2"),
-            ctx_get_id: sym!(lib, c"cuCtxGetId"),
-            ctx_synchronize: sym!(lib, c"cuCtxSynchronize"),
-            stream_synchronize: sym!(lib, c"cuStreamSynchronize"),
-            mem_alloc: sym!(lib, c"cuMemAlloc_v2"),
-            mem_get_info: sym!(lib, c"cuMemGetInfo_v2"),
-            primary_ctx_release: sym!(lib, c"cuDevicePrimaryCtxRelease_v2"),
-            primary_ctx_get_state: sym!(lib, c"cuDevicePrimaryCtxGetState"),
-            pointer_get_attribute: sym!(lib, c"cuPointerGetAttribute"),
-            device_get_mem_pool: sym!(lib, c"cuDeviceGetMemPool"),
-            device_get_default_mem_pool: sym!(lib, c"cuDeviceGetDefaultMemPool"),
-            mem_pool_get_attribute: sym!(lib, c"cuMemPoolGetAttribute"),
-            mem_pool_trim_to: sym!(lib, c"cuMemPoolTrimTo"),
-            stream_is_capturing: sym!(lib, c"cuStreamIsCapturing"),
-            graph_get_nodes: sym!(lib, c"cuGraphGetNodes"),
-            graph_node_get_type: sym!(lib, c"cuGraphNodeGetType"),
-            graph_mem_alloc_node_get_params: sym!(lib, c"cuGraphMemAllocNodeGetParams"),
-            device_get_graph_mem_attribute: sym!(lib, c"cuDeviceGetGraphMemAttribute"),
-            func_get_name: sym!(lib, c"cuFuncGetName"),
-            kernel_get_name: sym!(lib, c"cuKernelGetName"),
+            device_get_attribute: sym!(lib, known, c"cuDeviceGetAttribute"),
+            ctx_create: sym!(lib, known, c"cuCtxCreate_v2"),
+            ctx_destroy: sym!(lib, known, c"cuCtxDestroy_v2"),
+            primary_ctx_retain: sym!(lib, known, c"cuDevicePrimaryCtxRetain"),
+            driver_get_version: sym!(lib, known, c"cuDriverGetVersion"),
+            device_get_count: sym!(lib, known, c"cuDeviceGetCount"),
+            device_get_name: sym!(lib, known, c"cuDeviceGetName"),
+            device_get_uuid: sym!(lib, known, c"cuDeviceGetUuid"),
+            ctx_get_device: sym!(lib, known, c"cuCtxGetDevice"),
+            ctx_get_current: sym!(lib, known, c"cuCtxGetCurrent"),
+            ctx_push_current: sym!(lib, known, c"cuCtxPushCurrent_v2"),
+            ctx_pop_current: sym!(lib, known, c"cuCtxPopCurrent_v2"),
+            stream_get_ctx: sym!(lib, known, c"cuStreamGetCtx"),
+            device_total_mem: sym!(lib, known, c"cuDeviceTotalMem_v2"),
+            ctx_get_id: sym!(lib, known, c"cuCtxGetId"),
+            ctx_synchronize: sym!(lib, known, c"cuCtxSynchronize"),
+            stream_synchronize: sym!(lib, known, c"cuStreamSynchronize"),
+            mem_alloc: sym!(lib, known, c"cuMemAlloc_v2"),
+            mem_get_info: sym!(lib, known, c"cuMemGetInfo_v2"),
+            primary_ctx_release: sym!(lib, known, c"cuDevicePrimaryCtxRelease_v2"),
+            primary_ctx_get_state: sym!(lib, known, c"cuDevicePrimaryCtxGetState"),
+            pointer_get_attribute: sym!(lib, known, c"cuPointerGetAttribute"),
+            device_get_mem_pool: sym!(lib, known, c"cuDeviceGetMemPool"),
+            device_get_default_mem_pool: sym!(lib, known, c"cuDeviceGetDefaultMemPool"),
+            mem_pool_get_attribute: sym!(lib, known, c"cuMemPoolGetAttribute"),
+            mem_pool_trim_to: sym!(lib, known, c"cuMemPoolTrimTo"),
+            stream_is_capturing: sym!(lib, known, c"cuStreamIsCapturing"),
+            graph_get_nodes: sym!(lib, known, c"cuGraphGetNodes"),
+            graph_node_get_type: sym!(lib, known, c"cuGraphNodeGetType"),
+            graph_mem_alloc_node_get_params: sym!(lib, known, c"cuGraphMemAllocNodeGetParams"),
+            device_get_graph_mem_attribute: sym!(lib, known, c"cuDeviceGetGraphMemAttribute"),
+            func_get_name: sym!(lib, known, c"cuFuncGetName"),
+            kernel_get_name: sym!(lib, known, c"cuKernelGetName"),
         }
     }
 
@@ -409,16 +410,17 @@ pub struct NvmlApi {
 }
 
 impl NvmlApi {
-    pub fn load(lib: &Library) -> NvmlApi {
+    /// `known`: as for [`Api::load`].
+    pub fn load(lib: &Library, known: &dyn Fn(&CStr) -> Option<*mut c_void>) -> NvmlApi {
         NvmlApi {
-            init: sym!(lib, c"nvmlInit_v2"),
-            shutdown: sym!(lib, c"nvmlShutdown"),
-            count: sym!(lib, c"nvmlDeviceGetCount_v2"),
-            by_index: sym!(lib, c"nvmlDeviceGetHandleByIndex_v2"),
-            by_uuid: sym!(lib, c"nvmlDeviceGetHandleByUUID"),
-            uuid: sym!(lib, c"nvmlDeviceGetUUID"),
-            pci: sym!(lib, c"nvmlDeviceGetPciInfo_v3"),
-            memory: sym!(lib, c"nvmlDeviceGetMemoryInfo"),
+            init: sym!(lib, known, c"nvmlInit_v2"),
+            shutdown: sym!(lib, known, c"nvmlShutdown"),
+            count: sym!(lib, known, c"nvmlDeviceGetCount_v2"),
+            by_index: sym!(lib, known, c"nvmlDeviceGetHandleByIndex_v2"),
+            by_uuid: sym!(lib, known, c"nvmlDeviceGetHandleByUUID"),
+            uuid: sym!(lib, known, c"nvmlDeviceGetUUID"),
+            pci: sym!(lib, known, c"nvmlDeviceGetPciInfo_v3"),
+            memory: sym!(lib, known, c"nvmlDeviceGetMemoryInfo"),
         }
     }
 

@@ -307,6 +307,12 @@ fn hook_of_real(addr: usize) -> Option<usize> {
     first
 }
 
+/// The driver's pointer of a hooked function, once [`resolve_real`] looked it up (NULL: the
+/// library lacks it); `None` for a function the shim does not hook.
+pub fn resolved(name: &CStr) -> Option<*mut c_void> {
+    hook_by_name(name.to_bytes()).map(|i| REAL[i].load(Relaxed) as *mut c_void)
+}
+
 /// Fills [`REAL`] for the hooks of `which` from the opened library.
 pub fn resolve_real(lib: &driver::Library, which: Lib) {
     for (index, (hook, slot)) in HOOKS.iter().zip(REAL.iter()).enumerate() {
