@@ -1,5 +1,5 @@
 //! Live figures: each process under the shim publishes what it holds, per device, in a small
-//! file of the state directory (`STATE_DIR/proc-PID`, 0600 in the 0700 directory of
+//! file of the state directory (`STATE_DIR/proc-PID-NONCE`, 0600 in the 0700 directory of
 //! `quota`), read by `gpushim ps`, `gpushim top` and `gpushim metrics`.
 //!
 //! # Cheap
@@ -146,15 +146,19 @@ unsafe impl Send for Publisher {}
 unsafe impl Sync for Publisher {}
 
 impl Publisher {
-    /// Creates `dir/proc-PID` describing `view` (and the quota `quota`), locked and mapped;
+    /// Creates `dir/proc-PID-NONCE` describing `view` (and the quota `quota`), locked and mapped;
     /// first removes the files of processes that died.
     pub fn start(dir: &Path, quota: Option<&str>, view: &[ViewEntry]) -> Result<Publisher, String> {
         crate::quota::private_dir(dir)?;
         reap(dir);
         // SAFETY: getpid cannot fail.
         let pid = unsafe { libc::getpid() } as u32;
-        let path = dir.join(format!("{PREFIX}{pid}"));
-        let tmp = dir.join(format!(".{PREFIX}tmp-{pid}"));
+        // PID and a nonce: processes of other PID namespaces (containers sharing a state
+        // directory, each with its PID 1) have the same PIDs, and must not replace or remove
+        // each other's files.
+        let nonce = nonce();
+        let path = dir.join(format!("{PREFIX}{pid}-{nonce:08x}"));
+        let tmp = dir.join(format!(".{PREFIX}tmp-{pid}-{nonce:08x}"));
         let (ctmp, cfinal) = (cpath(&tmp)?, cpath(&path)?);
         // SAFETY: NUL-terminated paths; the file is sized before it is mapped; the mapping is
         // kept for the life of the process.
@@ -254,16 +258,37 @@ impl Publisher {
         unsafe { libc::close(self.fd) };
     }
 
-    /// Removes the file (at exit), unless this is a forked child (the file is its parent's).
+    /// Removes the file (at exit), unless this is a forked child (the file is its parent's) or
+    /// the name is no longer this file.
     pub fn remove(&self) {
         if !self.is_mine() {
             return;
         }
         if let Ok(c) = cpath(&self.path) {
-            // SAFETY: NUL-terminated path.
-            unsafe { libc::unlink(c.as_ptr()) };
+            // SAFETY: NUL-terminated path; `a`, `b` written by fstat/lstat; `self.fd` is our open
+            // descriptor of the file.
+            unsafe {
+                let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+                if libc::fstat(self.fd, &mut a) == 0 && libc::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                    libc::unlink(c.as_ptr());
+                }
+            }
         }
     }
+}
+
+/// 32 bits that differ between processes started at the same instant with the same PID (in
+/// other PID namespaces): the clock's nanoseconds, mixed with an address of this process
+/// (randomised by ASLR).
+fn nonce() -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let local = 0u8;
+    let x = (t ^ (&local as *const u8 as u64).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 32) as u32
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Removes the files of `dir` whose process died (their lock is free).
@@ -272,7 +297,8 @@ fn reap(dir: &Path) {
     for e in rd.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(PREFIX) {
+        // (a temporary whose process died between creating and publishing it is unlocked too)
+        if !name.starts_with(PREFIX) && !name.starts_with(&format!(".{PREFIX}tmp-")) {
             continue;
         }
         let path = dir.join(name);
@@ -287,7 +313,10 @@ fn reap(dir: &Path) {
                 // dead: remove it if the name still is this file (not a new process' of the same pid)
                 let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
                 if libc::fstat(fd, &mut a) == 0 && libc::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
-                    libc::unlink(c.as_ptr());
+                    // (a temporary is unlocked for a moment after it is created: only old ones)
+                    if name.starts_with(PREFIX) || now_secs().saturating_sub(a.st_mtime as u64) > 60 {
+                        libc::unlink(c.as_ptr());
+                    }
                 }
             }
             libc::close(fd);
@@ -438,4 +467,57 @@ pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh_dir(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpushim-live-test-{}-{what}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn publishers_with_one_pid_keep_their_own_files() {
+        // Two processes with one PID (other PID namespaces sharing the state directory) are
+        // two publishers of one process here: neither replaces nor removes the other's file.
+        let dir = fresh_dir("samepid");
+        let view = [ViewEntry { uuid: "GPU-a".into(), part: None }];
+        let a = Publisher::start(&dir, None, &view).unwrap();
+        let b = Publisher::start(&dir, Some("q"), &view).unwrap();
+        assert_ne!(a.path, b.path);
+        a.device(0).unwrap().in_use.store(5, Relaxed);
+        b.device(0).unwrap().in_use.store(7, Relaxed);
+        let seen = read_dir(&dir).unwrap();
+        let mut figures: Vec<(Option<String>, u64, bool)> = seen.iter().map(|p| (p.quota.clone(), p.devices[0].in_use, p.alive)).collect();
+        figures.sort();
+        assert_eq!(figures, vec![(None, 5, true), (Some("q".into()), 7, true)]);
+        a.remove();
+        let left: Vec<PathBuf> = read_dir(&dir).unwrap().into_iter().map(|p| p.path).collect();
+        assert_eq!(left, vec![b.path.clone()]);
+        // a name that no longer is this publisher's file is not removed
+        std::fs::rename(&b.path, dir.join("moved")).unwrap();
+        std::fs::write(&b.path, b"someone else's").unwrap();
+        b.remove();
+        assert!(b.path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn dead_temporaries_are_reaped_only_when_old() {
+        let dir = fresh_dir("tmp");
+        crate::quota::private_dir(&dir).unwrap();
+        let (young, old) = (dir.join(".proc-tmp-1-00000001"), dir.join(".proc-tmp-2-00000002"));
+        for p in [&young, &old] {
+            std::fs::write(p, b"").unwrap();
+        }
+        let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(&old).unwrap().set_modified(past).unwrap();
+        reap(&dir);
+        assert!(young.exists());
+        assert!(!old.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

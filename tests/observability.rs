@@ -80,9 +80,10 @@ impl Node {
         Run::new(cli()).args(args).env("GPUSIM_DEVICES", "2").env("GPUSIM_MEMORY", "16GiB").env("GPUSHIM_STATE_DIR", &self.state).run()
     }
 
+    /// The published files, as `proc-PID` (their names end in `-NONCE`, checked here).
     fn published(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&self.state)
-            .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().filter(|n| n.starts_with("proc-")).map(str::to_string)).collect())
+            .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().filter(|n| n.starts_with("proc-")).map(without_nonce)).collect())
             .unwrap_or_default();
         v.sort();
         v
@@ -173,7 +174,7 @@ fn metrics_and_ps_show_what_programs_hold() {
     // private to the user
     {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(node.state.join(format!("proc-{pa}"))).unwrap();
+        let m = std::fs::metadata(published_file(&node.state, &pa)).unwrap();
         assert_eq!(m.mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&node.state).unwrap().mode() & 0o777, 0o700);
     }
@@ -346,6 +347,31 @@ fn metrics_over_http() {
     drop(h);
     let s = parse_exposition(&http_get(port, "/metrics").1);
     assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 0.0);
+}
+
+/// A client trickling its request a byte a second holds the one-at-a-time server for at most
+/// 5 s: a scrape behind it is answered (before, each byte renewed a 5 s timeout, up to 16 KiB).
+#[test]
+fn a_slow_client_cannot_hold_the_metrics_endpoint() {
+    use std::io::Write;
+    let node = Node::new("obs-slow");
+    let (_server, port) = serve_metrics(&node);
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..15 {
+            if slow.write_all(b"G").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300)); // the slow client is being served
+    let start = Instant::now();
+    let (code, _) = http_get(port, "/metrics");
+    let waited = start.elapsed();
+    assert_eq!(code, 200);
+    assert!(waited < Duration::from_secs(9), "the scrape waited {waited:?} behind the slow client");
+    trickle.join().unwrap();
 }
 
 fn prometheus_binary() -> PathBuf {
@@ -560,7 +586,7 @@ fn other_users_see_nothing() {
     let theirs_s = theirs.display().to_string();
     let h = node.start_as(Some(NOBODY), &[("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSHIM_STATE_DIR", &theirs_s)], &[&format!("alloc=mem:{}", 9 * MIB)]);
     let pid = h.pid().to_string();
-    let file = theirs.join(format!("proc-{pid}"));
+    let file = published_file(&theirs, &pid);
     {
         use std::os::unix::fs::MetadataExt;
         let (d, f) = (std::fs::metadata(&theirs).unwrap(), std::fs::metadata(&file).unwrap());
@@ -606,7 +632,7 @@ fn other_users_see_nothing() {
     let (_, text, _) = metrics_as(Some(OTHER), None);
     assert!(!text.contains(&format!("pid=\"{dpid}\"")) && !text.contains(&format!("pid=\"{pid}\"")), "{text}");
     drop(d);
-    let _ = std::fs::remove_file(format!("/tmp/gpushim-{NOBODY}/proc-{dpid}"));
+    let _ = std::fs::remove_file(published_file(Path::new(&format!("/tmp/gpushim-{NOBODY}")), &dpid));
     drop(h);
 }
 
@@ -694,4 +720,21 @@ fn a_process_without_limits_is_listed() {
     assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "0"), ("gpu_uuid", &phys_uuid(0))]), (4 * MIB) as f64);
     assert_eq!(value(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "0")]), (16 * GIB) as f64);
     assert_eq!(count(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "1")]), 0, "device 1 never used: not resolved yet");
+}
+
+/// `proc-PID-NONCE` as `proc-PID`, checking the nonce's form (8 hex digits).
+fn without_nonce(name: &str) -> String {
+    let (head, nonce) = name.rsplit_once('-').unwrap_or((name, ""));
+    assert!(nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit()), "{name}: no nonce");
+    head.to_string()
+}
+
+/// The file process `pid` published in `dir` (panics unless exactly one).
+fn published_file(dir: &Path, pid: &str) -> PathBuf {
+    let prefix = format!("proc-{pid}-");
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert_eq!(found.len(), 1, "{prefix}* in {}: {found:?}", dir.display());
+    found.into_iter().next().unwrap()
 }

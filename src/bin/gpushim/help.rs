@@ -49,7 +49,7 @@ DESCRIPTION
     root): pid, user, name, its shared quota, and per device of its view (ordinal, GPU UUID,
     part of a split GPU) what it holds, its peak, what is reserved for it, its limit and the
     allocations refused. The figures are the ones the process publishes in the state directory
-    (proc-PID) as they change; a process killed without exiting is shown as exited until the
+    (proc-PID-NONCE) as they change; a process killed without exiting is shown as exited until the
     next process of the user that starts CUDA removes its entry.
 
     For each shared quota of this user (GPUSHIM_SHARED_QUOTA), or only NAME: every device with

@@ -60,7 +60,15 @@ fn answer(mut s: TcpStream, with_gpus: bool) -> std::io::Result<()> {
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
+    // The whole request within 5 s: a client trickling bytes cannot hold the (one-at-a-time)
+    // server longer than that.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") && req.len() < 16384 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request too slow"));
+        }
+        s.set_read_timeout(Some(left))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
