@@ -30,8 +30,16 @@
 #     --toggle-collect=run_launches, scripts/bench/launches.c) without the shim, with the shim
 #     and the log off (the driver's own cuLaunchKernel is handed out: nothing added), and with
 #     the log on; needs valgrind.
+#  4. Load cost (--only load): instructions of /bin/true (callgrind, whole program) alone and
+#     with LD_PRELOAD=libgpushim.so (a process that never touches CUDA pays only this), and the
+#     library's size on disk; needs valgrind.
+#  5. Start-up (--only startup): instructions of a CUDA runtime program (cudart 12 from the
+#     wheels: cudaMalloc of 1 MiB, cudaFree; scripts/bench/rt_startup.c), whole program under
+#     callgrind, without the shim, with it and no limit, and with GPUSHIM_MEMORY_LIMIT; then
+#     each step of the shim's start-up counted by name (inclusive instructions, with a build
+#     of the same code that keeps its symbols: cargo's "profiling" profile); needs valgrind.
 #
-# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement] [--steps N] [--targets "F ..."]
+# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement|load|startup] [--steps N] [--targets "F ..."]
 #                         [--seed N]
 #   PAIRS      callgrind pairs (default 20000); one thread times 10 x PAIRS pairs, each of the
 #              8 threads 5 x PAIRS
@@ -55,11 +63,12 @@ while (($#)); do
         *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case $only in ""|overhead|fragmentation|placement) ;; *) echo "bench: --only overhead|fragmentation|placement" >&2; exit 2 ;; esac
+case $only in ""|overhead|fragmentation|placement|load|startup) ;; *) echo "bench: --only overhead|fragmentation|placement|load|startup" >&2; exit 2 ;; esac
 started=$SECONDS
 target=${CARGO_TARGET_DIR:-$PWD/target}
 bash scripts/fetch-deps.sh >/dev/null
 cargo build --release -q -p gpushim -p gpusim-cuda
+[[ -n $only && $only != startup ]] || cargo build --profile profiling -q -p gpushim --lib
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ln -s "$target/release/libcuda.so" "$work/libcuda.so.1"
@@ -68,6 +77,8 @@ cflags=(-O2 -I.deps/cuda12/include -L"$work")
 gcc "${cflags[@]}" -o "$work/alloc_pairs" scripts/bench/alloc_pairs.c -lcuda -lpthread
 gcc "${cflags[@]}" -o "$work/fragmentation" scripts/bench/fragmentation.c -lcuda -lm
 gcc "${cflags[@]}" -o "$work/launches" scripts/bench/launches.c -lcuda
+gcc -O2 -I.deps/cuda12/include -o "$work/rt_startup" scripts/bench/rt_startup.c .deps/cuda12/lib/libcudart.so.12 \
+    -Wl,-rpath,"$PWD/.deps/cuda12/lib"
 shim="$target/release/libgpushim.so"
 # A clean environment: nothing inherited may change what the shim or the simulator does.
 for v in $(compgen -e); do
@@ -218,9 +229,71 @@ placement() {
     echo "   ($n launches under callgrind, after 100 outside the measured function)"
 }
 
-[[ $only == fragmentation || $only == placement ]] || overhead
-[[ -n $only ]] || echo
-[[ $only == overhead || $only == placement ]] || fragmentation
-[[ -n $only ]] || echo
-[[ $only == overhead || $only == fragmentation ]] || placement
+# callgrind_total FILE: the instructions a whole-program callgrind run counted.
+callgrind_total() { grep -E '^summary:|^totals:' "$1" | head -1 | awk '{print $2}'; }
+
+load_cost() {
+    echo "== load cost: /bin/true, whole program under callgrind"
+    if ! command -v valgrind >/dev/null; then echo "   (valgrind not found: skipped)"; return; fi
+    local base with
+    valgrind --tool=callgrind --callgrind-out-file="$work/cgt0.out" /bin/true 2>/dev/null
+    LD_PRELOAD="$shim" valgrind --tool=callgrind --callgrind-out-file="$work/cgt1.out" /bin/true 2>/dev/null
+    base=$(callgrind_total "$work/cgt0.out") with=$(callgrind_total "$work/cgt1.out")
+    printf '%-26s %12s %10s\n' "" instructions added
+    printf '%-26s %12s %10s\n' "/bin/true" "$base" -
+    printf '%-26s %12s %10s\n' "LD_PRELOAD=libgpushim.so" "$with" "$(printf '%+d' $((with - base)))"
+    echo "   libgpushim.so: $(stat -c %s "$shim") bytes on disk ($(readelf -d "$shim" | grep -c NEEDED) libraries needed," \
+        "$(nm -D --defined-only "$shim" | wc -l) exported symbols, $(readelf -r "$shim" | grep -c R_X86_64_RELATIVE) relative relocations)"
+}
+
+startup() {
+    echo "== start-up: a CUDA runtime program (cudart 12): cudaMalloc(1 MiB), cudaFree; whole program under callgrind"
+    if ! command -v valgrind >/dev/null; then echo "   (valgrind not found: skipped)"; return; fi
+    local row base="" ins env=()
+    printf '%-28s %12s %10s\n' "" instructions added
+    for row in "no shim" "gpushim, no limit" "gpushim, limit 8 GiB"; do
+        case $row in
+            "no shim") env=() ;;
+            "gpushim, no limit") env=(LD_PRELOAD="$shim") ;;
+            *) env=(LD_PRELOAD="$shim" GPUSHIM_MEMORY_LIMIT=8GiB) ;;
+        esac
+        if ! env "${env[@]}" GPUSHIM_STATE_DIR="$work/state" valgrind --tool=callgrind --callgrind-out-file="$work/cgs.out" \
+            "$work/rt_startup" >/dev/null 2>"$work/cgs.err"; then
+            printf '%-28s %s\n' "$row" "$(why_failed "$work/cgs.err")"; continue
+        fi
+        ins=$(callgrind_total "$work/cgs.out")
+        if [[ -z $base ]]; then base=$ins; printf '%-28s %12s %10s\n' "$row" "$ins" -; continue; fi
+        printf '%-28s %12s %10s\n' "$row" "$ins" "$(printf '%+d' $((ins - base)))"
+    done
+    # The steps, by name, in the build with symbols (the same code: LTO, one codegen unit).
+    local prof="$target/profiling/libgpushim.so"
+    [[ -f $prof ]] || { echo "   (no profiling build: steps skipped)"; return; }
+    if ! env LD_PRELOAD="$prof" GPUSHIM_MEMORY_LIMIT=8GiB GPUSHIM_STATE_DIR="$work/state" valgrind --tool=callgrind \
+        --compress-strings=no --compress-pos=no --callgrind-out-file="$work/cgp.out" "$work/rt_startup" >/dev/null 2>&1; then
+        echo "   (the profiling build failed: steps skipped)"; return
+    fi
+    echo "-- the shim's steps, limit 8 GiB (inclusive instructions; the build with symbols)"
+    printf '%-58s %10s %6s\n' step instructions calls
+    python3 scripts/bench/steps.py "$work/cgp.out" \
+        "settings~(environment,~config~file)=gpushim::config::load" \
+        "state~(budgets,~reserves,~live~map)=gpushim::state::State::empty" \
+        "view~(GPUSHIM_VISIBLE_DEVICES)=gpushim::state::State::apply_view" \
+        "shared~quota~(join)=gpushim::sharing::join_quota" \
+        "opening~the~driver,~its~function~table~(dlsym)=gpushim::state::State::load" \
+        "after~cuInit~(view~check,~publishing)=gpushim::state::State::after_cuda_init" \
+        "first~use~of~a~device~(limit,~registry)=gpushim::sharing::attach_device" \
+        "cuGetProcAddress~substitutions=gpushim::intercept::substitute" \
+        "the~whole~first~look-up~(all~of~start-up)=gpushim::intercept::hooked_lookup" |
+        while read -r label n calls; do printf '%-58s %10s %6s\n' "${label//\~/ }" "$n" "$calls"; done
+    echo "   (the rest of what the shim adds: loading it (see load cost) and the hooks' own work)"
+}
+
+# Each section when asked for alone, or all of them.
+first=1
+for section in overhead fragmentation placement load startup; do
+    [[ -z $only || $only == "$section" ]] || continue
+    ((first)) || echo
+    first=0
+    case $section in load) load_cost ;; *) $section ;; esac
+done
 echo "(bench.sh: $((SECONDS - started)) s)"
