@@ -449,15 +449,26 @@ impl Bucket {
     /// allocation or a lock other than the mutex map's), so this almost never waits.
     #[inline]
     fn enter(&self) -> u64 {
+        let m = self.meta.load(Relaxed);
+        if m & BUSY == 0 && self.meta.compare_exchange(m, m | BUSY, Acquire, Relaxed).is_ok() {
+            // The data stores that follow are ordered after BUSY (see `read`).
+            fence(Release);
+            return m;
+        }
+        self.enter_waiting()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enter_waiting(&self) -> u64 {
         let mut spins = 0u32;
         loop {
+            spins = spin(spins);
             let m = self.meta.load(Relaxed);
             if m & BUSY == 0 && self.meta.compare_exchange_weak(m, m | BUSY, Acquire, Relaxed).is_ok() {
-                // The data stores that follow are ordered after BUSY (see `read`).
                 fence(Release);
                 return m;
             }
-            spins = spin(spins);
         }
     }
 
@@ -588,9 +599,30 @@ impl LiveMap {
     /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
     /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
     /// credits it.
+    #[inline]
     pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let Some(b) = self.bucket(kind, key) else { return self.shards.insert(kind, key, live) };
         let before = b.enter();
+        // The common case: nothing of this bucket in the mutex map, and the entry fits.
+        if before & SPILLED == 0 {
+            if let Some(packed) = pack(&live) {
+                let found = b.find(before, key);
+                let empty = !before & OCC_MASK;
+                if let Some(j) = found.or_else(|| (empty != 0).then(|| (empty.trailing_zeros() - OCC_SHIFT) as usize)) {
+                    let replaced = found.map(|j| b.load(j));
+                    b.store(j, key, packed, live.id);
+                    b.leave(before, (before & OCC_MASK) | 1 << (j as u32 + OCC_SHIFT), false);
+                    return replaced;
+                }
+            }
+        }
+        self.insert_spilling(b, before, kind, key, live)
+    }
+
+    /// `insert` inside bucket `b` (entered: `before`) when the mutex map is involved.
+    #[cold]
+    #[inline(never)]
+    fn insert_spilling(&self, b: &Bucket, before: u64, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let mut occ = before & OCC_MASK;
         let mut spilled = b.spilled.load(Relaxed);
         let found = b.find(before, key);
@@ -631,6 +663,7 @@ impl LiveMap {
         self.take(kind, key, Some(expected))
     }
 
+    #[inline]
     pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
         self.take(kind, key, None)
     }
@@ -638,12 +671,7 @@ impl LiveMap {
     /// Removes `key` (if it holds `expected`, when given).
     #[inline]
     fn take(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
-        let Some(b) = self.bucket(kind, key) else {
-            return match expected {
-                Some(e) => self.shards.remove_if(kind, key, e),
-                None => self.shards.remove(kind, key),
-            };
-        };
+        let Some(b) = self.bucket(kind, key) else { return self.take_unbucketed(kind, key, expected) };
         let before = b.enter();
         if let Some(j) = b.find(before, key) {
             let live = b.load(j);
@@ -654,19 +682,33 @@ impl LiveMap {
             b.leave(before, before & OCC_MASK & !(1 << (j as u32 + OCC_SHIFT)), before & SPILLED != 0);
             return Some(live);
         }
-        let spilled = b.spilled.load(Relaxed);
-        let removed = if spilled == 0 {
-            None
-        } else {
-            match expected {
-                Some(e) => self.shards.remove_if(kind, key, e),
-                None => self.shards.remove(kind, key),
-            }
-        };
+        if before & SPILLED == 0 {
+            b.meta.store(before, Release); // nothing changed
+            return None;
+        }
+        self.take_spilled(b, before, kind, key, expected)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_unbucketed(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        match expected {
+            Some(e) => self.shards.remove_if(kind, key, e),
+            None => self.shards.remove(kind, key),
+        }
+    }
+
+    /// `take` inside bucket `b` (entered: `before`) of a key not in the table, when some of
+    /// the bucket's keys are in the mutex map.
+    #[cold]
+    #[inline(never)]
+    fn take_spilled(&self, b: &Bucket, before: u64, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        let removed = self.take_unbucketed(kind, key, expected);
         match removed {
             Some(_) => {
-                b.spilled.store(spilled - 1, Relaxed);
-                b.leave(before, before & OCC_MASK, spilled > 1);
+                let spilled = b.spilled.load(Relaxed).saturating_sub(1);
+                b.spilled.store(spilled, Relaxed);
+                b.leave(before, before & OCC_MASK, spilled != 0);
             }
             None => b.meta.store(before, Release), // nothing changed
         }
