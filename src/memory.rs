@@ -11,13 +11,15 @@
 //! and `preallocate` modes `reserved` also holds the reserve's free blocks (see `reserve`).
 //!
 //! The live map remembers, for each pointer or handle the program got, the device and size it
-//! was counted with, so the free gives back exactly what the allocation took. It is sharded by
-//! key so threads allocating at once rarely meet on a lock, and no lock is ever held across a
-//! call into the driver.
+//! was counted with, so the free gives back exactly what the allocation took. Device pointers
+//! (the allocation path) are kept in a fixed lock-free table ([`LiveMap`]): recording and
+//! forgetting one takes no lock, allocates nothing and makes no system call; the rest (other
+//! kinds of keys, and what the table has no room for) in a map sharded by key so threads rarely
+//! meet on a lock. No lock is ever held across a call into the driver.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 use crate::quota::Quota;
@@ -347,78 +349,459 @@ impl Hasher for FastHasher {
 
 type Shard = Mutex<HashMap<u64, Live, BuildHasherDefault<FastHasher>>>;
 
-/// `SHARDS` shards for each kind of key.
-pub struct LiveMap {
+/// The mutex map: `SHARDS` shards for each kind of key. Holds every entry of the kinds other
+/// than device pointers, and the device pointers the table has no room for ([`LiveMap`]).
+struct Shards {
     shards: Box<[Shard]>,
 }
 
-impl LiveMap {
-    pub fn new() -> Self {
-        LiveMap { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect() }
+impl Shards {
+    fn new() -> Self {
+        Shards { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect() }
     }
 
-    fn shard(&self, kind: Kind, key: u64) -> &Shard {
+    fn shard(&self, kind: Kind, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Live, BuildHasherDefault<FastHasher>>> {
         // Device pointers are at least 256-byte aligned: mix the bits that vary.
         let h = ((key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
-        &self.shards[kind as usize * SHARDS + h]
+        self.shards[kind as usize * SHARDS + h].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
-    /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
-    /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
-    /// credits it.
-    pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
-        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.insert(key, live)
+    fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
+        self.shard(kind, key).insert(key, live)
     }
 
-    /// Removes `key` only if it still holds `expected` (not an entry recorded since).
-    pub fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
-        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
+    fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
+        let mut shard = self.shard(kind, key);
         if shard.get(&key) == Some(expected) {
             return shard.remove(&key);
         }
         None
     }
 
-    /// A copy of every entry of `kind` (slow: for context teardown, never on the allocation
-    /// path). Each shard is locked only while it is copied.
-    pub fn entries(&self, kind: Kind) -> Vec<(u64, Live)> {
-        let mut all = Vec::new();
+    fn get(&self, kind: Kind, key: u64) -> Option<Live> {
+        self.shard(kind, key).get(&key).copied()
+    }
+
+    fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
+        self.shard(kind, key).remove(&key)
+    }
+
+    fn entries_into(&self, kind: Kind, all: &mut Vec<(u64, Live)>) {
         for shard in &self.shards[kind as usize * SHARDS..(kind as usize + 1) * SHARDS] {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             all.extend(shard.iter().map(|(&k, &v)| (k, v)));
         }
-        all
     }
 
-    pub fn get(&self, kind: Kind, key: u64) -> Option<Live> {
-        let shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.get(&key).copied()
-    }
-
-    pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
-        let mut shard = self.shard(kind, key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.remove(&key)
-    }
-
-    /// Takes every shard's lock for a fork (`fork`).
-    pub fn hold_for_fork(&'static self) {
+    fn hold_for_fork(&'static self) {
         for shard in self.shards.iter() {
             crate::fork::hold(shard);
         }
     }
 
-    /// A forked child holds nothing (`fork`).
-    pub fn reset_after_fork(&self) {
+    fn reset_after_fork(&self) {
         for shard in self.shards.iter() {
             crate::fork::reset(shard, HashMap::default);
         }
     }
 
     #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len()).sum()
+    }
+}
+
+/// Slots per bucket of the table (a bucket is 32 words: four cache lines).
+const SLOTS: usize = 10;
+/// Buckets of the table: 81,920 slots in 2 MiB of address space, pages committed as they are
+/// first written (the table is zeroed memory from the allocator, i.e. fresh anonymous pages).
+const BUCKETS: usize = 8192;
+
+/// `Bucket::meta`: a writer is inside (the bucket's other words may be half-written).
+const BUSY: u64 = 1;
+const OCC_SHIFT: u32 = 1;
+const OCC_MASK: u64 = ((1 << SLOTS) - 1) << OCC_SHIFT;
+/// `Bucket::meta`: some device pointer of this bucket is in the mutex map (`Bucket::spilled`).
+const SPILLED: u64 = 1 << (OCC_SHIFT + SLOTS as u32);
+/// The sequence part of `Bucket::meta`: bumped by every write, so a reader that saw the same
+/// word before and after its reads saw no write in between (a seqlock).
+const SEQ_ONE: u64 = SPILLED << 1;
+
+/// What a slot's packed word holds: bytes (52 bits) | device (10 bits) | pool | served.
+const PACK_DEVICES: usize = 1 << 10;
+const PACK_BYTES: u64 = 1 << 52;
+
+/// One bucket of the lock-free table: up to `SLOTS` device pointers whose hash picks it.
+#[repr(C, align(64))]
+struct Bucket {
+    /// `BUSY` | occupied slots (one bit each) | `SPILLED` | sequence.
+    meta: AtomicU64,
+    /// How many device pointers of this bucket are in the mutex map; written only by the writer
+    /// that holds `BUSY`. `SPILLED` is set in `meta` while it is not zero.
+    spilled: AtomicU64,
+    /// Per slot: key, packed entry, entry id.
+    slots: [[AtomicU64; 3]; SLOTS],
+}
+
+impl Bucket {
+    /// Waits until no other writer is inside, then enters: returns the word it replaced. A
+    /// writer stays inside only for a few loads and stores (never across a driver call, an
+    /// allocation or a lock other than the mutex map's), so this almost never waits.
+    #[inline]
+    fn enter(&self) -> u64 {
+        let m = self.meta.load(Relaxed);
+        if m & BUSY == 0 && self.meta.compare_exchange(m, m | BUSY, Acquire, Relaxed).is_ok() {
+            // The data stores that follow are ordered after BUSY (see `read`).
+            fence(Release);
+            return m;
+        }
+        self.enter_waiting()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enter_waiting(&self) -> u64 {
+        let mut spins = 0u32;
+        loop {
+            spins = spin(spins);
+            let m = self.meta.load(Relaxed);
+            if m & BUSY == 0 && self.meta.compare_exchange_weak(m, m | BUSY, Acquire, Relaxed).is_ok() {
+                fence(Release);
+                return m;
+            }
+        }
+    }
+
+    /// Leaves, publishing `occ` and `spilled` (`before`: what `enter` returned).
+    #[inline]
+    fn leave(&self, before: u64, occ: u64, spilled: bool) {
+        let seq = (before & !(SEQ_ONE - 1)).wrapping_add(SEQ_ONE);
+        self.meta.store(seq | occ | if spilled { SPILLED } else { 0 }, Release);
+    }
+
+    /// The slot holding `key` among those `meta` says are occupied.
+    #[inline]
+    fn find(&self, meta: u64, key: u64) -> Option<usize> {
+        let mut occ = (meta & OCC_MASK) >> OCC_SHIFT;
+        while occ != 0 {
+            let j = occ.trailing_zeros() as usize;
+            if self.slots[j][0].load(Relaxed) == key {
+                return Some(j);
+            }
+            occ &= occ - 1;
+        }
+        None
+    }
+
+    #[inline]
+    fn load(&self, j: usize) -> Live {
+        unpack(self.slots[j][1].load(Relaxed), self.slots[j][2].load(Relaxed))
+    }
+
+    #[inline]
+    fn store(&self, j: usize, key: u64, packed: u64, id: u64) {
+        self.slots[j][0].store(key, Relaxed);
+        self.slots[j][1].store(packed, Relaxed);
+        self.slots[j][2].store(id, Relaxed);
+    }
+
+    /// Runs `f` on a consistent view of the bucket (the meta word it saw, and reads of the
+    /// slots through it) and returns its result: retried while a writer is inside or wrote
+    /// meanwhile. `f` only loads.
+    #[inline]
+    fn read<R>(&self, mut f: impl FnMut(u64) -> R) -> R {
+        let mut spins = 0u32;
+        loop {
+            let m = self.meta.load(Acquire);
+            if m & BUSY == 0 {
+                let r = f(m);
+                // Pairs with the writer's fence after BUSY: had a load above seen a store of a
+                // writer that entered since, this load sees BUSY or a later sequence.
+                fence(Acquire);
+                if self.meta.load(Relaxed) == m {
+                    return r;
+                }
+            }
+            spins = spin(spins);
+        }
+    }
+}
+
+/// One step of waiting for a bucket's writer: spins a while, then yields the processor (the
+/// writer may have been preempted inside).
+#[cold]
+fn spin(spins: u32) -> u32 {
+    if spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    spins.saturating_add(1)
+}
+
+/// The packed form of `live`, if it fits a slot (no context, a device and a size in range).
+#[inline]
+fn pack(live: &Live) -> Option<u64> {
+    (live.ctx == 0 && live.device < PACK_DEVICES && live.bytes < PACK_BYTES)
+        .then(|| live.served as u64 | (live.pool as u64) << 1 | (live.device as u64) << 2 | live.bytes << 12)
+}
+
+#[inline]
+fn unpack(packed: u64, id: u64) -> Live {
+    Live {
+        device: ((packed >> 2) as usize) & (PACK_DEVICES - 1),
+        bytes: packed >> 12,
+        served: packed & 1 != 0,
+        pool: packed & 2 != 0,
+        ctx: 0,
+        id,
+    }
+}
+
+/// The live map. Device pointers (the allocation path's keys) live in a fixed table of
+/// buckets, without allocation, lock or system call: a writer enters its key's bucket with one
+/// compare-and-swap (a bit the writer holds for a handful of stores), readers never write and
+/// retry if a writer was inside (a seqlock). A device pointer whose bucket is full, or whose
+/// entry does not fit a slot (a context recorded, a device or size out of range), goes to the
+/// sharded mutex map, which also holds every key of the other kinds; its bucket counts it
+/// (`SPILLED`), so the mutex map is consulted for a device pointer only when its bucket has
+/// some there. Every change to a device pointer's entry, in the table or in the mutex map, is
+/// made by the writer inside its bucket: a key is never in both, and the operations on one key
+/// are atomic with respect to each other as they were with one lock.
+pub struct LiveMap {
+    table: Box<[Bucket]>,
+    shards: Shards,
+}
+
+impl LiveMap {
+    pub fn new() -> Self {
+        Self::with_buckets(BUCKETS)
+    }
+
+    /// A map whose table has `buckets` buckets (a power of two; none: every key in the
+    /// mutex map, which is also what happens if the table cannot be allocated).
+    fn with_buckets(buckets: usize) -> Self {
+        LiveMap { table: zeroed_table(buckets), shards: Shards::new() }
+    }
+
+    /// The bucket of a device pointer's key, if the table has any.
+    #[inline]
+    fn bucket(&self, kind: Kind, key: u64) -> Option<&Bucket> {
+        if kind != Kind::DevicePtr || self.table.is_empty() {
+            return None;
+        }
+        // Fibonacci hashing: the top bits of the product spread pointers that differ in any bit.
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15).checked_shr(64 - self.table.len().trailing_zeros()).unwrap_or(0);
+        self.table.get(h as usize)
+    }
+
+    /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
+    /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
+    /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
+    /// credits it.
+    #[inline]
+    pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
+        let Some(b) = self.bucket(kind, key) else { return self.shards.insert(kind, key, live) };
+        let before = b.enter();
+        // The common case: nothing of this bucket in the mutex map, and the entry fits.
+        if before & SPILLED == 0 {
+            if let Some(packed) = pack(&live) {
+                let found = b.find(before, key);
+                let empty = !before & OCC_MASK;
+                if let Some(j) = found.or_else(|| (empty != 0).then(|| (empty.trailing_zeros() - OCC_SHIFT) as usize)) {
+                    let replaced = found.map(|j| b.load(j));
+                    b.store(j, key, packed, live.id);
+                    b.leave(before, (before & OCC_MASK) | 1 << (j as u32 + OCC_SHIFT), false);
+                    return replaced;
+                }
+            }
+        }
+        self.insert_spilling(b, before, kind, key, live)
+    }
+
+    /// `insert` inside bucket `b` (entered: `before`) when the mutex map is involved.
+    #[cold]
+    #[inline(never)]
+    fn insert_spilling(&self, b: &Bucket, before: u64, kind: Kind, key: u64, live: Live) -> Option<Live> {
+        let mut occ = before & OCC_MASK;
+        let mut spilled = b.spilled.load(Relaxed);
+        let found = b.find(before, key);
+        let mut replaced = found.map(|j| b.load(j));
+        if replaced.is_none() && spilled != 0 {
+            if let Some(old) = self.shards.remove(kind, key) {
+                replaced = Some(old);
+                spilled -= 1;
+            }
+        }
+        let free = found.or_else(|| {
+            let empty = !occ & OCC_MASK;
+            (empty != 0).then(|| (empty.trailing_zeros() - OCC_SHIFT) as usize)
+        });
+        match (pack(&live), free) {
+            (Some(packed), Some(j)) => {
+                b.store(j, key, packed, live.id);
+                occ |= 1 << (j as u32 + OCC_SHIFT);
+            }
+            _ => {
+                if let Some(j) = found {
+                    occ &= !(1 << (j as u32 + OCC_SHIFT));
+                }
+                match self.shards.insert(kind, key, live) {
+                    // (never: a key is in one place; kept exact if it were)
+                    Some(old) => replaced = replaced.or(Some(old)),
+                    None => spilled += 1,
+                }
+            }
+        }
+        b.spilled.store(spilled, Relaxed);
+        b.leave(before, occ, spilled != 0);
+        replaced
+    }
+
+    /// Removes `key` only if it still holds `expected` (not an entry recorded since).
+    pub fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
+        self.take(kind, key, Some(expected))
+    }
+
+    #[inline]
+    pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
+        self.take(kind, key, None)
+    }
+
+    /// Removes `key` (if it holds `expected`, when given).
+    #[inline]
+    fn take(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        let Some(b) = self.bucket(kind, key) else { return self.take_unbucketed(kind, key, expected) };
+        let before = b.enter();
+        if let Some(j) = b.find(before, key) {
+            let live = b.load(j);
+            if expected.is_some_and(|e| *e != live) {
+                b.meta.store(before, Release); // nothing changed
+                return None;
+            }
+            b.leave(before, before & OCC_MASK & !(1 << (j as u32 + OCC_SHIFT)), before & SPILLED != 0);
+            return Some(live);
+        }
+        if before & SPILLED == 0 {
+            b.meta.store(before, Release); // nothing changed
+            return None;
+        }
+        self.take_spilled(b, before, kind, key, expected)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_unbucketed(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        match expected {
+            Some(e) => self.shards.remove_if(kind, key, e),
+            None => self.shards.remove(kind, key),
+        }
+    }
+
+    /// `take` inside bucket `b` (entered: `before`) of a key not in the table, when some of
+    /// the bucket's keys are in the mutex map.
+    #[cold]
+    #[inline(never)]
+    fn take_spilled(&self, b: &Bucket, before: u64, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        let removed = self.take_unbucketed(kind, key, expected);
+        match removed {
+            Some(_) => {
+                let spilled = b.spilled.load(Relaxed).saturating_sub(1);
+                b.spilled.store(spilled, Relaxed);
+                b.leave(before, before & OCC_MASK, spilled != 0);
+            }
+            None => b.meta.store(before, Release), // nothing changed
+        }
+        removed
+    }
+
+    /// A copy of every entry of `kind` (slow: for context teardown, never on the allocation
+    /// path). Each bucket is read consistently and each shard locked only while it is copied:
+    /// an entry present for the whole call is in the copy.
+    pub fn entries(&self, kind: Kind) -> Vec<(u64, Live)> {
+        let mut all = Vec::new();
+        if kind == Kind::DevicePtr {
+            let mut seen = [(0u64, 0u64, 0u64); SLOTS];
+            for b in self.table.iter() {
+                if b.meta.load(Relaxed) & (OCC_MASK | BUSY) == 0 {
+                    continue; // (an entry present since before the call would show here)
+                }
+                let n = b.read(|m| {
+                    let mut n = 0;
+                    let mut occ = (m & OCC_MASK) >> OCC_SHIFT;
+                    while occ != 0 {
+                        let j = occ.trailing_zeros() as usize;
+                        seen[n] = (b.slots[j][0].load(Relaxed), b.slots[j][1].load(Relaxed), b.slots[j][2].load(Relaxed));
+                        n += 1;
+                        occ &= occ - 1;
+                    }
+                    n
+                });
+                all.extend(seen[..n].iter().map(|&(k, packed, id)| (k, unpack(packed, id))));
+            }
+        }
+        self.shards.entries_into(kind, &mut all);
+        all
+    }
+
+    pub fn get(&self, kind: Kind, key: u64) -> Option<Live> {
+        let Some(b) = self.bucket(kind, key) else { return self.shards.get(kind, key) };
+        // (the mutex map's look-up runs inside the bucket's consistent view: a writer moving
+        // the key between the two in the meantime makes the read start again)
+        b.read(|m| match b.find(m, key) {
+            Some(j) => Some(b.load(j)),
+            None if m & SPILLED != 0 => self.shards.get(kind, key),
+            None => None,
+        })
+    }
+
+    /// Takes every shard's lock for a fork (`fork`). The table needs nothing: the child
+    /// empties it whole, whatever writers were inside at the fork.
+    pub fn hold_for_fork(&'static self) {
+        self.shards.hold_for_fork();
+    }
+
+    /// A forked child holds nothing (`fork`). The only thread there is the forking one, which
+    /// was inside no bucket: every word is rewritten, a bucket a parent's writer was inside
+    /// included. (Only words not already zero are written: buckets the parent never used stay
+    /// shared with it.)
+    pub fn reset_after_fork(&self) {
+        self.shards.reset_after_fork();
+        for b in self.table.iter() {
+            for w in std::iter::once(&b.meta).chain(std::iter::once(&b.spilled)).chain(b.slots.iter().flatten()) {
+                if w.load(Relaxed) != 0 {
+                    w.store(0, Relaxed);
+                }
+            }
+        }
+        fence(SeqCst);
+    }
+
+    #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        let in_table: usize = self.table.iter().map(|b| b.read(|m| (m & OCC_MASK).count_ones() as usize)).sum();
+        in_table + self.shards.len()
+    }
+}
+
+/// A table of `buckets` zeroed buckets (all-zero atomics: empty buckets), from the allocator's
+/// zeroed memory, which for this size is fresh anonymous pages: nothing is written, so pages
+/// are committed only as buckets are first used. Empty if `buckets` is not a power of two or
+/// the allocation fails (the map then keeps everything in its mutex map).
+fn zeroed_table(buckets: usize) -> Box<[Bucket]> {
+    if !buckets.is_power_of_two() {
+        return Box::new([]);
+    }
+    let Ok(layout) = std::alloc::Layout::array::<Bucket>(buckets) else { return Box::new([]) };
+    // SAFETY: a non-zero-sized layout; all-zero bytes are a valid `Bucket` (atomics only); the
+    // pointer comes from the global allocator with the layout of `[Bucket; buckets]`, which is
+    // what the box frees it with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
+        if p.is_null() {
+            return Box::new([]);
+        }
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, buckets))
     }
 }
 
@@ -546,5 +929,222 @@ mod tests {
         assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
         assert_eq!(m.len(), 1);
         assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 }));
+    }
+}
+
+#[cfg(test)]
+mod live_map_tests {
+    use super::*;
+    use std::collections::HashMap as Model;
+    use std::sync::Arc;
+
+    fn live(device: usize, bytes: u64, id: u64) -> Live {
+        Live { device, bytes, served: id % 3 == 0, pool: id % 5 == 0, ctx: 0, id }
+    }
+
+    /// An entry that does not fit a slot (kept in the mutex map), per `which`.
+    fn unfit(which: u64, id: u64) -> Live {
+        match which % 3 {
+            0 => Live { ctx: 0xC0, ..live(1, 4096, id) },
+            1 => live(PACK_DEVICES, 4096, id),
+            _ => live(2, PACK_BYTES, id),
+        }
+    }
+
+    #[test]
+    fn packing_round_trips_and_refuses_what_does_not_fit() {
+        for l in [live(0, 0, 1), live(PACK_DEVICES - 1, PACK_BYTES - 1, u64::MAX), live(255, 1 << 40, 15), live(3, 4096, 0)] {
+            assert_eq!(unpack(pack(&l).unwrap(), l.id), l);
+        }
+        for w in 0..3 {
+            assert_eq!(pack(&unfit(w, 7)), None);
+        }
+    }
+
+    #[test]
+    fn insert_returns_the_replaced_entry_wherever_it_was() {
+        for buckets in [BUCKETS, 1, 0] {
+            let m = LiveMap::with_buckets(buckets);
+            let k = 0x7f00_0000_1000;
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, 10, 1)), None);
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(1, 20, 2)), Some(live(0, 10, 1))); // table -> table
+            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(0, 3)), Some(live(1, 20, 2))); // table -> mutex map
+            assert_eq!(m.get(Kind::DevicePtr, k), Some(unfit(0, 3)));
+            assert_eq!(m.len(), 1);
+            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(1, 4)), Some(unfit(0, 3))); // mutex map -> mutex map
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(2, 30, 5)), Some(unfit(1, 4))); // mutex map -> table
+            assert_eq!(m.len(), 1);
+            assert_eq!(m.get(Kind::DevicePtr, k), Some(live(2, 30, 5)));
+            assert_eq!(m.entries(Kind::DevicePtr), vec![(k, live(2, 30, 5))]);
+            assert_eq!(m.remove(Kind::DevicePtr, k), Some(live(2, 30, 5)));
+            assert_eq!((m.remove(Kind::DevicePtr, k), m.get(Kind::DevicePtr, k), m.len()), (None, None, 0));
+            if let Some(b) = m.bucket(Kind::DevicePtr, k) {
+                assert_eq!((b.meta.load(SeqCst) & (BUSY | OCC_MASK | SPILLED), b.spilled.load(SeqCst)), (0, 0));
+            }
+        }
+    }
+
+    #[test]
+    fn remove_if_leaves_an_entry_recorded_since() {
+        for (buckets, second) in [(BUCKETS, live(0, 10, 2)), (BUCKETS, unfit(2, 2)), (1, live(0, 10, 2)), (0, live(0, 10, 2))] {
+            let m = LiveMap::with_buckets(buckets);
+            let k = 0x7f00_0000_2000;
+            let first = live(0, 10, 1);
+            m.insert(Kind::DevicePtr, k, first);
+            assert_eq!(m.insert(Kind::DevicePtr, k, second), Some(first));
+            // the same key, the same size and device: only the id differs
+            assert_eq!(m.remove_if(Kind::DevicePtr, k, &first), None);
+            assert_eq!(m.get(Kind::DevicePtr, k), Some(second));
+            assert_eq!(m.remove_if(Kind::DevicePtr, k + 0x100, &second), None);
+            assert_eq!(m.remove_if(Kind::DevicePtr, k, &second), Some(second));
+            assert_eq!((m.get(Kind::DevicePtr, k), m.len()), (None, 0));
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_spills_into_the_mutex_map_and_back() {
+        let m = LiveMap::with_buckets(1);
+        let keys: Vec<u64> = (1..=3 * SLOTS as u64).map(|i| 0x7f00_0000_0000 + i * 0x1000).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, i as u64, i as u64)), None);
+        }
+        let b = &m.table[0];
+        assert_eq!((m.len(), m.shards.len(), b.spilled.load(SeqCst)), (keys.len(), 2 * SLOTS, 2 * SLOTS as u64));
+        let mut all = m.entries(Kind::DevicePtr);
+        all.sort_by_key(|e| e.1.id);
+        assert_eq!(all, keys.iter().enumerate().map(|(i, &k)| (k, live(0, i as u64, i as u64))).collect::<Vec<_>>());
+        // free slots, then a spilled key comes back to the table when recorded again
+        for &k in &keys[..3] {
+            assert!(m.remove(Kind::DevicePtr, k).is_some());
+        }
+        let last = *keys.last().unwrap();
+        assert_eq!(m.insert(Kind::DevicePtr, last, live(1, 1, 1000)), Some(live(0, keys.len() as u64 - 1, keys.len() as u64 - 1)));
+        assert_eq!((m.shards.len(), b.spilled.load(SeqCst)), (2 * SLOTS - 1, 2 * SLOTS as u64 - 1));
+        for (i, &k) in keys.iter().enumerate().skip(3).take(keys.len() - 4) {
+            assert_eq!(m.get(Kind::DevicePtr, k), Some(live(0, i as u64, i as u64)));
+            assert_eq!(m.remove(Kind::DevicePtr, k), Some(live(0, i as u64, i as u64)));
+        }
+        assert_eq!(m.remove(Kind::DevicePtr, last), Some(live(1, 1, 1000)));
+        assert_eq!((m.len(), b.spilled.load(SeqCst), b.meta.load(SeqCst) & (BUSY | OCC_MASK | SPILLED)), (0, 0, 0));
+        // other kinds never use the table
+        m.insert(Kind::VmmHandle, keys[0], live(0, 1, 1));
+        assert_eq!((m.shards.len(), b.meta.load(SeqCst) & OCC_MASK), (1, 0));
+    }
+
+    #[test]
+    fn a_forked_child_starts_with_an_empty_table_even_mid_write() {
+        let m = LiveMap::new();
+        for i in 0..1000u64 {
+            m.insert(Kind::DevicePtr, 0x7f00_0000_0000 + i * 0x200, live(0, i, i));
+        }
+        m.insert(Kind::DevicePtr, 1, unfit(0, 1));
+        // a parent's writer was inside this bucket at the fork
+        let b = m.bucket(Kind::DevicePtr, 0x7f00_0000_0000).unwrap();
+        b.enter();
+        m.reset_after_fork();
+        assert_eq!((m.len(), m.entries(Kind::DevicePtr).len()), (0, 0));
+        assert_eq!(m.insert(Kind::DevicePtr, 0x7f00_0000_0000, live(0, 1, 1)), None);
+        assert_eq!(m.remove(Kind::DevicePtr, 0x7f00_0000_0000), Some(live(0, 1, 1)));
+    }
+
+    /// 8 threads on small and full-size tables: each owns some keys (checked against its own
+    /// model after every step), all contend on shared keys (every entry ever recorded must be
+    /// handed back exactly once: replaced, removed, or left at the end), and some keys are
+    /// recorded before and never touched (always found, whatever moves around them).
+    #[test]
+    fn concurrent_writers_and_readers_agree_with_a_model() {
+        const THREADS: u64 = 8;
+        const STEPS: u64 = 30_000;
+        for buckets in [1, 4, 64, BUCKETS] {
+            let m = Arc::new(LiveMap::with_buckets(buckets));
+            let fixed: Vec<(u64, Live)> = (0..16u64).map(|i| (0x5000_0000 + i * 0x100, if i % 4 == 0 { unfit(i, 1 << 40 | i) } else { live(7, i, 1 << 40 | i) })).collect();
+            for &(k, l) in &fixed {
+                m.insert(Kind::DevicePtr, k, l);
+            }
+            let shared: Vec<u64> = (0..4u64).map(|i| 0x6000_0000 + i * 0x100).collect();
+            let threads: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (m, fixed, shared) = (m.clone(), fixed.clone(), shared.clone());
+                    std::thread::spawn(move || {
+                        let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                        let mut next = move || {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            rng
+                        };
+                        let mut model: Model<u64, Live> = Model::new();
+                        let mut recorded = Vec::new(); // ids recorded under shared keys
+                        let mut handed_back = Vec::new(); // ids handed back from shared keys
+                        for step in 0..STEPS {
+                            let id = (t + 1) << 32 | step;
+                            let r = next();
+                            let fresh = if r % 7 == 0 { unfit(r >> 8, id) } else { live((r >> 4) as usize % 8, r >> 20, id) };
+                            match r % 10 {
+                                0..=5 => {
+                                    let k = 0x7000_0000 + (t * 24 + (r >> 32) % 24) * 0x100;
+                                    match (r >> 12) % 4 {
+                                        0 | 1 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
+                                        2 => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
+                                        _ => {
+                                            // remove_if with the current entry or a stale one
+                                            let expected = if r & (1 << 40) != 0 { model.get(&k).copied().unwrap_or(fresh) } else { fresh };
+                                            let want = (model.get(&k) == Some(&expected)).then(|| model.remove(&k)).flatten();
+                                            assert_eq!(m.remove_if(Kind::DevicePtr, k, &expected), want);
+                                        }
+                                    }
+                                    assert_eq!(m.get(Kind::DevicePtr, k), model.get(&k).copied());
+                                }
+                                6..=8 => {
+                                    let k = shared[(r >> 32) as usize % shared.len()];
+                                    // (an entry's fields follow from its id and key: a torn read shows)
+                                    let base = live((id % 8) as usize, (id ^ k) & (PACK_BYTES - 1), id);
+                                    let fresh = if r % 4 == 0 { Live { ctx: 0xC0, ..base } } else { base };
+                                    if r % 3 == 0 {
+                                        handed_back.extend(m.remove(Kind::DevicePtr, k).map(|l| l.id));
+                                    } else {
+                                        recorded.push(id);
+                                        handed_back.extend(m.insert(Kind::DevicePtr, k, fresh).map(|l| l.id));
+                                    }
+                                    if let Some(l) = m.get(Kind::DevicePtr, k) {
+                                        assert!(l.id >> 32 >= 1 && l.id >> 32 <= THREADS, "{l:?}");
+                                        assert_eq!((l.device as u64, l.bytes, l.ctx == 0 || l.ctx == 0xC0), (l.id % 8, (l.id ^ k) & (PACK_BYTES - 1), true));
+                                    }
+                                }
+                                _ => {
+                                    let (k, l) = fixed[(r >> 32) as usize % fixed.len()];
+                                    assert_eq!(m.get(Kind::DevicePtr, k), Some(l));
+                                }
+                            }
+                        }
+                        (model, recorded, handed_back)
+                    })
+                })
+                .collect();
+            let mut all_owned = Model::new();
+            let (mut recorded, mut handed_back) = (Vec::new(), Vec::new());
+            for t in threads {
+                let (model, r, h) = t.join().unwrap();
+                all_owned.extend(model);
+                recorded.extend(r);
+                handed_back.extend(h);
+            }
+            for &k in &shared {
+                handed_back.extend(m.remove(Kind::DevicePtr, k).map(|l| l.id));
+            }
+            recorded.sort_unstable();
+            handed_back.sort_unstable();
+            assert_eq!(recorded, handed_back, "{buckets} buckets: shared keys lost or duplicated an entry");
+            let mut entries: Model<u64, Live> = m.entries(Kind::DevicePtr).into_iter().collect();
+            assert_eq!(entries.len(), m.len());
+            for (k, l) in &fixed {
+                assert_eq!(entries.remove(k), Some(*l));
+            }
+            assert_eq!(entries, all_owned, "{buckets} buckets");
+            // the bucket counts of spilled keys are exact
+            let spilled: u64 = m.table.iter().map(|b| b.spilled.load(SeqCst)).sum();
+            assert_eq!(spilled as usize, m.shards.len());
+            assert!(m.table.iter().all(|b| b.meta.load(SeqCst) & BUSY == 0 && (b.spilled.load(SeqCst) != 0) == (b.meta.load(SeqCst) & SPILLED != 0)));
+        }
     }
 }
