@@ -569,7 +569,7 @@ fn unpack(packed: u64, id: u64) -> Live {
 /// made by the writer inside its bucket: a key is never in both, and the operations on one key
 /// are atomic with respect to each other as they were with one lock.
 pub struct LiveMap {
-    table: Box<[Bucket]>,
+    table: Table,
     shards: Shards,
 }
 
@@ -784,25 +784,56 @@ impl LiveMap {
     }
 }
 
-/// A table of `buckets` zeroed buckets (all-zero atomics: empty buckets), from the allocator's
-/// zeroed memory, which for this size is fresh anonymous pages: nothing is written, so pages
-/// are committed only as buckets are first used. Empty if `buckets` is not a power of two or
-/// the allocation fails (the map then keeps everything in its mutex map).
-fn zeroed_table(buckets: usize) -> Box<[Bucket]> {
-    if !buckets.is_power_of_two() {
-        return Box::new([]);
-    }
-    let Ok(layout) = std::alloc::Layout::array::<Bucket>(buckets) else { return Box::new([]) };
-    // SAFETY: a non-zero-sized layout; all-zero bytes are a valid `Bucket` (atomics only); the
-    // pointer comes from the global allocator with the layout of `[Bucket; buckets]`, which is
-    // what the box frees it with.
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
-        if p.is_null() {
-            return Box::new([]);
+/// The buckets, in an anonymous mapping of their own: zero pages the kernel commits only as
+/// buckets are first written. (The allocator's zeroed memory would not do: for the buckets'
+/// 64-byte alignment it allocates aligned and then writes 2 MiB of zeros, two million
+/// instructions at every start-up.)
+struct Table {
+    buckets: *mut Bucket,
+    len: usize,
+}
+
+// SAFETY: the buckets are atomics only, shared by design; the mapping is owned by the table.
+unsafe impl Send for Table {}
+unsafe impl Sync for Table {}
+
+impl std::ops::Deref for Table {
+    type Target = [Bucket];
+    fn deref(&self) -> &[Bucket] {
+        if self.len == 0 {
+            return &[];
         }
-        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, buckets))
+        // SAFETY: `buckets` is a live mapping of `len` buckets (all-zero bytes are valid ones).
+        unsafe { std::slice::from_raw_parts(self.buckets, self.len) }
     }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: the mapping made in `zeroed_table`, of this size, no longer referenced.
+            unsafe { libc::munmap(self.buckets.cast(), self.len * std::mem::size_of::<Bucket>()) };
+        }
+    }
+}
+
+/// A table of `buckets` zeroed buckets (all-zero atomics: empty buckets). Empty if `buckets` is
+/// not a power of two or the memory cannot be mapped (the map then keeps everything in its
+/// mutex map).
+fn zeroed_table(buckets: usize) -> Table {
+    let none = Table { buckets: std::ptr::null_mut(), len: 0 };
+    let Some(bytes) = buckets.checked_mul(std::mem::size_of::<Bucket>()) else { return none };
+    if !buckets.is_power_of_two() || bytes == 0 {
+        return none;
+    }
+    // SAFETY: a fresh private anonymous mapping (page-aligned, zero-filled); checked below.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if p == libc::MAP_FAILED {
+        return none;
+    }
+    Table { buckets: p.cast(), len: buckets }
 }
 
 #[cfg(test)]
