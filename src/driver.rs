@@ -58,6 +58,19 @@ pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
 pub struct Library {
     pub handle: *mut c_void,
     pub path: String,
+    /// Its own symbol tables, for look-ups cheaper than `dlsym` (`elfsym`).
+    symbols: Option<crate::elfsym::Symbols>,
+}
+
+impl Library {
+    /// The library's function `name`: from its own hash table when that gives a plain answer,
+    /// else from `dlsym` (which also searches the library's dependencies).
+    pub fn function(&self, name: &CStr) -> *mut c_void {
+        match self.symbols.as_ref().and_then(|s| s.function(name)) {
+            Some(found) => found,
+            None => lookup(self.handle, name),
+        }
+    }
 }
 
 // SAFETY: a dlopen handle is an opaque token usable from any thread.
@@ -135,7 +148,7 @@ fn object_of(addr: *const c_void) -> Option<CString> {
 fn dlopen_flags(path: &CStr, flags: c_int) -> Option<Library> {
     // SAFETY: `path` is NUL-terminated.
     let handle = unsafe { libc::dlopen(path.as_ptr(), flags) };
-    (!handle.is_null()).then(|| Library { handle, path: path.to_string_lossy().into_owned() })
+    (!handle.is_null()).then(|| Library { handle, path: path.to_string_lossy().into_owned(), symbols: crate::elfsym::Symbols::of(handle) })
 }
 
 fn dlopen(path: &CStr) -> Option<Library> {
@@ -202,7 +215,7 @@ const NVML_ERROR_DRIVER_NOT_LOADED: c_int = 9;
 
 macro_rules! sym {
     ($lib:expr, $known:expr, $name:literal) => {{
-        let p = $known($name).unwrap_or_else(|| lookup($lib.handle, $name));
+        let p = $known($name).unwrap_or_else(|| $lib.function($name));
         // SAFETY: a non-NULL result is the library's function of that name, whose C signature
         // is the one of the field it is stored in (cuda.h, nvml.h).
         (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })

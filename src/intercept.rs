@@ -317,7 +317,7 @@ pub fn resolved(name: &CStr) -> Option<*mut c_void> {
 pub fn resolve_real(lib: &driver::Library, which: Lib) {
     for (index, (hook, slot)) in HOOKS.iter().zip(REAL.iter()).enumerate() {
         if hook.lib() == which {
-            let addr = driver::lookup(lib.handle, hook.symbol()) as usize;
+            let addr = lib.function(hook.symbol()) as usize;
             slot.store(addr, Relaxed);
             remember_real(addr, index);
         }

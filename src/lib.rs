@@ -10,6 +10,7 @@ mod api;
 mod config;
 mod devices;
 mod driver;
+mod elfsym;
 mod ffi;
 mod fork;
 mod graphs;
