@@ -132,17 +132,39 @@ pub fn open(lib: Lib, explicit: Option<&std::path::Path>, hint: Option<*const c_
     Ok(opened)
 }
 
+/// The path of the loaded library that holds `addr` (`None`: none, or the main program). Walks
+/// the loaded objects' segments (`dl_iterate_phdr`): `dladdr` would also search the object's
+/// symbols for the nearest one, ~10,000 instructions a call.
 fn object_of(addr: *const c_void) -> Option<CString> {
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    // SAFETY: dladdr writes into `info`; it accepts any address.
-    let ok = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
-    // SAFETY: zero-initialised, and filled in by dladdr when it succeeds.
-    let info = unsafe { info.assume_init() };
-    if ok == 0 || info.dli_fname.is_null() {
-        return None;
+    struct Search {
+        addr: usize,
+        found: Option<CString>,
     }
-    // SAFETY: dladdr returns a NUL-terminated path owned by the loader.
-    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_owned())
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid `dl_phdr_info` whose `dlpi_phdr` has `dlpi_phnum`
+        // headers and whose name is NUL-terminated (or NULL); `data` is our `Search`.
+        unsafe {
+            let (info, search) = (&*info, &mut *(data as *mut Search));
+            if info.dlpi_phdr.is_null() {
+                return 0;
+            }
+            for i in 0..info.dlpi_phnum as usize {
+                let ph = &*info.dlpi_phdr.add(i);
+                let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+                if ph.p_type == libc::PT_LOAD && search.addr >= start && search.addr - start < ph.p_memsz as usize {
+                    if !info.dlpi_name.is_null() && *info.dlpi_name != 0 {
+                        search.found = Some(CStr::from_ptr(info.dlpi_name).to_owned());
+                    }
+                    return 1;
+                }
+            }
+            0
+        }
+    }
+    let mut search = Search { addr: addr as usize, found: None };
+    // SAFETY: `visit` only reads what the loader passes and writes `search`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.found
 }
 
 fn dlopen_flags(path: &CStr, flags: c_int) -> Option<Library> {
@@ -506,6 +528,23 @@ impl NvmlApi {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_object_of_an_address_is_the_library_that_holds_it() {
+        let libc_path = super::object_of(libc::malloc as *const std::ffi::c_void).expect("libc");
+        assert!(libc_path.to_string_lossy().contains("libc.so"), "{libc_path:?}");
+        assert_eq!(super::object_of(std::ptr::null()), None);
+        // the main program (this test executable) has no name in the loader's list
+        assert_eq!(super::object_of(super::object_of as *const std::ffi::c_void), None);
+        // as dladdr says, for a library
+        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        // SAFETY: dladdr writes `info`; the name it returns is the loader's, NUL-terminated.
+        let by_dladdr = unsafe {
+            assert_ne!(libc::dladdr(libc::malloc as *const std::ffi::c_void, info.as_mut_ptr()), 0);
+            std::ffi::CStr::from_ptr(info.assume_init().dli_fname).to_owned()
+        };
+        assert_eq!(libc_path, by_dladdr);
+    }
+
     #[test]
     fn uuid_strings_are_written_as_nvml_writes_them() {
         let u = [0x5b, 0x1e, 0xaf, 0x00, 0x12, 0x34, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xff, 0x0a];
