@@ -279,7 +279,7 @@ startup() {
         "state~(budgets,~reserves,~live~map)=gpushim::state::State::empty" \
         "view~(GPUSHIM_VISIBLE_DEVICES)=gpushim::state::State::apply_view" \
         "shared~quota~(join)=gpushim::sharing::join_quota" \
-        "opening~the~driver,~its~function~table~(dlsym)=gpushim::state::State::load" \
+        "opening~the~driver,~looking~its~functions~up=gpushim::state::State::load" \
         "after~cuInit~(view~check,~publishing)=gpushim::state::State::after_cuda_init" \
         "first~use~of~a~device~(limit,~registry)=gpushim::sharing::attach_device" \
         "cuGetProcAddress~substitutions=gpushim::intercept::substitute" \
