@@ -79,9 +79,7 @@ fn the_default_allocator_stays_within_the_limit() {
 #[test]
 fn two_processes_side_by_side_on_one_gpu() {
     for shim in [false, true] {
-        let dir = scratch_path(&format!("tf-side-by-side-{shim}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir(&format!("tf-side-by-side-{shim}"));
         let node = dir.join("node");
         let hold = dir.join("first");
         let mut first = Command::new(venv_python());

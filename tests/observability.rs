@@ -24,9 +24,7 @@ struct Node {
 
 impl Node {
     fn new(name: &str) -> Node {
-        let dir = scratch_path(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir(name);
         Node { state: dir.join("state"), dir }
     }
 

@@ -307,6 +307,14 @@ pub fn scratch_path(name: &str) -> PathBuf {
     work_dir().join(format!("{}-{}", N.fetch_add(1, Ordering::Relaxed), name))
 }
 
+/// A fresh, empty scratch directory (see [`scratch_path`]), created.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = scratch_path(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 // ---------------------------------------------------------------------------------------
 // The C programs
 // ---------------------------------------------------------------------------------------
