@@ -38,8 +38,16 @@
 #     callgrind, without the shim, with it and no limit, and with GPUSHIM_MEMORY_LIMIT; then
 #     each step of the shim's start-up counted by name (inclusive instructions, with a build
 #     of the same code that keeps its symbols: cargo's "profiling" profile); needs valgrind.
+#  6. Side by side with HAMi-core (--only hami): HAMi-core at a pinned commit, built as its
+#     users build it (scripts/fetch-hami-core.sh; HAMI_CORE_GIT=URL-or-local-git-dir, default
+#     GitHub; kept in ${HAMI_CORE_CACHE:-~/.cache/gpushim-bench}, never in the repository),
+#     limit 8 GiB (CUDA_DEVICE_MEMORY_LIMIT=8g), against gpushim (passthrough, limit 8 GiB) and
+#     no shim, on the same simulated driver and the same programs: the pairs of section 1
+#     reached through dlopen + dlsym (HAMi-core intercepts only there: it exports dlsym alone;
+#     alloc_pairs.c built with -DVIA_DLSYM), with system calls per pair (strace -c, 2N pairs
+#     minus N), the load cost and the start-up. If HAMi-core cannot be built, its rows say why.
 #
-# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement|load|startup] [--steps N] [--targets "F ..."]
+# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement|load|startup|hami] [--steps N] [--targets "F ..."]
 #                         [--seed N]
 #   PAIRS      callgrind pairs (default 20000); one thread times 10 x PAIRS pairs, each of the
 #              8 threads 5 x PAIRS
@@ -63,18 +71,20 @@ while (($#)); do
         *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case $only in ""|overhead|fragmentation|placement|load|startup) ;; *) echo "bench: --only overhead|fragmentation|placement|load|startup" >&2; exit 2 ;; esac
+case $only in ""|overhead|fragmentation|placement|load|startup|hami) ;; *) echo "bench: --only overhead|fragmentation|placement|load|startup|hami" >&2; exit 2 ;; esac
 started=$SECONDS
 target=${CARGO_TARGET_DIR:-$PWD/target}
 bash scripts/fetch-deps.sh >/dev/null
-cargo build --release -q -p gpushim -p gpusim-cuda
+cargo build --release -q -p gpushim -p gpusim-cuda -p gpusim-nvml
 [[ -n $only && $only != startup ]] || cargo build --profile profiling -q -p gpushim --lib
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ln -s "$target/release/libcuda.so" "$work/libcuda.so.1"
 ln -s "$target/release/libcuda.so" "$work/libcuda.so"
+ln -s "$target/release/libnvidia_ml.so" "$work/libnvidia-ml.so.1"
 cflags=(-O2 -I.deps/cuda12/include -L"$work")
 gcc "${cflags[@]}" -o "$work/alloc_pairs" scripts/bench/alloc_pairs.c -lcuda -lpthread
+gcc -O2 -DVIA_DLSYM -I.deps/cuda12/include -o "$work/alloc_pairs_dlsym" scripts/bench/alloc_pairs.c -ldl -lpthread
 gcc "${cflags[@]}" -o "$work/fragmentation" scripts/bench/fragmentation.c -lcuda -lm
 gcc "${cflags[@]}" -o "$work/launches" scripts/bench/launches.c -lcuda
 gcc -O2 -I.deps/cuda12/include -o "$work/rt_startup" scripts/bench/rt_startup.c .deps/cuda12/lib/libcudart.so.12 \
@@ -288,9 +298,83 @@ startup() {
     echo "   (the rest of what the shim adds: loading it (see load cost) and the hooks' own work)"
 }
 
+hami() {
+    local lib rows=("no shim" "gpushim passthrough" "HAMi-core") row
+    echo "== side by side with HAMi-core: the same programs on the same simulated driver, limit 8 GiB"
+    if ! lib=$(bash scripts/fetch-hami-core.sh 2>"$work/hami.err"); then
+        echo "   HAMi-core: not available ($(tail -1 "$work/hami.err"))"; return
+    fi
+    echo "   (HAMi-core $lib: commit 8f3a89c, built as its build.sh builds it)"
+    # side_env ROW: the environment of a row.
+    side_env() {
+        case $1 in
+            "no shim") ;;
+            "gpushim passthrough") echo LD_PRELOAD="$shim" GPUSHIM_MEMORY_MODE=passthrough GPUSHIM_MEMORY_LIMIT=8GiB GPUSHIM_STATE_DIR="$work/state" ;;
+            HAMi-core) echo LD_PRELOAD="$lib" CUDA_REDIRECT="$lib" CUDA_DEVICE_MEMORY_LIMIT=8g CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/hami.cache" ;;
+        esac
+    }
+    local have_cg=1 have_strace=1
+    command -v valgrind >/dev/null || have_cg=0
+    command -v strace >/dev/null || have_strace=0
+    declare -A ins=() sys=() ns=() rate=() err=() load=() start=()
+    local n1=$((pairs / 10)) e r best
+    for row in "${rows[@]}"; do
+        read -r -a e <<<"$(side_env "$row")"
+        rm -f "$work/hami.cache"
+        if ((have_cg)); then
+            if env "${e[@]}" valgrind --tool=callgrind --toggle-collect=run_pairs --callgrind-out-file="$work/cgh.out" \
+                "$work/alloc_pairs_dlsym" callgrind "$n1" >/dev/null 2>"$work/cgh.err"; then
+                ins[$row]=$(callgrind_total "$work/cgh.out")
+            else
+                err[$row]=$(why_failed "$work/cgh.err"); continue
+            fi
+            env "${e[@]}" valgrind --tool=callgrind --callgrind-out-file="$work/cgt.out" /bin/true 2>/dev/null &&
+                load[$row]=$(callgrind_total "$work/cgt.out")
+            env "${e[@]}" valgrind --tool=callgrind --callgrind-out-file="$work/cgs.out" "$work/rt_startup" >/dev/null 2>&1 &&
+                start[$row]=$(callgrind_total "$work/cgs.out")
+        fi
+        if ((have_strace)); then
+            local c1 c2
+            env "${e[@]}" strace -f -c -o "$work/st1" "$work/alloc_pairs_dlsym" single 1000 >/dev/null 2>&1 &&
+                env "${e[@]}" strace -f -c -o "$work/st2" "$work/alloc_pairs_dlsym" single 2000 >/dev/null 2>&1 &&
+                c1=$(awk '/^100.00|total/ {print $4}' "$work/st1" | tail -1) c2=$(awk '/^100.00|total/ {print $4}' "$work/st2" | tail -1) &&
+                sys[$row]=$(awk -v a="$c1" -v b="$c2" 'BEGIN { printf "%.1f", (b - a) / 1000 }')
+        fi
+        best=""
+        for _ in 1 2 3; do
+            r=$(env "${e[@]}" "$work/alloc_pairs_dlsym" single $((pairs * 10)) 2>/dev/null) || { err[$row]="the 1-thread run failed"; break; }
+            best=$(awk -v a="$r" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
+        done
+        ns[$row]=$best
+        best=0
+        for _ in 1 2 3; do
+            r=$(env "${e[@]}" "$work/alloc_pairs_dlsym" threads 8 $((pairs * 5)) 2>/dev/null) || { err[$row]="the 8-thread run failed"; break; }
+            ((r > best)) && best=$r
+        done
+        rate[$row]=$best
+    done
+    printf '%-20s %10s %8s %9s %10s %12s %8s %12s %12s\n' "" "instr/pair" added "syscalls" "ns/pair" "pairs/s" "8 thr vs" "/bin/true" "start-up"
+    printf '%-20s %10s %8s %9s %10s %12s %8s %12s %12s\n' "" callgrind "" "per pair" "1 thread" "8 threads" "no shim" "added" "added"
+    for row in "${rows[@]}"; do
+        if [[ -n ${err[$row]:-} ]]; then printf '%-20s %s\n' "$row" "${err[$row]}"; continue; fi
+        local i=- a=- q=- l=- st=-
+        [[ -n ${ins[$row]:-} ]] && i=$((ins[$row] / n1))
+        [[ $row != "no shim" && -n ${ins[$row]:-} && -n ${ins["no shim"]:-} ]] && a=$(printf '%+d' $(((ins[$row] - ins["no shim"]) / n1)))
+        [[ -n ${rate["no shim"]:-} && ${rate["no shim"]} != 0 ]] && q=$(awk -v a="${rate[$row]}" -v b="${rate["no shim"]}" 'BEGIN { printf "%.3f", a / b }')
+        [[ $row != "no shim" && -n ${load[$row]:-} && -n ${load["no shim"]:-} ]] && l=$(printf '%+d' $((load[$row] - load["no shim"])))
+        [[ $row != "no shim" && -n ${start[$row]:-} && -n ${start["no shim"]:-} ]] && st=$(printf '%+d' $((start[$row] - start["no shim"])))
+        local sc=${sys[$row]:--}
+        [[ $row != "no shim" && $sc != - && -n ${sys["no shim"]:-} ]] && sc=$(awk -v a="$sc" -v b="${sys["no shim"]}" 'BEGIN { printf "%+.1f", a - b }')
+        printf '%-20s %10s %8s %9s %10s %12s %8s %12s %12s\n' "$row" "$i" "$a" "$sc" "${ns[$row]}" "${rate[$row]}" "$q" "$l" "$st"
+    done
+    echo "   (pairs through dlsym; $n1 under callgrind, $((pairs * 10)) on one thread, 8 threads x $((pairs * 5)); system calls:"
+    echo "    strace -c of 2,000 pairs minus 1,000, per pair, added to no shim's; start-up: scripts/bench/rt_startup.c)"
+    echo "   library size: libgpushim.so $(stat -c %s "$shim") bytes, HAMi-core libvgpu.so $(stat -c %s "$lib") bytes (as built: with debug information)"
+}
+
 # Each section when asked for alone, or all of them.
 first=1
-for section in overhead fragmentation placement load startup; do
+for section in overhead fragmentation placement load startup hami; do
     [[ -z $only || $only == "$section" ]] || continue
     ((first)) || echo
     first=0

@@ -5,6 +5,10 @@
  *   alloc_pairs single N         one thread: N pairs after a warm-up, prints ns per pair
  *   alloc_pairs threads T N      T threads x N pairs each, prints pairs per second
  *
+ * Built with -DVIA_DLSYM, it opens libcuda.so.1 and looks its functions up with dlsym (as the
+ * CUDA runtime and most frameworks reach the driver), instead of being linked with -lcuda: the
+ * way HAMi-core intercepts (it exports only dlsym), for the side-by-side rows of bench.sh.
+ *
  * Exit status 1 if CUDA initialisation or any allocation/free fails (one line on stderr says
  * which), so a benchmark script never takes a failed run for a figure.
  */
@@ -15,6 +19,36 @@
 #include <time.h>
 #include <cuda.h>
 
+#ifdef VIA_DLSYM
+#include <dlfcn.h>
+static CUresult (*p_cuInit)(unsigned int);
+static CUresult (*p_cuDeviceGet)(CUdevice *, int);
+static CUresult (*p_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*p_cuCtxSetCurrent)(CUcontext);
+static CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*p_cuMemFree)(CUdeviceptr);
+#define CU(f) p_##f
+
+static int resolve(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror()); return 1; }
+    p_cuInit = (CUresult (*)(unsigned int))dlsym(h, "cuInit");
+    p_cuDeviceGet = (CUresult (*)(CUdevice *, int))dlsym(h, "cuDeviceGet");
+    p_cuDevicePrimaryCtxRetain = (CUresult (*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    p_cuCtxSetCurrent = (CUresult (*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
+    p_cuMemAlloc = (CUresult (*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
+    p_cuMemFree = (CUresult (*)(CUdeviceptr))dlsym(h, "cuMemFree_v2");
+    if (!p_cuInit || !p_cuDeviceGet || !p_cuDevicePrimaryCtxRetain || !p_cuCtxSetCurrent || !p_cuMemAlloc || !p_cuMemFree) {
+        fprintf(stderr, "dlsym: a driver function is missing\n");
+        return 1;
+    }
+    return 0;
+}
+#else
+#define CU(f) f
+static int resolve(void) { return 0; }
+#endif
+
 #define SIZE 4096
 
 static CUcontext ctx;
@@ -22,12 +56,12 @@ static volatile int failed;
 
 static int pair(void) {
     CUdeviceptr p;
-    CUresult rc = cuMemAlloc(&p, SIZE);
+    CUresult rc = CU(cuMemAlloc)(&p, SIZE);
     if (rc != CUDA_SUCCESS) {
         fprintf(stderr, "cuMemAlloc(%d) failed: %d\n", SIZE, (int)rc);
         return 1;
     }
-    rc = cuMemFree(p);
+    rc = CU(cuMemFree)(p);
     if (rc != CUDA_SUCCESS) {
         fprintf(stderr, "cuMemFree failed: %d\n", (int)rc);
         return 1;
@@ -57,7 +91,7 @@ static double now(void) {
 }
 
 static void *worker(void *arg) {
-    cuCtxSetCurrent(ctx);
+    CU(cuCtxSetCurrent)(ctx);
     if (run_pairs(*(long *)arg)) failed = 1;
     return NULL;
 }
@@ -66,8 +100,9 @@ int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: %s callgrind N | single N | threads T N\n", argv[0]); return 2; }
     CUdevice dev;
     CUresult rc;
-    if ((rc = cuInit(0)) || (rc = cuDeviceGet(&dev, 0)) || (rc = cuDevicePrimaryCtxRetain(&ctx, dev)) ||
-        (rc = cuCtxSetCurrent(ctx))) {
+    if (resolve()) return 1;
+    if ((rc = CU(cuInit)(0)) || (rc = CU(cuDeviceGet)(&dev, 0)) || (rc = CU(cuDevicePrimaryCtxRetain)(&ctx, dev)) ||
+        (rc = CU(cuCtxSetCurrent)(ctx))) {
         fprintf(stderr, "CUDA initialisation failed: %d\n", (int)rc);
         return 1;
     }
