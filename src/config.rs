@@ -458,21 +458,38 @@ impl Settings {
 /// Loads the settings from the process environment and the config file.
 #[inline(never)] // a start-up step scripts/bench.sh counts by name
 pub fn load() -> Result<Settings, ConfigError> {
-    let names = env_names_starting_with(&["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT]);
+    const PREFIXES: [&str; 2] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT];
+    let vars = env_vars_starting_with(&PREFIXES);
+    let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
+    // Every name asked for has one of the prefixes, so it is among `vars` (the first of
+    // duplicates, as `getenv` answers) or unset; another name (none today) asks `getenv`.
     // Non-UTF-8 values are read lossily: a size then fails to parse, a path would not match.
-    let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    let env = |name: &str| {
+        if PREFIXES.iter().any(|p| name.starts_with(p)) {
+            vars.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        } else {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        }
+    };
     load_from(&env, &names)
 }
 
 /// The names of the environment variables that start with one of `prefixes` (and are UTF-8).
-/// Reads the C library's `environ` in place: `std::env::vars_os` would copy every variable of
-/// the process, name and value, to keep a few names (15,000 instructions in a small
-/// environment, more in a large one).
+#[cfg(test)]
 fn env_names_starting_with(prefixes: &[&str]) -> Vec<String> {
+    env_vars_starting_with(prefixes).into_iter().map(|(n, _)| n).collect()
+}
+
+/// The environment variables whose names start with one of `prefixes` (and are UTF-8), with
+/// their values (read lossily), in the environment's order, the first of duplicate names
+/// only. Reads the C library's `environ` in place, once: `std::env::vars_os` would copy every
+/// variable of the process to keep a few (15,000 instructions in a small environment), and a
+/// `getenv` per setting would scan the whole environment ~20 times.
+fn env_vars_starting_with(prefixes: &[&str]) -> Vec<(String, String)> {
     extern "C" {
         static environ: *const *const std::ffi::c_char;
     }
-    let mut names = Vec::new();
+    let mut names: Vec<(String, String)> = Vec::new();
     // SAFETY: `environ` is the C library's NULL-terminated array of NUL-terminated
     // "NAME=value" strings (or NULL). It is read as `getenv` reads it; a program changing its
     // environment from another thread at this instant races with `getenv` just the same.
@@ -488,9 +505,14 @@ fn env_names_starting_with(prefixes: &[&str]) -> Vec<String> {
             let starts = |prefix: &str| prefix.bytes().enumerate().all(|(i, b)| *text.add(i) as u8 == b);
             if prefixes.iter().any(|p| starts(p)) {
                 let bytes = std::ffi::CStr::from_ptr(text).to_bytes();
-                let name = bytes.split(|&b| b == b'=').next().unwrap_or(bytes);
-                if let Ok(name) = std::str::from_utf8(name) {
-                    names.push(name.to_owned());
+                // (an entry without '=' is no variable: getenv never matches it)
+                if let Some(eq) = bytes.iter().position(|&b| b == b'=') {
+                    let (name, value) = (&bytes[..eq], &bytes[eq + 1..]);
+                    if let Ok(name) = std::str::from_utf8(name) {
+                        if !names.iter().any(|(n, _)| n == name) {
+                            names.push((name.to_owned(), String::from_utf8_lossy(value).into_owned()));
+                        }
+                    }
                 }
             }
             entry = entry.add(1);
@@ -1478,6 +1500,17 @@ mod tests {
         copied.sort();
         mine.sort();
         assert_eq!(mine, copied);
+        // values as getenv gives them (after the first '='), lossily where not UTF-8
+        use std::os::unix::ffi::OsStrExt;
+        std::env::set_var("GPUSHIM_TEST_ENV_VALUES_7f3a", std::ffi::OsStr::from_bytes(b"a\xffb"));
+        let vars = env_vars_starting_with(&["GPUSHIM_TEST_ENV_"]);
+        for (name, value) in &vars {
+            assert_eq!(Some(value.clone()), std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()), "{name}");
+        }
+        let value = |n: &str| vars.iter().find(|(name, _)| name == n).map(|(_, v)| v.as_str());
+        assert_eq!(value("GPUSHIM_TEST_ENV_NAMES_7f3a"), Some("x=y"));
+        assert_eq!(value("GPUSHIM_TEST_ENV_NAMES_EMPTY_7f3a"), Some(""));
+        assert_eq!(value("GPUSHIM_TEST_ENV_VALUES_7f3a"), Some("a\u{fffd}b"));
     }
 
     #[test]

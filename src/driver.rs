@@ -63,12 +63,15 @@ pub struct Library {
 }
 
 impl Library {
-    /// The library's function `name`: from its own hash table when that gives a plain answer,
-    /// else from `dlsym` (which also searches the library's dependencies).
-    pub fn function(&self, name: &CStr) -> *mut c_void {
-        match self.symbols.as_ref().and_then(|s| s.function(name)) {
-            Some(found) => found,
-            None => lookup(self.handle, name),
+    /// The library's function `name`, whose GNU hash (`elfsym::gnu_hash`, computed at compile
+    /// time) is `hash`: from its own hash table when that gives a plain answer, else from
+    /// `dlsym` (which also searches the library's dependencies).
+    pub fn function_hashed(&self, name: &CStr, hash: u32) -> *mut c_void {
+        use crate::elfsym::Answer;
+        match self.symbols.as_ref().map_or(Answer::Ask, |s| s.function(name.to_bytes(), hash)) {
+            Answer::Found(found) => found,
+            Answer::Absent => std::ptr::null_mut(),
+            Answer::Ask => lookup(self.handle, name),
         }
     }
 }
@@ -237,7 +240,7 @@ const NVML_ERROR_DRIVER_NOT_LOADED: c_int = 9;
 
 macro_rules! sym {
     ($lib:expr, $known:expr, $name:literal) => {{
-        let p = $known($name).unwrap_or_else(|| $lib.function($name));
+        let p = $known($name).unwrap_or_else(|| $lib.function_hashed($name, const { crate::elfsym::gnu_hash($name.to_bytes()) }));
         // SAFETY: a non-NULL result is the library's function of that name, whose C signature
         // is the one of the field it is stored in (cuda.h, nvml.h).
         (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })

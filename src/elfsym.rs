@@ -3,16 +3,21 @@
 //! takes the loader's lock, sets up error catching and searches the handle's whole scope:
 //! ~890 instructions a name; the shim looks up ~120 driver functions at start-up).
 //!
-//! Only a plain answer is given: a defined, global or weak, non-hidden `FUNC` symbol of the
-//! library itself. Anything else — a name the library does not define (`dlsym` would go on to
-//! its dependencies), an indirect function (`STT_GNU_IFUNC`, whose resolver `dlsym` runs), only
-//! hidden versions, a table that looks malformed — is `None`, and the caller asks `dlsym`.
+//! Only plain answers are given: a defined, global or weak, non-hidden `FUNC` symbol of the
+//! library itself ([`Answer::Found`]); or that the library does not define the name at all
+//! ([`Answer::Absent`]), given only when `dlsym` could not find it elsewhere either: every
+//! library the driver needs (`DT_NEEDED`) is one of the C and compiler run-time libraries,
+//! which define no CUDA or NVML function. Anything else — a name a dependency might define
+//! (a driver stacked on another library), an indirect function (`STT_GNU_IFUNC`, whose
+//! resolver `dlsym` runs), only hidden versions, a table that looks malformed — is
+//! [`Answer::Ask`], and the caller asks `dlsym`.
 //! Tests compare every answer with `dlsym`'s on the simulated driver and on three real NVIDIA
 //! drivers.
 
 use std::ffi::{c_void, CStr};
 
 const DT_NULL: i64 = 0;
+const DT_NEEDED: i64 = 1;
 const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
 const DT_STRSZ: i64 = 10;
@@ -25,6 +30,44 @@ const VERSYM_HIDDEN: u16 = 0x8000;
 /// The most dynamic entries, and chain links, read before giving up (a malformed table).
 const MOST_ENTRIES: usize = 1 << 12;
 const MOST_LINKS: usize = 1 << 16;
+
+/// The libraries a driver may need and still be answered "absent" for a name it does not
+/// define: the C run-time's and the compiler's, none of which defines a `cu*` or `nvml*` name.
+const RUNTIME_LIBRARIES: [&[u8]; 10] = [
+    b"libc.so.6",
+    b"libm.so.6",
+    b"libdl.so.2",
+    b"libpthread.so.0",
+    b"librt.so.1",
+    b"ld-linux-x86-64.so.2",
+    b"ld-linux-aarch64.so.1",
+    b"libgcc_s.so.1",
+    b"libstdc++.so.6",
+    b"libutil.so.1",
+];
+
+/// What the table says of a name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Answer {
+    /// The library defines this function here.
+    Found(*mut c_void),
+    /// Neither the library nor anything `dlsym` would search next defines it (only said of
+    /// `cu*` and `nvml*` names).
+    Absent,
+    /// Only `dlsym` can tell.
+    Ask,
+}
+
+/// The GNU hash of a name (`dl_new_hash`), at compile time for the names the shim looks up.
+pub const fn gnu_hash(name: &[u8]) -> u32 {
+    let mut h = 5381u32;
+    let mut i = 0;
+    while i < name.len() {
+        h = h.wrapping_mul(33).wrapping_add(name[i] as u32);
+        i += 1;
+    }
+    h
+}
 
 /// `Elf64_Sym`.
 #[repr(C)]
@@ -61,6 +104,9 @@ pub struct Symbols {
     bloom: *const u64,
     buckets: *const u32,
     chain: *const u32,
+    /// Every `DT_NEEDED` library is a run-time library ([`RUNTIME_LIBRARIES`]): a name the
+    /// table lacks is absent for `dlsym` too.
+    self_contained: bool,
 }
 
 // SAFETY: read-only views of a library's mapped tables, which stay mapped while it is loaded
@@ -90,10 +136,23 @@ impl Symbols {
             // by others: an unrelocated one is an offset, below the library's base.
             let at = |v: i64| if (v as usize) < base { base.wrapping_add(v as usize) } else { v as usize };
             let (mut strtab, mut symtab, mut strsz, mut gnu, mut versym) = (0usize, 0usize, 0usize, 0usize, 0usize);
+            let mut needed = [0usize; 16];
+            let mut needs = 0usize;
+            let mut ended = false;
             for _ in 0..MOST_ENTRIES {
                 let [tag, val] = *dynamic;
                 match tag {
-                    DT_NULL => break,
+                    DT_NULL => {
+                        ended = true;
+                        break;
+                    }
+                    DT_NEEDED => {
+                        // (more than the array holds: not self-contained, see below)
+                        if let Some(slot) = needed.get_mut(needs) {
+                            *slot = val as usize;
+                        }
+                        needs += 1;
+                    }
                     DT_STRTAB => strtab = at(val),
                     DT_SYMTAB => symtab = at(val),
                     DT_STRSZ => strsz = val as usize,
@@ -114,6 +173,14 @@ impl Symbols {
             let bloom = header.add(4) as *const u64;
             let buckets = bloom.add(bloom_words as usize) as *const u32;
             let chain = buckets.add(nbuckets as usize);
+            let runtime = |at: usize| {
+                if at >= strsz {
+                    return false;
+                }
+                let name = CStr::from_bytes_until_nul(std::slice::from_raw_parts((strtab as *const u8).add(at), strsz - at));
+                name.is_ok_and(|n| RUNTIME_LIBRARIES.contains(&n.to_bytes()))
+            };
+            let self_contained = ended && needs <= needed.len() && needed[..needs].iter().all(|&at| runtime(at));
             Some(Symbols {
                 base,
                 symtab: symtab as *const Sym,
@@ -127,39 +194,41 @@ impl Symbols {
                 bloom,
                 buckets,
                 chain,
+                self_contained,
             })
         }
     }
 
-    /// The address of the function `name` the library defines, or `None` (ask `dlsym`).
-    pub fn function(&self, name: &CStr) -> Option<*mut c_void> {
-        let name = name.to_bytes();
-        let h = name.iter().fold(5381u32, |h, &b| h.wrapping_mul(33).wrapping_add(b as u32));
+    /// What the table says of the function `name`, whose [`gnu_hash`] is `hash`.
+    pub fn function(&self, name: &[u8], hash: u32) -> Answer {
+        let h = hash;
+        // (the run-time libraries define no `cu*`/`nvml*` name; any other name, they might)
+        let driver_name = name.starts_with(b"cu") || name.starts_with(b"nvml");
+        let absent = if self.self_contained && driver_name { Answer::Absent } else { Answer::Ask };
         // SAFETY: indices below are bounded by the table's own sizes (bloom words, buckets) or
         // by the chain's end marker (with a cap on links); names are read below `strsz`.
         unsafe {
             let word = *self.bloom.add((h / 64) as usize & (self.bloom_words as usize - 1));
             let mask = (1u64 << (h % 64)) | (1u64 << ((h >> self.bloom_shift) % 64));
             if word & mask != mask {
-                return None;
+                return absent;
             }
-            let mut i = *self.buckets.add((h % self.nbuckets) as usize);
-            if i < self.symoffset {
-                return None;
+            let first = *self.buckets.add((h % self.nbuckets) as usize);
+            if first < self.symoffset {
+                return absent;
             }
-            for _ in 0..MOST_LINKS {
+            for i in (first..).take(MOST_LINKS) {
                 let link = *self.chain.add((i - self.symoffset) as usize);
                 if link | 1 == h | 1 {
                     if let Some(found) = self.matches(i as usize, name) {
-                        return found;
+                        return found.map_or(Answer::Ask, Answer::Found);
                     }
                 }
                 if link & 1 != 0 {
-                    return None;
+                    return absent;
                 }
-                i += 1;
             }
-            None
+            Answer::Ask
         }
     }
 
@@ -209,23 +278,32 @@ mod tests {
         let mut names: Vec<String> = crate::hooks::HOOKS.iter().map(|h| h.name.trim_end_matches('\0').to_string()).collect();
         names.extend(["cuStreamGetCtx", "cuCtxGetId", "cuFuncGetName", "cuKernelGetName", "cuDeviceGetUuid", "cuInit"].map(String::from));
         names.extend(["cuNoSuchFunction", "", "c", "cuMemAlloc_v9", "malloc", "_init", "memcpy"].map(String::from));
-        let (mut answered, mut wrong) = (0, Vec::new());
+        assert!(table.self_contained, "{}: needs only run-time libraries", path.display());
+        let (mut answered, mut wrong, mut absent) = (0, Vec::new(), 0);
         for name in &names {
             let c = std::ffi::CString::new(name.as_str()).unwrap();
             // (glibc's own dlsym: in this test program `dlsym` binds to the shim's interposer)
             let by_dlsym = crate::driver::lookup(handle, &c);
-            if let Some(fast) = table.function(&c) {
-                if fast != by_dlsym {
-                    wrong.push(format!("{name}: {fast:?} (dlsym: {by_dlsym:?})"));
+            let fast = match table.function(name.as_bytes(), gnu_hash(name.as_bytes())) {
+                Answer::Found(p) => p,
+                Answer::Absent => {
+                    absent += 1;
+                    std::ptr::null_mut()
                 }
-                answered += 1;
+                Answer::Ask => continue,
+            };
+            if fast != by_dlsym {
+                wrong.push(format!("{name}: {fast:?} (dlsym: {by_dlsym:?})"));
             }
+            answered += 1;
         }
         // (the library's quiet panic hook prints no assertion message: say it first)
         if !wrong.is_empty() {
             eprintln!("{}: {wrong:?}", path.display());
         }
         assert!(wrong.is_empty());
+        // (at least the made-up names: "cuNoSuchFunction", "cuMemAlloc_v9")
+        assert!(absent >= 2, "{}: {absent} answered absent", path.display());
         answered
     }
 

@@ -211,9 +211,7 @@ impl Publisher {
         h.comm[1].store(u64::from_le_bytes(comm[8..].try_into().expect("8 bytes")), Relaxed);
         put_str(&h.quota, quota.unwrap_or(""));
         for (d, v) in h.dev.iter().zip(view) {
-            for f in [&d.limit] {
-                f.store(UNKNOWN, Relaxed);
-            }
+            d.limit.store(UNKNOWN, Relaxed);
             put_str(&d.uuid, &v.uuid);
             if let Some((index, count, uuid)) = &v.part {
                 d.part_index.store(*index, Relaxed);

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use crate::quota::Quota;
 
@@ -29,12 +29,15 @@ use crate::quota::Quota;
 /// (a driver showing more GPUs) is refused while any limit is set, never passed uncounted.
 pub const MAX_DEVICES: usize = 256;
 
+/// The published limit of a device not yet resolved (`live`).
 const UNRESOLVED: u64 = u64::MAX;
 
-/// The budget of one device in the program's view.
+/// The budget of one device in the program's view. All-zero bytes are a valid budget, the one
+/// [`DeviceBudget::new`] makes (every field is an atomic integer or pointer whose zero means
+/// "nothing yet"): [`zeroed_budgets`] makes them all at once without writing them.
 pub struct DeviceBudget {
-    /// The effective limit in bytes, `UNRESOLVED` until the device's physical size is known.
-    limit: AtomicU64,
+    /// The effective limit in bytes plus one; 0 until the device's physical size is known.
+    limit_plus_one: AtomicU64,
     /// Bytes taken from the driver for the program: what the limit bounds.
     reserved: AtomicU64,
     peak_reserved: AtomicU64,
@@ -50,11 +53,39 @@ pub struct DeviceBudget {
     /// reconciliation whose driver figures may predate a free credits nothing.
     pool_epoch: AtomicU64,
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
-    /// what every member holds.
-    shared: OnceLock<(&'static Quota, usize)>,
+    /// what every member holds. Set once (null: none), never freed.
+    shared: AtomicPtr<(&'static Quota, usize)>,
     /// This device's entry in the process' published figures (`live`); null: not published
     /// (not yet, beyond `live::DEVICES`, or a forked child).
     mirror: AtomicPtr<crate::live::Dev>,
+}
+
+/// The budgets of `n` devices: all zero, as [`DeviceBudget::new`] makes them ([`Zeroed`]);
+/// if that cannot be mapped, made one by one.
+pub enum Budgets {
+    Mapped(Zeroed<DeviceBudget>),
+    Boxed(Box<[DeviceBudget]>),
+}
+
+impl Budgets {
+    pub fn new(n: usize) -> Budgets {
+        let mapped = Zeroed::new(n);
+        if mapped.len() == n {
+            return Budgets::Mapped(mapped);
+        }
+        Budgets::Boxed((0..n).map(|_| DeviceBudget::new()).collect())
+    }
+}
+
+impl std::ops::Deref for Budgets {
+    type Target = [DeviceBudget];
+    #[inline]
+    fn deref(&self) -> &[DeviceBudget] {
+        match self {
+            Budgets::Mapped(z) => z,
+            Budgets::Boxed(b) => b,
+        }
+    }
 }
 
 /// Why a reservation failed: what was reserved against which limit.
@@ -67,7 +98,7 @@ pub struct Refused {
 impl DeviceBudget {
     pub const fn new() -> Self {
         DeviceBudget {
-            limit: AtomicU64::new(UNRESOLVED),
+            limit_plus_one: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             peak_reserved: AtomicU64::new(0),
             in_use: AtomicU64::new(0),
@@ -75,7 +106,7 @@ impl DeviceBudget {
             refused: AtomicU64::new(0),
             pool_kept: AtomicU64::new(0),
             pool_epoch: AtomicU64::new(0),
-            shared: OnceLock::new(),
+            shared: AtomicPtr::new(std::ptr::null_mut()),
             mirror: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -86,7 +117,7 @@ impl DeviceBudget {
     /// figure behind. Called once, before the program allocates (at `cuInit`, which other
     /// threads wait for).
     pub fn mirror_to(&self, dev: &'static crate::live::Dev) {
-        dev.limit.store(self.limit.load(Relaxed), Relaxed);
+        dev.limit.store(self.limit().unwrap_or(UNRESOLVED), Relaxed);
         dev.in_use.store(self.in_use.load(Relaxed), Relaxed);
         dev.peak_in_use.store(self.peak_in_use.load(Relaxed), Relaxed);
         dev.reserved.store(self.reserved.load(Relaxed), Relaxed);
@@ -109,31 +140,39 @@ impl DeviceBudget {
     }
 
     /// Makes reservations on this device count in `quota`'s device `index`.
+    /// (The first call wins, as the first resolution of the device's limit does.)
     pub fn share(&self, quota: &'static Quota, index: usize) {
-        let _ = self.shared.set((quota, index));
+        let entry = Box::into_raw(Box::new((quota, index)));
+        if self.shared.compare_exchange(std::ptr::null_mut(), entry, Release, Relaxed).is_err() {
+            // SAFETY: `entry` came from Box::into_raw above and was never shared.
+            drop(unsafe { Box::from_raw(entry) });
+        }
     }
 
     /// The shared quota's device this budget draws on, if any.
+    #[inline]
     pub fn shared(&self) -> Option<(&'static Quota, usize)> {
-        self.shared.get().copied()
+        let p = self.shared.load(Acquire);
+        // SAFETY: a non-null entry was leaked by `share` and is never freed or changed.
+        (!p.is_null()).then(|| unsafe { *p })
     }
 
     /// What counts against the limit: this process' reservations, or with a shared quota what
     /// all its members hold.
     pub fn held(&self) -> u64 {
-        match self.shared.get() {
-            Some((q, d)) => q.reserved(*d),
+        match self.shared() {
+            Some((q, d)) => q.reserved(d),
             None => self.reserved(),
         }
     }
 
+    #[inline]
     pub fn limit(&self) -> Option<u64> {
-        let l = self.limit.load(Relaxed);
-        (l != UNRESOLVED).then_some(l)
+        self.limit_plus_one.load(Relaxed).checked_sub(1)
     }
 
     pub fn set_limit(&self, limit: u64) {
-        self.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+        self.limit_plus_one.store(limit.min(UNRESOLVED - 1) + 1, Relaxed);
         if let Some(m) = self.mirror() {
             m.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
         }
@@ -162,9 +201,9 @@ impl DeviceBudget {
     /// Adds `bytes` to what is reserved if that stays within `limit` (not counted as a
     /// refusal: the caller decides whether the program's request is refused).
     pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
-        if let Some((quota, d)) = self.shared.get() {
+        if let Some((quota, d)) = self.shared() {
             // the quota's total bounds ours (ours is part of it)
-            quota.reserve(*d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
+            quota.reserve(d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
             let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
             self.peak_reserved.fetch_max(now, Relaxed);
             if let Some(m) = self.mirror() {
@@ -199,8 +238,8 @@ impl DeviceBudget {
         if let Some(m) = self.mirror() {
             m.reserved.fetch_sub(before.min(bytes), Relaxed);
         }
-        if let Some((quota, d)) = self.shared.get() {
-            quota.release(*d, bytes);
+        if let Some((quota, d)) = self.shared() {
+            quota.release(d, bytes);
         }
     }
 
@@ -788,58 +827,108 @@ impl LiveMap {
 /// buckets are first written. (The allocator's zeroed memory would not do: for the buckets'
 /// 64-byte alignment it allocates aligned and then writes 2 MiB of zeros, two million
 /// instructions at every start-up.)
-struct Table {
-    buckets: *mut Bucket,
+/// Types for which all-zero bytes are a valid value (atomic integers and pointers only).
+///
+/// # Safety
+/// All-zero bytes must be a valid value of the type.
+pub unsafe trait ZeroValid: Sync {}
+
+// SAFETY: atomics only; all zero is an empty bucket.
+unsafe impl ZeroValid for Bucket {}
+// SAFETY: atomics only; all zero is `DeviceBudget::new()` (checked by a test).
+unsafe impl ZeroValid for DeviceBudget {}
+
+/// `len` values of `T`, all zero, in a private anonymous mapping: zero-filled pages the kernel
+/// provides as they are first touched, without the process writing them (zeroing 256 budgets
+/// with `memset` costs ~20,000 instructions at start-up, writing them one by one ~11,000).
+pub struct Zeroed<T: ZeroValid> {
+    ptr: *mut T,
     len: usize,
 }
 
-// SAFETY: the buckets are atomics only, shared by design; the mapping is owned by the table.
-unsafe impl Send for Table {}
-unsafe impl Sync for Table {}
+// SAFETY: the values are `Sync` (atomics) and the mapping is owned by this value.
+unsafe impl<T: ZeroValid> Send for Zeroed<T> {}
+unsafe impl<T: ZeroValid> Sync for Zeroed<T> {}
 
-impl std::ops::Deref for Table {
-    type Target = [Bucket];
-    fn deref(&self) -> &[Bucket] {
+impl<T: ZeroValid> Zeroed<T> {
+    /// `len` zeroed values; none (empty) if that cannot be mapped.
+    pub fn new(len: usize) -> Self {
+        let none = Zeroed { ptr: std::ptr::null_mut(), len: 0 };
+        let Some(bytes) = len.checked_mul(std::mem::size_of::<T>()) else { return none };
+        if bytes == 0 || std::mem::align_of::<T>() > 4096 {
+            return none;
+        }
+        // SAFETY: a fresh private anonymous mapping (page-aligned, zero-filled); checked below.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return none;
+        }
+        Zeroed { ptr: p.cast(), len }
+    }
+}
+
+impl<T: ZeroValid> std::ops::Deref for Zeroed<T> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `buckets` is a live mapping of `len` buckets (all-zero bytes are valid ones).
-        unsafe { std::slice::from_raw_parts(self.buckets, self.len) }
+        // SAFETY: `ptr` is a live mapping of `len` values, all valid (zero, or changed since
+        // only through the atomics' shared references).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
-impl Drop for Table {
+impl<T: ZeroValid> Drop for Zeroed<T> {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: the mapping made in `zeroed_table`, of this size, no longer referenced.
-            unsafe { libc::munmap(self.buckets.cast(), self.len * std::mem::size_of::<Bucket>()) };
+            // SAFETY: the mapping made in `new`, of this size, no longer referenced.
+            unsafe { libc::munmap(self.ptr.cast(), self.len * std::mem::size_of::<T>()) };
         }
     }
 }
+
+/// The lock-free table's buckets.
+type Table = Zeroed<Bucket>;
 
 /// A table of `buckets` zeroed buckets (all-zero atomics: empty buckets). Empty if `buckets` is
 /// not a power of two or the memory cannot be mapped (the map then keeps everything in its
 /// mutex map).
 fn zeroed_table(buckets: usize) -> Table {
-    let none = Table { buckets: std::ptr::null_mut(), len: 0 };
-    let Some(bytes) = buckets.checked_mul(std::mem::size_of::<Bucket>()) else { return none };
-    if !buckets.is_power_of_two() || bytes == 0 {
-        return none;
+    if !buckets.is_power_of_two() {
+        return Zeroed::new(0);
     }
-    // SAFETY: a fresh private anonymous mapping (page-aligned, zero-filled); checked below.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-    };
-    if p == libc::MAP_FAILED {
-        return none;
-    }
-    Table { buckets: p.cast(), len: buckets }
+    Zeroed::new(buckets)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_new_budget_is_all_zero_bytes_and_zeroed_budgets_work() {
+        let b = DeviceBudget::new();
+        // SAFETY: reads the bytes of a live value (no padding: every field is 8 bytes).
+        let bytes = unsafe { std::slice::from_raw_parts(&b as *const DeviceBudget as *const u8, std::mem::size_of::<DeviceBudget>()) };
+        assert!(bytes.iter().all(|&x| x == 0));
+        let all = Budgets::new(MAX_DEVICES);
+        assert!(matches!(all, Budgets::Mapped(_)));
+        assert_eq!(all.len(), MAX_DEVICES);
+        let last = &all[MAX_DEVICES - 1];
+        assert_eq!((last.limit(), last.reserved(), last.in_use(), last.shared().is_none()), (None, 0, 0, true));
+        last.set_limit(1000);
+        assert_eq!(last.limit(), Some(1000));
+        last.set_limit(0);
+        assert_eq!(last.limit(), Some(0));
+        last.set_limit(u64::MAX);
+        assert_eq!(last.limit(), Some(u64::MAX - 1));
+        assert_eq!(last.try_reserve(600, 1000), Ok(()));
+        assert_eq!(all[0].reserved(), 0);
+    }
 
     #[test]
     fn reserve_respects_limit_exactly() {

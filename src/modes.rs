@@ -31,31 +31,38 @@ const MIB: u64 = 1 << 20;
 
 /// The reserves of every device, and which devices have one.
 pub struct Reserves {
-    /// One per device, on the heap (see `State::budgets`).
-    arenas: Box<[Mutex<Arena>]>,
+    /// One per device, on the heap, made at first use (only the `grow` and `preallocate`
+    /// modes have reserves: start-up does not pay for 256 empty arenas).
+    arenas: std::sync::OnceLock<Box<[Mutex<Arena>]>>,
     /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
     present: [AtomicU64; MAX_DEVICES / 64],
 }
 
 impl Reserves {
     pub fn new() -> Self {
-        Reserves { arenas: (0..MAX_DEVICES).map(|_| Mutex::new(Arena::new())).collect(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
+        Reserves { arenas: std::sync::OnceLock::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
+    }
+
+    fn arenas(&self) -> &[Mutex<Arena>] {
+        self.arenas.get_or_init(|| (0..MAX_DEVICES).map(|_| Mutex::new(Arena::new())).collect())
     }
 
     fn arena(&self, dev: usize) -> MutexGuard<'_, Arena> {
-        self.arenas[dev].lock().unwrap_or_else(|e| e.into_inner())
+        self.arenas()[dev].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes every device's reserve lock for a fork (`fork`).
+    /// Takes every device's reserve lock for a fork (`fork`). (Made now if not yet: another
+    /// thread making them and taking a lock after a look that found none would leave the child
+    /// a lock held forever.)
     pub fn hold_for_fork(&'static self) {
-        for arena in &self.arenas {
+        for arena in self.arenas() {
             crate::fork::hold(arena);
         }
     }
 
     /// A forked child holds nothing (`fork`): no chunk is its own.
     pub fn reset_after_fork(&self) {
-        for arena in &self.arenas {
+        for arena in self.arenas() {
             crate::fork::reset(arena, Arena::new);
         }
         for word in &self.present {

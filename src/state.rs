@@ -51,7 +51,7 @@ pub struct State {
     announced: AtomicBool,
     /// One per device (`MAX_DEVICES`), on the heap: a `State` built by value would be copied
     /// several times on its way into its box (150,000 instructions of `memcpy` at start-up).
-    budgets: Box<[DeviceBudget]>,
+    budgets: crate::memory::Budgets,
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
@@ -64,6 +64,8 @@ pub struct State {
     pub(crate) teardowns: crate::teardown::Teardowns,
     /// The placement log, while `GPUSHIM_LOG_PLACEMENT` is on (`placement`).
     pub(crate) placement: Option<crate::placement::Placement>,
+    /// [`State::needs`], once worked out (`NEEDS_KNOWN` set).
+    needs_cache: std::sync::atomic::AtomicU8,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -97,6 +99,9 @@ pub fn get_if_ready() -> Option<&'static State> {
 /// Set while one thread builds the state: the others wait for it (one state, one NVML
 /// initialisation, one quota place, one `setenv`).
 static BUILDING: AtomicBool = AtomicBool::new(false);
+
+/// `State::needs_cache`: the figure is known.
+const NEEDS_KNOWN: u8 = 0x80;
 
 /// How long a thread waits for another one's start-up before it gives up (fail closed: its
 /// hooks refuse). Start-up takes milliseconds; this only bounds a pathological wait, e.g. on a
@@ -274,7 +279,7 @@ impl State {
             split: OnceLock::new(),
             expected_devices: None,
             announced: AtomicBool::new(false),
-            budgets: (0..MAX_DEVICES).map(|_| DeviceBudget::new()).collect(),
+            budgets: crate::memory::Budgets::new(MAX_DEVICES),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
             pools: std::sync::Mutex::new(Vec::new()),
@@ -282,6 +287,7 @@ impl State {
             graphs: crate::graphs::Graphs::new(),
             teardowns: crate::teardown::Teardowns::new(),
             placement: None,
+            needs_cache: std::sync::atomic::AtomicU8::new(0),
         }
     }
 
@@ -298,9 +304,21 @@ impl State {
         self.mode == Mode::Active && !self.settings.virtual_devices.is_empty()
     }
 
-    /// Which conditional hooks the configuration needs (`intercept::NEEDS_*`).
+    /// Which conditional hooks the configuration needs (`intercept::NEEDS_*`): worked out at
+    /// the first call (`cuGetProcAddress` asks for every function it is asked for) and kept,
+    /// the configuration of a published state never changing.
     #[inline]
     pub fn needs(&self) -> u8 {
+        let cached = self.needs_cache.load(Ordering::Relaxed);
+        if cached & NEEDS_KNOWN != 0 {
+            return cached & !NEEDS_KNOWN;
+        }
+        let needs = self.work_out_needs();
+        self.needs_cache.store(needs | NEEDS_KNOWN, Ordering::Relaxed);
+        needs
+    }
+
+    fn work_out_needs(&self) -> u8 {
         let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
         let place = if self.placement.is_some() { crate::intercept::NEEDS_PLACE } else { 0 };
@@ -309,7 +327,7 @@ impl State {
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
     fn reset_after_fork(&self) {
-        for b in &self.budgets {
+        for b in self.budgets.iter() {
             b.reset_after_fork();
         }
         crate::sharing::after_fork_in_child();
