@@ -272,7 +272,7 @@ fn name_hash(name: &[u8]) -> u64 {
 impl NameIndex {
     /// The table of `names[order[k]]` → k, for each name its first position in `order`.
     pub const fn of<const N: usize>(names: &[&str; N], order: &[u16; N]) -> NameIndex {
-        assert!(N < NAME_SLOTS / 2 && N < 1 << 16);
+        assert!(N < NAME_SLOTS / 2); // (so also below the 16 bits of a position)
         let mut slots = [0u32; NAME_SLOTS];
         let mut k = 0;
         'names: while k < N {

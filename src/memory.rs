@@ -582,7 +582,7 @@ fn spin(spins: u32) -> u32 {
 #[inline]
 fn pack(live: &Live) -> Option<u64> {
     (live.ctx == 0 && live.device < PACK_DEVICES && live.bytes < PACK_BYTES)
-        .then(|| live.served as u64 | (live.pool as u64) << 1 | (live.device as u64) << 2 | live.bytes << 12)
+        .then_some(live.served as u64 | (live.pool as u64) << 1 | (live.device as u64) << 2 | live.bytes << 12)
 }
 
 #[inline]
