@@ -522,7 +522,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
 /// (`since`, per-thread) pick the variant the caller's version and flags select.
 /// `symbol` gives the name asked for, measured only when the driver's address is not one of
 /// its exports (the common case needs no `strlen`).
-pub fn substitute<'a>(st: &State, symbol: impl FnOnce() -> &'a CStr, version: c_int, flags: u64, found: *mut c_void) -> *mut c_void {
+pub fn substitute<'a>(st: &State, symbol: &dyn Fn() -> &'a CStr, version: c_int, flags: u64, found: *mut c_void) -> *mut c_void {
     if found.is_null() {
         return found;
     }
@@ -635,7 +635,7 @@ mod tests {
         let fake = 0x1234 as *mut c_void; // not a driver export: forces the rules
         let st = crate::state::State::for_tests();
         let pick = |name: &CStr, v, f| {
-            let p = substitute(&st, || name, v, f, fake) as usize;
+            let p = substitute(&st, &|| name, v, f, fake) as usize;
             HOOKS.iter().find(|h| h.hook.0 as usize == p).map(|h| h.bare_name())
         };
         assert_eq!(pick(c"cuMemAlloc", 3020, 0), Some(&b"cuMemAlloc_v2"[..]));

@@ -88,6 +88,29 @@ impl std::ops::Deref for Budgets {
     }
 }
 
+/// Subtracts `bytes` from `counter`, never below zero; returns what was subtracted. One
+/// `fetch_sub` (a compare-and-swap loop costs more on every free); should the counter have
+/// held less (a bug), the excess is added back. Meanwhile the counter reads as a huge
+/// number: a reservation is then refused, never admitted beyond the limit.
+#[inline]
+fn saturating_sub(counter: &AtomicU64, bytes: u64) -> u64 {
+    let before = counter.fetch_sub(bytes, Relaxed);
+    if before >= bytes {
+        return bytes;
+    }
+    counter.fetch_add(bytes - before, Relaxed);
+    before
+}
+
+/// Raises `peak` to `now` if that is higher: a plain load in the steady state, where the peak
+/// is already higher (`fetch_max` always writes, a locked instruction on every call).
+#[inline]
+fn raise_peak(peak: &AtomicU64, now: u64) {
+    if now > peak.load(Relaxed) {
+        peak.fetch_max(now, Relaxed);
+    }
+}
+
 /// Why a reservation failed: what was reserved against which limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused {
@@ -200,17 +223,10 @@ impl DeviceBudget {
 
     /// Adds `bytes` to what is reserved if that stays within `limit` (not counted as a
     /// refusal: the caller decides whether the program's request is refused).
+    #[inline]
     pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
         if let Some((quota, d)) = self.shared() {
-            // the quota's total bounds ours (ours is part of it)
-            quota.reserve(d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
-            let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
-            self.peak_reserved.fetch_max(now, Relaxed);
-            if let Some(m) = self.mirror() {
-                m.reserved.fetch_add(bytes, Relaxed);
-                m.peak_reserved.fetch_max(now, Relaxed);
-            }
-            return Ok(());
+            return self.try_reserve_shared(quota, d, bytes, limit);
         }
         let mut reserved = self.reserved.load(Relaxed);
         loop {
@@ -220,10 +236,10 @@ impl DeviceBudget {
             };
             match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
-                    self.peak_reserved.fetch_max(next, Relaxed);
+                    raise_peak(&self.peak_reserved, next);
                     if let Some(m) = self.mirror() {
                         m.reserved.fetch_add(bytes, Relaxed);
-                        m.peak_reserved.fetch_max(next, Relaxed);
+                        raise_peak(&m.peak_reserved, next);
                     }
                     return Ok(());
                 }
@@ -232,11 +248,26 @@ impl DeviceBudget {
         }
     }
 
-    /// Gives back `bytes` of the reservation (never below zero).
-    pub fn release(&self, bytes: u64) {
-        let before = self.reserved.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+    /// [`DeviceBudget::try_reserve`] in a shared quota.
+    #[inline(never)]
+    fn try_reserve_shared(&self, quota: &Quota, d: usize, bytes: u64, limit: u64) -> Result<(), Refused> {
+        // the quota's total bounds ours (ours is part of it)
+        quota.reserve(d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
+        let now = self.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
+        raise_peak(&self.peak_reserved, now);
         if let Some(m) = self.mirror() {
-            m.reserved.fetch_sub(before.min(bytes), Relaxed);
+            m.reserved.fetch_add(bytes, Relaxed);
+            raise_peak(&m.peak_reserved, now);
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` of the reservation (never below zero).
+    #[inline]
+    pub fn release(&self, bytes: u64) {
+        let gone = saturating_sub(&self.reserved, bytes);
+        if let Some(m) = self.mirror() {
+            m.reserved.fetch_sub(gone, Relaxed);
         }
         if let Some((quota, d)) = self.shared() {
             quota.release(d, bytes);
@@ -244,20 +275,22 @@ impl DeviceBudget {
     }
 
     /// The program now holds `bytes` more.
+    #[inline]
     pub fn take(&self, bytes: u64) {
         let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
-        self.peak_in_use.fetch_max(now, Relaxed);
+        raise_peak(&self.peak_in_use, now);
         if let Some(m) = self.mirror() {
             m.in_use.fetch_add(bytes, Relaxed);
-            m.peak_in_use.fetch_max(now, Relaxed);
+            raise_peak(&m.peak_in_use, now);
         }
     }
 
     /// The program gave `bytes` back (never below zero).
+    #[inline]
     pub fn give(&self, bytes: u64) {
-        let before = self.in_use.fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes))).unwrap_or(0);
+        let gone = saturating_sub(&self.in_use, bytes);
         if let Some(m) = self.mirror() {
-            m.in_use.fetch_sub(before.min(bytes), Relaxed);
+            m.in_use.fetch_sub(gone, Relaxed);
         }
     }
 
@@ -624,7 +657,7 @@ impl LiveMap {
     }
 
     /// The bucket of a device pointer's key, if the table has any.
-    #[inline]
+    #[inline(always)]
     fn bucket(&self, kind: Kind, key: u64) -> Option<&Bucket> {
         if kind != Kind::DevicePtr || self.table.is_empty() {
             return None;
@@ -638,7 +671,7 @@ impl LiveMap {
     /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
     /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
     /// credits it.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let Some(b) = self.bucket(kind, key) else { return self.shards.insert(kind, key, live) };
         let before = b.enter();
@@ -702,13 +735,13 @@ impl LiveMap {
         self.take(kind, key, Some(expected))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
         self.take(kind, key, None)
     }
 
     /// Removes `key` (if it holds `expected`, when given).
-    #[inline]
+    #[inline(always)]
     fn take(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
         let Some(b) = self.bucket(kind, key) else { return self.take_unbucketed(kind, key, expected) };
         let before = b.enter();

@@ -231,7 +231,11 @@ impl State {
     }
 
     /// The program device of the current context.
+    #[inline]
     pub fn current_device(&self) -> Option<CUdevice> {
+        if self.only_device() {
+            return Some(0);
+        }
         if self.split.get().is_none() {
             return self.api().current_device();
         }
@@ -250,6 +254,9 @@ impl State {
 
     /// The program device a stream's work runs on.
     pub fn stream_device(&self, stream: crate::ffi::CUstream) -> Option<CUdevice> {
+        if self.only_device() {
+            return Some(0);
+        }
         if self.split.get().is_none() {
             return self.api().stream_device(stream);
         }

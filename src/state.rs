@@ -66,6 +66,9 @@ pub struct State {
     pub(crate) placement: Option<crate::placement::Placement>,
     /// [`State::needs`], once worked out (`NEEDS_KNOWN` set).
     needs_cache: std::sync::atomic::AtomicU8,
+    /// The driver shows one device and it is not split: every context, stream and allocation
+    /// is device 0's, which is then not asked of the driver (`State::only_device`).
+    only_device: AtomicBool,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -288,6 +291,7 @@ impl State {
             teardowns: crate::teardown::Teardowns::new(),
             placement: None,
             needs_cache: std::sync::atomic::AtomicU8::new(0),
+            only_device: AtomicBool::new(false),
         }
     }
 
@@ -302,6 +306,14 @@ impl State {
     #[inline]
     pub fn split_configured(&self) -> bool {
         self.mode == Mode::Active && !self.settings.virtual_devices.is_empty()
+    }
+
+    /// Whether device 0 is the only device there is (known after `cuInit`): the device of the
+    /// current context, of any stream and of any pool, without asking the driver. (Were it
+    /// wrong, it would count an allocation against device 0: never leave one uncounted.)
+    #[inline]
+    pub fn only_device(&self) -> bool {
+        self.only_device.load(Ordering::Relaxed)
     }
 
     /// Which conditional hooks the configuration needs (`intercept::NEEDS_*`): worked out at
@@ -550,6 +562,9 @@ impl State {
         if self.mode == Mode::Active {
             self.start_publishing(&devices);
         }
+        if devices.len() == 1 && self.split.get().is_none() {
+            self.only_device.store(true, Ordering::Relaxed);
+        }
         if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
             for i in 0..count {
@@ -617,6 +632,7 @@ impl State {
     }
 
     /// The budget of a device ordinal, if it is one the shim accounts for.
+    #[inline]
     pub fn budget(&self, dev: CUdevice) -> Option<&DeviceBudget> {
         usize::try_from(dev).ok().and_then(|d| self.budgets.get(d))
     }
@@ -628,7 +644,18 @@ impl State {
 
     /// The effective limit of `dev`: min(configured limit, physical memory), resolved on first
     /// use (fractions need the device's size).
+    #[inline]
     pub fn limit(&self, dev: CUdevice) -> Option<u64> {
+        match self.budget(dev)?.limit() {
+            Some(l) => Some(l),
+            None => self.resolve_limit(dev),
+        }
+    }
+
+    /// [`State::limit`] the first time: works it out, joins the shared quota and the registry.
+    #[cold]
+    #[inline(never)]
+    fn resolve_limit(&self, dev: CUdevice) -> Option<u64> {
         let budget = self.budget(dev)?;
         if let Some(l) = budget.limit() {
             return Some(l);

@@ -33,7 +33,7 @@ pub unsafe fn get_proc_address_v2(
 unsafe fn finish(st: &State, result: CUresult, symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult {
     if result == CUDA_SUCCESS && !pfn.is_null() && !symbol.is_null() {
         // SAFETY: `symbol` is the NUL-terminated name the driver just accepted.
-        *pfn = substitute(st, || unsafe { CStr::from_ptr(symbol) }, version, flags, *pfn);
+        *pfn = substitute(st, &|| unsafe { CStr::from_ptr(symbol) }, version, flags, *pfn);
     }
     result
 }
