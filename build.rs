@@ -6,7 +6,13 @@
 // the first in every lookup scope, so the binding is the same; only the load-time work goes
 // (each such reference was a symbol look-up in every process the library is preloaded into,
 // CUDA or not). Data symbols are not affected.
+//
+// The static unwinder instead of libgcc_s: see scripts/build/static_unwinder.rs.
+include!("scripts/build/static_unwinder.rs");
+
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=scripts/build/static_unwinder.rs");
+    link_static_unwinder();
 }

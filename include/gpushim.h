@@ -27,6 +27,12 @@ const char *gpushim_version(void);
  * initialises the shim (and opens the driver) if the program has not used CUDA yet. */
 int gpushim_memory_usage(int ordinal, uint64_t *in_use, uint64_t *peak, uint64_t *limit);
 
+/* Checks that the library's own failure handling works in this process: raises an internal
+ * failure and catches it, as every entry point catches one. Returns 0. (A library whose
+ * unwinder could not find its own unwind tables would end the process instead: a diagnostic
+ * for unusual loaders and sandboxes.) Does not initialise the shim. */
+int gpushim_self_check(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,3 +31,15 @@ pub extern "C" fn gpushim_memory_usage(ordinal: c_int, in_use: *mut u64, peak: *
     }
     0
 }
+
+/// Checks that the library's own failure handling works in this process: raises an internal
+/// failure (without the panic message) and catches it, as every entry point catches one.
+/// Returns 0 when it was caught; an uncaught one would have ended the process (an unwinder
+/// that cannot find the library's unwind tables). Does not start the shim.
+#[no_mangle]
+pub extern "C" fn gpushim_self_check() -> c_int {
+    match std::panic::catch_unwind(|| std::panic::resume_unwind(Box::new(0u8))) {
+        Err(_) => 0,
+        Ok(()) => 1,
+    }
+}

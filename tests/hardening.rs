@@ -441,3 +441,24 @@ fn a_graph_relaunched_after_a_trim_is_checked_again() {
     assert_eq!([1, 2, 3, 4, 5, 6].map(|op| rc(&out, op)), [0, 0, 0, 0, 0, OOM], "{}", out.dump());
     assert!(out.report().device(0).peak <= GIB, "{}", out.dump());
 }
+
+/// The library catches its own internal failures inside a program that loaded it: every entry
+/// point relies on that (an uncaught one ends the program). The release build links its own
+/// static unwinder (build.rs) instead of the system's libgcc_s; this checks that it finds the
+/// library's unwind tables. The library does not start the shim for this.
+#[test]
+fn the_library_catches_its_own_failures_inside_a_program() {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(shim_path().as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; the library does nothing when loaded.
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!lib.is_null(), "dlopen {}", shim_path().display());
+    // SAFETY: a NUL-terminated name in the library just opened.
+    let check = unsafe { libc::dlsym(lib, c"gpushim_self_check".as_ptr()) };
+    assert!(!check.is_null());
+    // SAFETY: `int gpushim_self_check(void)` (include/gpushim.h).
+    let check = unsafe { std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> libc::c_int>(check) };
+    assert_eq!(unsafe { check() }, 0);
+    // and once more after the first (the unwinder's caches)
+    assert_eq!(unsafe { check() }, 0);
+}
