@@ -425,11 +425,23 @@ type Shard = Mutex<HashMap<u64, Live, BuildHasherDefault<FastHasher>>>;
 /// than device pointers, and the device pointers the table has no room for ([`LiveMap`]).
 struct Shards {
     shards: Box<[Shard]>,
+    /// Entries of each kind (changed under the shard's lock): a kind with none is listed
+    /// without taking its 64 locks (context teardown lists arrays at every context release).
+    counts: [AtomicU64; KINDS],
 }
 
 impl Shards {
     fn new() -> Self {
-        Shards { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect() }
+        Shards { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect(), counts: [const { AtomicU64::new(0) }; KINDS] }
+    }
+
+    /// Counts a change of `kind`'s entries: one more (`added`) and/or one fewer (`removed`).
+    fn count(&self, kind: Kind, added: bool, removed: bool) {
+        match (added, removed) {
+            (true, false) => drop(self.counts[kind as usize].fetch_add(1, Relaxed)),
+            (false, true) => drop(self.counts[kind as usize].fetch_sub(1, Relaxed)),
+            _ => {}
+        }
     }
 
     fn shard(&self, kind: Kind, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Live, BuildHasherDefault<FastHasher>>> {
@@ -439,13 +451,18 @@ impl Shards {
     }
 
     fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
-        self.shard(kind, key).insert(key, live)
+        let mut shard = self.shard(kind, key);
+        let replaced = shard.insert(key, live);
+        self.count(kind, replaced.is_none(), false);
+        replaced
     }
 
     fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
         let mut shard = self.shard(kind, key);
         if shard.get(&key) == Some(expected) {
-            return shard.remove(&key);
+            let removed = shard.remove(&key);
+            self.count(kind, false, removed.is_some());
+            return removed;
         }
         None
     }
@@ -455,10 +472,16 @@ impl Shards {
     }
 
     fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
-        self.shard(kind, key).remove(&key)
+        let mut shard = self.shard(kind, key);
+        let removed = shard.remove(&key);
+        self.count(kind, false, removed.is_some());
+        removed
     }
 
     fn entries_into(&self, kind: Kind, all: &mut Vec<(u64, Live)>) {
+        if self.counts[kind as usize].load(Relaxed) == 0 {
+            return; // (an entry added meanwhile may be missed, as by the sweep below)
+        }
         for shard in &self.shards[kind as usize * SHARDS..(kind as usize + 1) * SHARDS] {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             all.extend(shard.iter().map(|(&k, &v)| (k, v)));
@@ -474,6 +497,9 @@ impl Shards {
     fn reset_after_fork(&self) {
         for shard in self.shards.iter() {
             crate::fork::reset(shard, HashMap::default);
+        }
+        for c in &self.counts {
+            c.store(0, Relaxed);
         }
     }
 
@@ -961,6 +987,29 @@ mod tests {
         assert_eq!(last.limit(), Some(u64::MAX - 1));
         assert_eq!(last.try_reserve(600, 1000), Ok(()));
         assert_eq!(all[0].reserved(), 0);
+    }
+
+    #[test]
+    fn the_mutex_map_counts_its_entries_per_kind() {
+        let map = LiveMap::new();
+        let live = |bytes| Live { device: 0, bytes, served: false, pool: false, ctx: 7, id: entry_id() };
+        assert!(map.entries(Kind::Array).is_empty());
+        assert_eq!(map.insert(Kind::Array, 0x1000, live(1)), None);
+        assert!(map.insert(Kind::Array, 0x1000, live(2)).is_some()); // replaced: still one
+        assert_eq!(map.insert(Kind::Array, 0x2000, live(3)), None);
+        // (a device pointer with a context recorded goes to the mutex map too)
+        assert_eq!(map.insert(Kind::DevicePtr, 0x3000, live(4)), None);
+        assert_eq!(map.shards.counts.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>(), [1, 0, 2, 0]);
+        assert_eq!(map.entries(Kind::Array).len(), 2);
+        assert!(map.entries(Kind::MipmappedArray).is_empty());
+        assert!(map.remove(Kind::Array, 0x1000).is_some());
+        assert!(map.remove(Kind::Array, 0x1000).is_none());
+        let e = map.get(Kind::Array, 0x2000).unwrap();
+        assert!(map.remove_if(Kind::Array, 0x2000, &live(9)).is_none()); // not that entry
+        assert!(map.remove_if(Kind::Array, 0x2000, &e).is_some());
+        assert!(map.remove(Kind::DevicePtr, 0x3000).is_some());
+        assert_eq!(map.shards.counts.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>(), [0, 0, 0, 0]);
+        assert!(map.entries(Kind::Array).is_empty());
     }
 
     #[test]
