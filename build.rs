@@ -14,5 +14,9 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=scripts/build/static_unwinder.rs");
-    link_static_unwinder();
+    println!("cargo::rustc-check-cfg=cfg(gpushim_static_unwinder)");
+    if link_static_unwinder() {
+        // the library answers the unwinder's `_dl_find_object` itself (src/unwind.rs)
+        println!("cargo:rustc-cfg=gpushim_static_unwinder");
+    }
 }

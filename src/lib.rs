@@ -35,5 +35,7 @@ mod split;
 mod state;
 mod teardown;
 mod units;
+#[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]
+mod unwind;
 mod view;
 mod vmm;

@@ -13,22 +13,29 @@
 // run-time only): loading it must not bring libgcc_s into a process for the shim to find
 // there already (which made the shim's start-up look cheaper than it is).
 
-/// Links the static unwinder instead of libgcc_s where the compiler has one.
-fn link_static_unwinder() {
+/// Links the static unwinder instead of libgcc_s into the crate's cdylib (only: its test
+/// programs and command-line tool keep libgcc_s) where the compiler has one; returns whether
+/// it does. x86-64 Linux only: the unwinder calls glibc 2.35's `_dl_find_object`, which
+/// libgpushim answers itself (`src/unwind.rs`) so as to load on glibc 2.34.
+fn link_static_unwinder() -> bool {
     println!("cargo:rerun-if-env-changed=GPUSHIM_DYNAMIC_UNWINDER");
-    if std::env::var_os("GPUSHIM_DYNAMIC_UNWINDER").is_some() || std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
-        return;
+    let target = (std::env::var("CARGO_CFG_TARGET_OS"), std::env::var("CARGO_CFG_TARGET_ARCH"));
+    if std::env::var_os("GPUSHIM_DYNAMIC_UNWINDER").is_some() || target.0.as_deref() != Ok("linux") || target.1.as_deref() != Ok("x86_64") {
+        return false;
     }
-    let Some(eh) = static_unwinder() else { return };
-    let Some(out) = std::env::var_os("OUT_DIR").map(std::path::PathBuf::from) else { return };
+    let Some(eh) = static_unwinder() else { return false };
+    let Some(out) = std::env::var_os("OUT_DIR").map(std::path::PathBuf::from) else { return false };
     let dir = out.join("unwinder");
     if std::fs::create_dir_all(&dir).is_err() {
-        return;
+        return false;
     }
     let script = format!("/* the static unwinder instead of libgcc_s.so.1 */\nINPUT({})\n", eh.display());
-    if std::fs::write(dir.join("libgcc_s.so"), script).is_ok() {
-        println!("cargo:rustc-link-search=native={}", dir.display());
+    if std::fs::write(dir.join("libgcc_s.so"), script).is_err() {
+        return false;
     }
+    // (-L applies to every -l of the link, whatever the order)
+    println!("cargo:rustc-cdylib-link-arg=-L{}", dir.display());
+    true
 }
 
 /// The compiler's libgcc_eh.a, if it has one.

@@ -10,7 +10,8 @@ include!("../../scripts/build/static_unwinder.rs");
 
 fn main() {
     println!("cargo:rerun-if-changed=../../scripts/build/static_unwinder.rs");
-    link_static_unwinder();
+    // (needing glibc 2.35 for the unwinder's `_dl_find_object` is fine for a test library)
+    let _ = link_static_unwinder();
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
     println!("cargo:rerun-if-changed=build.rs");
