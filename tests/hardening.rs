@@ -462,3 +462,27 @@ fn the_library_catches_its_own_failures_inside_a_program() {
     // and once more after the first (the unwinder's caches)
     assert_eq!(unsafe { check() }, 0);
 }
+
+/// The public C API (include/gpushim.h), looked up by a program with `dlsym(RTLD_DEFAULT)`:
+/// what a device holds, its peak and limit, exactly; -1 for devices the shim does not account
+/// for and when it is disabled; absent without the shim.
+#[test]
+fn the_c_api_reports_a_devices_figures() {
+    // 1 ctx, 2 alloc 256M, 3 usage 0, 4 free, 5 usage 0, 6 usage 1 (untouched), 7 usage 7 (no
+    // such device), 8 usage -1
+    let args = strs(&["ctx=primary", &alloc(256 * MIB), "usage=0", "free=2", "usage=0", "usage=1", "usage=7", "usage=-1"]);
+    let out = modes_run(Passthrough, &[("GPUSHIM_MEMORY_LIMIT", "1GiB")], &args);
+    let n = |k: &str| out.num(k);
+    assert_eq!((n("op3.api"), n("op3.rc"), n("op3.rc_null")), (1, 0, 0), "{}", out.dump());
+    assert_eq!((out.u64("op3.in_use"), out.u64("op3.peak"), out.u64("op3.limit")), (256 * MIB, 256 * MIB, GIB), "{}", out.dump());
+    out.assert_str("op3.version", env!("CARGO_PKG_VERSION"), "the library's version");
+    assert_eq!((out.u64("op5.in_use"), out.u64("op5.peak"), out.u64("op5.limit")), (0, 256 * MIB, GIB), "{}", out.dump());
+    assert_eq!((n("op6.rc"), out.u64("op6.in_use"), out.u64("op6.limit")), (0, 0, GIB), "{}", out.dump());
+    assert_eq!((n("op7.rc"), n("op8.rc")), (-1, -1), "{}", out.dump());
+    // disabled: the functions are there and say so
+    let out = modes_run(Passthrough, &[("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSHIM_DISABLE", "1")], &args);
+    assert_eq!((out.num("op3.api"), out.num("op3.rc")), (1, -1), "{}", out.dump());
+    // without the shim: not there
+    let out = modes_run(NoShim, &[], &args);
+    assert_eq!(out.num("op3.api"), 0, "{}", out.dump());
+}

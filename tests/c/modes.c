@@ -39,6 +39,10 @@
  *                  (0x5A, 0xA5) and cuMemcpyDtoH of both back -> opI.rc (the first failure),
  *                  opI.ok (the bytes came back)
  *   info           cuMemGetInfo_v2 -> opI.rc, opI.free, opI.total
+ *   usage=D        the shim's C API (include/gpushim.h), found with dlsym(RTLD_DEFAULT):
+ *                  opI.api (1: found), gpushim_memory_usage(D) -> opI.rc, opI.in_use,
+ *                  opI.peak, opI.limit; gpushim_version() -> opI.version; with only NULL
+ *                  out-pointers -> opI.rc_null (no opI.* but opI.api without the shim)
  *   sim=P          the simulator's state of physical device P (sim_hooks.h) (no opI.rc)
  *   sync           cuCtxSynchronize
  *   poolkeep       the device's current memory pool keeps what is freed into it
@@ -73,6 +77,7 @@
  * At the end every live slot is freed (cleanup.failures) and done=1 printed.
  */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdint.h>
 
 #include "scenario.h"
@@ -611,6 +616,21 @@ int main(int argc, char **argv) {
             kv("op%d.rc=%d", i, (int)cuMemGetInfo(&f, &t));
             kv("op%d.free=%zu", i, f);
             kv("op%d.total=%zu", i, t);
+        } else if (starts_with(arg, "usage=")) {
+            typedef int (*usage_fn)(int, uint64_t *, uint64_t *, uint64_t *);
+            typedef const char *(*version_fn)(void);
+            usage_fn usage = (usage_fn)dlsym(RTLD_DEFAULT, "gpushim_memory_usage");
+            version_fn version = (version_fn)dlsym(RTLD_DEFAULT, "gpushim_version");
+            kv("op%d.api=%d", i, usage != NULL && version != NULL);
+            if (usage && version) {
+                uint64_t used = 0, peak = 0, limit = 0;
+                kv("op%d.rc=%d", i, usage(atoi(arg + 6), &used, &peak, &limit));
+                kv("op%d.in_use=%llu", i, (unsigned long long)used);
+                kv("op%d.peak=%llu", i, (unsigned long long)peak);
+                kv("op%d.limit=%llu", i, (unsigned long long)limit);
+                kv("op%d.rc_null=%d", i, usage(atoi(arg + 6), NULL, NULL, NULL));
+                kv("op%d.version=%s", i, version());
+            }
         } else if (starts_with(arg, "sim=")) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, "op%d.", i);
