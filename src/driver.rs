@@ -533,7 +533,10 @@ impl NvmlApi {
 mod tests {
     #[test]
     fn the_object_of_an_address_is_the_library_that_holds_it() {
-        let libc_path = super::object_of(libc::malloc as *const std::ffi::c_void).expect("libc");
+        // the C library's own malloc (the library's calls go through a hidden stand-in of its
+        // own, src/imports.rs)
+        let malloc = super::lookup(libc::RTLD_DEFAULT, c"malloc") as *const std::ffi::c_void;
+        let libc_path = super::object_of(malloc).expect("libc");
         assert!(libc_path.to_string_lossy().contains("libc.so"), "{libc_path:?}");
         assert_eq!(super::object_of(std::ptr::null()), None);
         // the main program (this test executable) has no name in the loader's list
@@ -542,7 +545,7 @@ mod tests {
         let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
         // SAFETY: dladdr writes `info`; the name it returns is the loader's, NUL-terminated.
         let by_dladdr = unsafe {
-            assert_ne!(libc::dladdr(libc::malloc as *const std::ffi::c_void, info.as_mut_ptr()), 0);
+            assert_ne!(libc::dladdr(malloc, info.as_mut_ptr()), 0);
             std::ffi::CStr::from_ptr(info.assume_init().dli_fname).to_owned()
         };
         assert_eq!(libc_path, by_dladdr);

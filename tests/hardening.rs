@@ -486,3 +486,128 @@ fn the_c_api_reports_a_devices_figures() {
     let out = modes_run(NoShim, &[], &args);
     assert_eq!(out.num("op3.api"), 0, "{}", out.dump());
 }
+
+/// How an ELF shared object's imports are bound: the symbols its relocations bind when it is
+/// loaded (`GLOB_DAT`, `64`), how many it binds on first call (`JUMP_SLOT`), whether it asks
+/// for immediate binding of those too, and the versions it needs (`.gnu.version_r`).
+struct Imports {
+    at_load: Vec<String>,
+    on_first_call: usize,
+    bind_now: bool,
+    versions: Vec<String>,
+}
+
+fn imports_of(path: &std::path::Path) -> Imports {
+    let f = std::fs::read(path).unwrap();
+    let u16_at = |o: usize| u16::from_le_bytes(f[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(f[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(f[o..o + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let section = |i: usize| {
+        let h = shoff + i * shentsize;
+        // type, offset, size, link
+        (u32_at(h + 4), u64_at(h + 0x18), u64_at(h + 0x20), u32_at(h + 0x28))
+    };
+    let c_str = |o: usize| {
+        let end = f[o..].iter().position(|&b| b == 0).unwrap();
+        String::from_utf8_lossy(&f[o..o + end]).into_owned()
+    };
+    // the dynamic symbol table's name of symbol `index` (24-byte entries, st_name first)
+    let dynsym = (0..shnum).map(section).find(|s| s.0 == 11).expect(".dynsym");
+    let symbol_name = |index: usize| c_str(section(dynsym.3).1 + u32_at(dynsym.1 + 24 * index));
+    let mut imports = Imports { at_load: Vec::new(), on_first_call: 0, bind_now: false, versions: Vec::new() };
+    for i in 0..shnum {
+        let (kind, off, size, link) = section(i);
+        match kind {
+            // SHT_RELA: r_offset, r_info (symbol << 32 | type), r_addend
+            4 => {
+                for r in (off..off + size).step_by(24) {
+                    let (symbol, kind) = (u64_at(r + 8) >> 32, u64_at(r + 8) & 0xffff_ffff);
+                    match kind {
+                        1 | 6 if symbol != 0 => imports.at_load.push(symbol_name(symbol)),
+                        7 => imports.on_first_call += 1,
+                        _ => {}
+                    }
+                }
+            }
+            // SHT_DYNAMIC: DT_BIND_NOW (24); DT_FLAGS (30) with DF_BIND_NOW (8); DT_FLAGS_1 with DF_1_NOW (1)
+            6 => {
+                for d in (off..off + size).step_by(16) {
+                    let (tag, value) = (u64_at(d), u64_at(d + 8));
+                    imports.bind_now |= tag == 24 || (tag == 30 && value & 8 != 0) || (tag == 0x6fff_fffb && value & 1 != 0);
+                }
+            }
+            // SHT_GNU_verneed: vn_cnt u16 +2, vn_aux u32 +8, vn_next u32 +12;
+            // vernaux: vna_name u32 +8, vna_next u32 +12
+            0x6fff_fffe => {
+                let strtab = section(link).1;
+                let mut need = off;
+                loop {
+                    let (count, mut aux) = (u16_at(need + 2), need + u32_at(need + 8));
+                    for _ in 0..count {
+                        imports.versions.push(c_str(strtab + u32_at(aux + 8)));
+                        aux += u32_at(aux + 12);
+                    }
+                    if u32_at(need + 12) == 0 {
+                        break;
+                    }
+                    need += u32_at(need + 12);
+                }
+            }
+            _ => {}
+        }
+    }
+    imports.at_load.sort();
+    imports
+}
+
+/// The library binds its C-library functions on their first call (src/imports.rs): what the
+/// loader still looks up in every program it is preloaded into is two symbols (a weak
+/// reference of the start files, and `environ`, data), and the newest version the library
+/// needs is glibc 2.34 (RHEL 9).
+#[test]
+fn the_library_binds_two_symbols_at_load_and_needs_glibc_2_34() {
+    let imports = imports_of(&shim_path());
+    assert_eq!(imports.at_load, ["__cxa_finalize", "environ"], "a C-library function the library calls is missing from src/imports.rs");
+    assert!(!imports.bind_now, "the library asks for immediate binding (build.rs: -z lazy)");
+    assert!(imports.on_first_call > 50, "{}", imports.on_first_call);
+    assert!(imports.versions.iter().any(|v| v == "GLIBC_2.34"), "{:?}", imports.versions);
+    let minor = |v: &String| v.strip_prefix("GLIBC_2.").and_then(|m| m.split('.').next()?.parse::<u32>().ok());
+    assert!(imports.versions.iter().all(|v| minor(v).is_some_and(|m| m <= 34)), "{:?}", imports.versions);
+}
+
+/// A program's own allocator (preloaded as jemalloc is, after the shim) serves the library's
+/// allocations too, as load-time binding would have made it, and every pointer the program's
+/// `free` sees is its own; the limit holds meanwhile (and does not without the shim).
+#[test]
+fn a_programs_own_allocator_serves_the_library() {
+    let own = work_dir().join("bin").join("libown_malloc.so");
+    std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+    let c = workspace_root().join("tests/c/own_malloc.c");
+    let built = std::process::Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&own).arg(&c).output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    // 1 ctx, 2 alloc 256M, 3 alloc 1G (over the limit with the shim)
+    let args = strs(&["ctx=primary", &alloc(256 * MIB), &alloc(GIB)]);
+    let run = |preload: String| {
+        let out = Run::program(Program::Modes)
+            .env("GPUSIM_DEVICES", "2")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+            .env("LD_PRELOAD", preload)
+            .args(&args)
+            .run();
+        out.assert_completed();
+        let line = out.stderr_text().lines().find(|l| l.starts_with("own_malloc:")).map(str::to_owned);
+        let line = line.unwrap_or_else(|| panic!("no report from the program's allocator\n{}", out.dump()));
+        let field = |k: &str| -> u64 {
+            let v = line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap();
+            v.parse().unwrap()
+        };
+        (out.num("op2.rc"), out.num("op3.rc"), field("shim_calls="), field("foreign="))
+    };
+    let (rc2, rc3, shim_calls, foreign) = run(format!("{}:{}", shim_path().display(), own.display()));
+    assert_eq!((rc2, rc3, foreign), (0, 2, 0), "with the shim");
+    assert!(shim_calls > 0, "the library's allocations did not reach the program's allocator");
+    let (rc2, rc3, shim_calls, foreign) = run(own.display().to_string());
+    assert_eq!((rc2, rc3, shim_calls, foreign), (0, 0, 0, 0), "without the shim");
+}
