@@ -650,9 +650,10 @@ impl Quota {
 
 /// What the live processes of this user promise on the device `uuid`, as (who, bytes): each
 /// shared quota of `dir` with live members there (its budget: the largest limit of a live
-/// member), and each live process of the registry with a limit there (its own limit). Files
-/// that cannot be read are left out.
-pub fn commitments_on(dir: &Path, uuid: &str) -> Vec<(String, u64)> {
+/// member), and each live process of the registry with a limit there (its own limit): the
+/// `registry` this process has open, else the one of `dir`. Files that cannot be read are left
+/// out.
+pub fn commitments_on(dir: &Path, uuid: &str, registry: Option<&Quota>) -> Vec<(String, u64)> {
     let live_limits = |q: &Quota| q.find(uuid).map_or_else(Vec::new, |d| q.live_limits(d));
     let mut out: Vec<(String, u64)> = names_in(dir)
         .into_iter()
@@ -662,8 +663,9 @@ pub fn commitments_on(dir: &Path, uuid: &str) -> Vec<(String, u64)> {
             Some((format!("shared quota {name}"), budget))
         })
         .collect();
-    if let Ok(registry) = Quota::open_registry(dir, false) {
-        for (pid, comm, limit) in live_limits(&registry) {
+    let opened = if registry.is_none() { Quota::open_registry(dir, false).ok() } else { None };
+    if let Some(registry) = registry.or(opened.as_ref()) {
+        for (pid, comm, limit) in live_limits(registry) {
             out.push((format!("pid {pid} ({comm})"), limit));
         }
     }

@@ -153,7 +153,7 @@ pub fn attach_device(s: &Settings, dev: CUdevice, uuid: Option<&str>, size: u64,
 /// One `warn` line when what the user's live quotas and limited processes promise on a device
 /// adds up to more than it has: some of them may then run out of memory below their limits.
 fn warn_oversubscribed(dir: &Path, dev: CUdevice, uuid: &str, size: u64) {
-    let promised = quota::commitments_on(dir, uuid);
+    let promised = quota::commitments_on(dir, uuid, REGISTRY.get().and_then(Option::as_ref));
     let sum = promised.iter().map(|p| p.1).fold(0u64, u64::saturating_add);
     if promised.len() > 1 && sum > size {
         let each: Vec<String> = promised.iter().map(|(who, b)| format!("{who}: {b}")).collect();
