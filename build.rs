@@ -13,22 +13,17 @@ include!("scripts/build/static_unwinder.rs");
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     // The C library's functions bound on their first call (src/imports.rs): lazy binding (the
-    // Rust toolchain asks for immediate binding; the later flag wins); the functions the Rust
-    // run-time refers to weakly, defined under other labels (a hidden definition of a weakly
-    // referred name would be made weak, with a warning from the assembler); and the start
-    // files' weak references to profiling and transactional-memory hooks this library never
-    // has, answered as absent when it is linked instead of looked up in every program.
-    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64")
+    // Rust toolchain asks for immediate binding; the later flag wins). GPUSHIM_BIND_NOW=1 at
+    // build time keeps immediate binding (full RELRO: the jump table read-only after loading,
+    // ~60,000 instructions more in every process the library is preloaded into).
+    println!("cargo:rerun-if-env-changed=GPUSHIM_BIND_NOW");
+    let bind_now = std::env::var("GPUSHIM_BIND_NOW").is_ok_and(|v| !v.is_empty() && v != "0");
+    if !bind_now
+        && std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64")
         && std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu")
     {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
-        for name in ["__cxa_thread_atexit_impl", "getrandom", "gettid", "statx"] {
-            println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}=gpushim_weak_{name}");
-        }
-        for name in ["__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable"] {
-            println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}=0");
-        }
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=scripts/build/static_unwinder.rs");

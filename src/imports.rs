@@ -13,8 +13,16 @@
 //! one jump to the function's procedure-linkage entry, `name@version` (`.symver`), which the
 //! library is linked to bind lazily (`build.rs`: `-z lazy`). The dynamic loader binds it on the
 //! first call, with the same scope, versions and interposition as at load time (a program that
-//! brings its own `malloc` still gets it), and later calls cost one jump more than an imported
-//! call. `LD_BIND_NOW` binds them all at load time again, as for any library.
+//! brings its own `malloc` still gets it); a later call takes two direct jumps where it took one
+//! indirect call. `LD_BIND_NOW` binds them all at load time again, as for any library, but the
+//! jump table stays writable (partial RELRO); `GPUSHIM_BIND_NOW=1` at build time links the
+//! library as before instead.
+//!
+//! The four functions the Rust run-time refers to weakly (`statx`, `getrandom`, `gettid`,
+//! `__cxa_thread_atexit_impl`) stay ordinary imports: a hidden definition of such a name is made
+//! weak by the assembler, and pointing the name at another label makes GNU ld bind the
+//! versioned reference to that label itself (a jump to itself). Works with GNU ld and lld; the
+//! tests check that every name below has its own lazily bound entry in the built library.
 //!
 //! The versions are those the linker records for the names on this platform (a test compares
 //! them with the C library's default versions); the library still needs each of them at load
@@ -22,21 +30,14 @@
 //! A function the library starts to call and that is missing here is imported as before (a
 //! test lists the imports that remain).
 
-/// Defines the hidden function `$name` (or `$label`, pointed at by `$name` in `build.rs`), a
+/// Defines the hidden function `$label` (the C library's `$name`, but for the tests' own), a
 /// jump to the procedure-linkage entry of the C library's `$name@$version`.
 macro_rules! bound_on_first_call {
-    ($($name:ident @ $version:literal $(as $label:ident)?),* $(,)?) => {
-        $(bound_on_first_call!(@one $name, $version, $($label)?);)*
-        /// The names bound on first call, with their versions and the labels of those the
-        /// Rust run-time refers to weakly (`build.rs` points the names at the labels).
+    ($($name:ident @ $version:literal),* $(,)?) => {
+        $(bound_on_first_call!(@asm $name, $name, $version);)*
+        /// The names bound on first call, with their versions.
         #[cfg(test)]
-        pub const BOUND: &[(&str, &str, &str)] = &[$((stringify!($name), $version, concat!("" $(, stringify!($label))?))),*];
-    };
-    (@one $name:ident, $version:literal, $label:ident) => {
-        bound_on_first_call!(@asm $label, $name, $version);
-    };
-    (@one $name:ident, $version:literal,) => {
-        bound_on_first_call!(@asm $name, $name, $version);
+        pub const BOUND: &[(&str, &str)] = &[$((stringify!($name), $version)),*];
     };
     (@asm $label:ident, $name:ident, $version:literal) => {
         std::arch::global_asm!(
@@ -55,7 +56,6 @@ macro_rules! bound_on_first_call {
 
 bound_on_first_call! {
     __cxa_atexit @ "GLIBC_2.2.5",
-    __cxa_thread_atexit_impl @ "GLIBC_2.18" as gpushim_weak___cxa_thread_atexit_impl,
     __errno_location @ "GLIBC_2.2.5",
     __pthread_key_create @ "GLIBC_2.34",
     __register_atfork @ "GLIBC_2.3.2",
@@ -82,8 +82,6 @@ bound_on_first_call! {
     getcwd @ "GLIBC_2.2.5",
     getenv @ "GLIBC_2.2.5",
     getpid @ "GLIBC_2.2.5",
-    getrandom @ "GLIBC_2.25" as gpushim_weak_getrandom,
-    gettid @ "GLIBC_2.30" as gpushim_weak_gettid,
     getuid @ "GLIBC_2.2.5",
     link @ "GLIBC_2.2.5",
     lseek64 @ "GLIBC_2.2.5",
@@ -126,7 +124,6 @@ bound_on_first_call! {
     sched_yield @ "GLIBC_2.2.5",
     setenv @ "GLIBC_2.2.5",
     stat64 @ "GLIBC_2.33",
-    statx @ "GLIBC_2.28" as gpushim_weak_statx,
     strlen @ "GLIBC_2.2.5",
     syscall @ "GLIBC_2.2.5",
     unlink @ "GLIBC_2.2.5",
@@ -134,6 +131,30 @@ bound_on_first_call! {
     write @ "GLIBC_2.2.5",
     writev @ "GLIBC_2.2.5",
 }
+
+// The start files' (crti, crtbegin) weak references to the profiler's and transactional
+// memory's hooks, which this library never has: answered when it is linked, by functions that
+// do nothing, instead of looked up, and found absent, in every program. (`.init` calls
+// `__gmon_start__` when it is not null; the clone-table functions are called only for a
+// non-empty clone table, which this library has not. An absolute 0 would do under one linker
+// and, rewritten by GNU ld into an address of the library, crash under the other.)
+std::arch::global_asm!(
+    ".globl __gmon_start__",
+    ".hidden __gmon_start__",
+    ".globl _ITM_registerTMCloneTable",
+    ".hidden _ITM_registerTMCloneTable",
+    ".globl _ITM_deregisterTMCloneTable",
+    ".hidden _ITM_deregisterTMCloneTable",
+    ".type gpushim_start_file_hook,@function",
+    ".p2align 4",
+    "gpushim_start_file_hook:",
+    "__gmon_start__:",
+    "_ITM_registerTMCloneTable:",
+    "_ITM_deregisterTMCloneTable:",
+    "endbr64",
+    "ret",
+    ".size gpushim_start_file_hook, .-gpushim_start_file_hook",
+);
 
 #[cfg(test)]
 mod tests {
@@ -151,7 +172,7 @@ mod tests {
     /// linker records: else a call would reach another ABI than the one compiled against.
     #[test]
     fn each_name_binds_to_the_c_librarys_default_version() {
-        for (name, version, _) in BOUND {
+        for (name, version) in BOUND {
             let cname = CString::new(*name).unwrap();
             let cversion = CString::new(*version).unwrap();
             // SAFETY: C strings.
