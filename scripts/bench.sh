@@ -252,10 +252,12 @@ load_cost() {
     printf '%-26s %12s %10s\n' "" instructions added
     printf '%-26s %12s %10s\n' "/bin/true" "$base" -
     printf '%-26s %12s %10s\n' "LD_PRELOAD=libgpushim.so" "$with" "$(printf '%+d' $((with - base)))"
-    echo "   libgpushim.so: $(stat -c %s "$shim") bytes on disk ($(readelf -d "$shim" | grep -c NEEDED) libraries needed," \
-        "$(nm -D --defined-only "$shim" | wc -l) exported symbols, $(readelf -r "$shim" | grep -c R_X86_64_RELATIVE) relative relocations,"
-    echo "   $(readelf -r "$shim" | grep -cE 'R_X86_64_(GLOB_DAT|64) ') symbols bound at load, $(readelf -r "$shim" | grep -c R_X86_64_JUMP_SLO)" \
-        "on first call$(readelf -d "$shim" | grep -qE 'BIND_NOW|FLAGS_1.*NOW' && echo ' (but the library asks for immediate binding)'))"
+    local dynamic relocs
+    dynamic=$(readelf -d "$shim") relocs=$(readelf -r "$shim")
+    echo "   libgpushim.so: $(stat -c %s "$shim") bytes on disk ($(grep -c NEEDED <<<"$dynamic") libraries needed," \
+        "$(nm -D --defined-only "$shim" | wc -l) exported symbols, $(grep -c R_X86_64_RELATIVE <<<"$relocs") relative relocations,"
+    echo "   $(grep -cE 'R_X86_64_(GLOB_DAT|64) ' <<<"$relocs") symbols bound at load, $(grep -c R_X86_64_JUMP_SLO <<<"$relocs")" \
+        "on first call$(grep -qE 'BIND_NOW|FLAGS_1.*NOW' <<<"$dynamic" && echo ' (but the library asks for immediate binding)'))"
 }
 
 startup() {

@@ -435,13 +435,14 @@ impl Shards {
         Shards { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect(), counts: [const { AtomicU64::new(0) }; KINDS] }
     }
 
-    /// Counts a change of `kind`'s entries: one more (`added`) and/or one fewer (`removed`).
-    fn count(&self, kind: Kind, added: bool, removed: bool) {
-        match (added, removed) {
-            (true, false) => drop(self.counts[kind as usize].fetch_add(1, Relaxed)),
-            (false, true) => drop(self.counts[kind as usize].fetch_sub(1, Relaxed)),
-            _ => {}
-        }
+    /// One entry of `kind` more (under its shard's lock).
+    fn one_more(&self, kind: Kind) {
+        self.counts[kind as usize].fetch_add(1, Relaxed);
+    }
+
+    /// One entry of `kind` fewer (under its shard's lock).
+    fn one_fewer(&self, kind: Kind) {
+        self.counts[kind as usize].fetch_sub(1, Relaxed);
     }
 
     fn shard(&self, kind: Kind, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Live, BuildHasherDefault<FastHasher>>> {
@@ -453,7 +454,9 @@ impl Shards {
     fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let mut shard = self.shard(kind, key);
         let replaced = shard.insert(key, live);
-        self.count(kind, replaced.is_none(), false);
+        if replaced.is_none() {
+            self.one_more(kind);
+        }
         replaced
     }
 
@@ -461,7 +464,9 @@ impl Shards {
         let mut shard = self.shard(kind, key);
         if shard.get(&key) == Some(expected) {
             let removed = shard.remove(&key);
-            self.count(kind, false, removed.is_some());
+            if removed.is_some() {
+            self.one_fewer(kind);
+        }
             return removed;
         }
         None
@@ -474,7 +479,9 @@ impl Shards {
     fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
         let mut shard = self.shard(kind, key);
         let removed = shard.remove(&key);
-        self.count(kind, false, removed.is_some());
+        if removed.is_some() {
+            self.one_fewer(kind);
+        }
         removed
     }
 
