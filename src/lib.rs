@@ -35,6 +35,7 @@ mod reserve;
 mod sharing;
 mod split;
 mod state;
+mod sys;
 mod teardown;
 mod units;
 #[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]

@@ -126,7 +126,7 @@ fn lock0(fd: libc::c_int, cmd: libc::c_int) -> bool {
     fl.l_start = 0;
     fl.l_len = 1;
     // SAFETY: `fd` is open; `fl` is a valid flock.
-    if unsafe { libc::fcntl(fd, cmd, &mut fl) } != 0 {
+    if unsafe { crate::sys::fcntl_lock(fd, cmd, &mut fl) } != 0 {
         return false;
     }
     cmd == libc::F_OFD_SETLK || fl.l_type == libc::F_UNLCK as _
@@ -152,7 +152,7 @@ impl Publisher {
         crate::quota::private_dir(dir)?;
         reap(dir);
         // SAFETY: getpid cannot fail.
-        let pid = unsafe { libc::getpid() } as u32;
+        let pid = crate::sys::getpid() as u32;
         // PID and a nonce: processes of other PID namespaces (containers sharing a state
         // directory, each with its PID 1) have the same PIDs, and must not replace or remove
         // each other's files.
@@ -164,37 +164,37 @@ impl Publisher {
         // kept for the life of the process.
         let lock_fd;
         let header = unsafe {
-            libc::unlink(ctmp.as_ptr());
-            let fd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+            crate::sys::unlink(ctmp.as_ptr());
+            let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
             if fd < 0 {
                 return Err(format!("cannot create {}: {}", tmp.display(), errno()));
             }
             let fail = |what: &str| {
                 let e = format!("{}: {what}: {}", tmp.display(), errno());
-                libc::close(fd);
-                libc::unlink(ctmp.as_ptr());
+                crate::sys::close(fd);
+                crate::sys::unlink(ctmp.as_ptr());
                 Err(e)
             };
-            if libc::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
+            if crate::sys::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
                 return fail("cannot size");
             }
             // The lock is taken through a description of its own, not the one mapped: a forked
             // child inherits the mapping (which keeps its description alive) but closes its copy
             // of the lock's descriptor, so the lock goes with the parent's death.
-            let lfd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW);
+            let lfd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0);
             if lfd < 0 {
                 return fail("cannot open");
             }
             if !lock0(lfd, libc::F_OFD_SETLK) {
-                libc::close(lfd);
+                crate::sys::close(lfd);
                 return fail("cannot lock");
             }
-            let m = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
             if m == libc::MAP_FAILED {
-                libc::close(lfd);
+                crate::sys::close(lfd);
                 return fail("cannot map");
             }
-            libc::close(fd);
+            crate::sys::close(fd);
             // (`lfd` stays open: it holds the liveness lock until the process ends)
             lock_fd = lfd;
             m.cast::<Header>()
@@ -222,13 +222,13 @@ impl Publisher {
         }
         h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
         // SAFETY: NUL-terminated paths.
-        if unsafe { libc::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
+        if unsafe { crate::sys::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
             let e = errno();
             // SAFETY: as above; our own descriptor and mapping, not handed out.
             unsafe {
-                libc::unlink(ctmp.as_ptr());
-                libc::close(lock_fd);
-                libc::munmap(header.cast(), FILE_BYTES);
+                crate::sys::unlink(ctmp.as_ptr());
+                crate::sys::close(lock_fd);
+                crate::sys::munmap(header.cast(), FILE_BYTES);
             }
             return Err(format!("cannot publish {}: {e}", path.display()));
         }
@@ -245,7 +245,7 @@ impl Publisher {
     /// Whether this process made the file (not a forked child of the one that did).
     pub fn is_mine(&self) -> bool {
         // SAFETY: getpid cannot fail.
-        unsafe { libc::getpid() as u32 == self.pid }
+        crate::sys::getpid() as u32 == self.pid
     }
 
     /// In a forked child: lets go of the inherited descriptor, so that the lock (held by the
@@ -253,7 +253,7 @@ impl Publisher {
     /// lives. Only `close`: safe in a fork handler.
     pub fn forget_in_child(&self) {
         // SAFETY: closing the child's copy of our own descriptor.
-        unsafe { libc::close(self.fd) };
+        unsafe { crate::sys::close(self.fd) };
     }
 
     /// Removes the file (at exit), unless this is a forked child (the file is its parent's) or
@@ -267,8 +267,8 @@ impl Publisher {
             // descriptor of the file.
             unsafe {
                 let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-                if libc::fstat(self.fd, &mut a) == 0 && libc::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
-                    libc::unlink(c.as_ptr());
+                if crate::sys::fstat(self.fd, &mut a) == 0 && crate::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                    crate::sys::unlink(c.as_ptr());
                 }
             }
         }
@@ -291,33 +291,35 @@ fn now_secs() -> u64 {
 
 /// Removes the files of `dir` whose process died (their lock is free).
 fn reap(dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
+    let Ok(cdir) = cpath(dir) else { return };
+    let mut names = Vec::new();
+    let _ = crate::sys::each_name(&cdir, |n| {
         // (a temporary whose process died between creating and publishing it is unlocked too)
-        if !name.starts_with(PREFIX) && !name.starts_with(&format!(".{PREFIX}tmp-")) {
-            continue;
+        if n.starts_with(PREFIX.as_bytes()) || (n.starts_with(b".") && n[1..].starts_with(PREFIX.as_bytes()) && n[1 + PREFIX.len()..].starts_with(b"tmp-")) {
+            names.push(std::ffi::OsStr::from_bytes(n).to_os_string());
         }
-        let path = dir.join(name);
+    });
+    for name in names {
+        let path = dir.join(&name);
         let Ok(c) = cpath(&path) else { continue };
+        let name = name.as_bytes();
         // SAFETY: NUL-terminated path; our own fd, closed below; `a`, `b` written by fstat/lstat.
         unsafe {
-            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+            let fd = crate::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
             if fd < 0 {
                 continue;
             }
             if lock0(fd, libc::F_OFD_GETLK) {
                 // dead: remove it if the name still is this file (not a new process' of the same pid)
                 let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-                if libc::fstat(fd, &mut a) == 0 && libc::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                if crate::sys::fstat(fd, &mut a) == 0 && crate::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
                     // (a temporary is unlocked for a moment after it is created: only old ones)
-                    if name.starts_with(PREFIX) || now_secs().saturating_sub(a.st_mtime as u64) > 60 {
-                        libc::unlink(c.as_ptr());
+                    if name.starts_with(PREFIX.as_bytes()) || now_secs().saturating_sub(a.st_mtime as u64) > 60 {
+                        crate::sys::unlink(c.as_ptr());
                     }
                 }
             }
-            libc::close(fd);
+            crate::sys::close(fd);
         }
     }
 }
@@ -361,10 +363,10 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Process>, String> {
     // SAFETY: getuid cannot fail; `st` is written by lstat.
     let (me, st) = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
-        if libc::lstat(c.as_ptr(), &mut st) != 0 {
+        if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
             return Err(format!("{}: {}", dir.display(), errno()));
         }
-        (libc::getuid(), st)
+        (crate::sys::getuid(), st)
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_mode & 0o077 != 0 || (me != 0 && st.st_uid != me) {
         return Err(format!("{} is not a private directory of this user (mode {:o}, uid {})", dir.display(), st.st_mode & 0o7777, st.st_uid));
@@ -391,16 +393,16 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
     // SAFETY: NUL-terminated path; our own fd, closed before returning; `st` by fstat;
     // `buf` is a zeroed Header (all atomics: any bytes are a valid value), filled by pread.
     unsafe {
-        let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let fd = crate::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
         if fd < 0 {
             return None;
         }
         let mut st: libc::stat = std::mem::zeroed();
-        let ok = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == owner && st.st_mode & 0o077 == 0 && st.st_size as usize >= FILE_BYTES;
+        let ok = crate::sys::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == owner && st.st_mode & 0o077 == 0 && st.st_size as usize >= FILE_BYTES;
         let mut buf: Box<std::mem::MaybeUninit<Header>> = Box::new(std::mem::MaybeUninit::zeroed());
-        let n = if ok { libc::pread(fd, buf.as_mut_ptr().cast(), FILE_BYTES, 0) } else { -1 };
+        let n = if ok { crate::sys::pread(fd, buf.as_mut_ptr().cast(), FILE_BYTES, 0) } else { -1 };
         let alive = ok && !lock0(fd, libc::F_OFD_GETLK);
-        libc::close(fd);
+        crate::sys::close(fd);
         if n != FILE_BYTES as isize {
             return None;
         }
@@ -448,7 +450,7 @@ pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
     let mine = crate::quota::state_dir(configured);
     let mut out = vec![mine.clone()];
     // SAFETY: getuid cannot fail.
-    if configured.is_some() || unsafe { libc::getuid() } != 0 {
+    if configured.is_some() || crate::sys::getuid() != 0 {
         return out;
     }
     let mut more = Vec::new();

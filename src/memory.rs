@@ -926,7 +926,7 @@ impl<T: ZeroValid> Zeroed<T> {
         }
         // SAFETY: a fresh private anonymous mapping (page-aligned, zero-filled); checked below.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            crate::sys::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         };
         if p == libc::MAP_FAILED {
             return none;
@@ -952,7 +952,7 @@ impl<T: ZeroValid> Drop for Zeroed<T> {
     fn drop(&mut self) {
         if self.len != 0 {
             // SAFETY: the mapping made in `new`, of this size, no longer referenced.
-            unsafe { libc::munmap(self.ptr.cast(), self.len * std::mem::size_of::<T>()) };
+            unsafe { crate::sys::munmap(self.ptr.cast(), self.len * std::mem::size_of::<T>()) };
         }
     }
 }

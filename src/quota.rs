@@ -205,7 +205,7 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
         return Path::new(&d).join("gpushim");
     }
     // SAFETY: getuid cannot fail.
-    PathBuf::from(format!("/tmp/gpushim-{}", unsafe { libc::getuid() }))
+    PathBuf::from(format!("/tmp/gpushim-{}", crate::sys::getuid()))
 }
 
 fn cpath(p: &Path) -> Result<CString, String> {
@@ -216,7 +216,7 @@ fn cpath(p: &Path) -> Result<CString, String> {
 /// the given type with no permission for group or others.
 fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> {
     // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::getuid();
     let kind = st.st_mode & libc::S_IFMT;
     let want = if dir { libc::S_IFDIR } else { libc::S_IFREG };
     if kind != want {
@@ -233,20 +233,33 @@ fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> 
 
 /// Creates `dir` (mode 0700) if needed and checks it is private; an error says how to use
 /// another directory.
+///
+/// The first directory found private is remembered, and not checked again when the process
+/// publishes its figures and joins the registry in the same directory moments apart (only this
+/// user, or root, can change a private directory).
 pub fn private_dir(dir: &Path) -> Result<(), String> {
-    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))
+    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if CHECKED.get().is_some_and(|d| d == dir) {
+        return Ok(());
+    }
+    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))?;
+    let _ = CHECKED.set(dir.to_path_buf());
+    Ok(())
 }
 
 fn private_dir_checked(dir: &Path) -> Result<(), String> {
     let c = cpath(dir)?;
     // SAFETY: `c` is NUL-terminated; `st` is written by lstat.
     unsafe {
-        if libc::mkdir(c.as_ptr(), 0o700) != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
-            return Err(format!("cannot create {}: {}", dir.display(), errno()));
-        }
         let mut st: libc::stat = std::mem::zeroed();
-        if libc::lstat(c.as_ptr(), &mut st) != 0 {
-            return Err(format!("{}: {}", dir.display(), errno()));
+        // (looked at first: it exists but the first time)
+        if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
+            if crate::sys::mkdir(c.as_ptr(), 0o700) != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
+                return Err(format!("cannot create {}: {}", dir.display(), errno()));
+            }
+            if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
+                return Err(format!("{}: {}", dir.display(), errno()));
+            }
         }
         check_private(&st, dir, true)
     }
@@ -259,11 +272,14 @@ pub fn file_of(dir: &Path, name: &str) -> PathBuf {
 
 /// The quota names that have a file in `dir`.
 pub fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("quota-").map(str::to_string)).collect()
-        })
-        .unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    if let Ok(c) = cpath(dir) {
+        let _ = crate::sys::each_name(&c, |n| {
+            if let Some(name) = std::str::from_utf8(n).ok().and_then(|n| n.strip_prefix("quota-")) {
+                names.push(name.to_string());
+            }
+        });
+    }
     names.sort();
     names
 }
@@ -278,7 +294,7 @@ fn slot_lock(fd: libc::c_int, i: usize, cmd: libc::c_int) -> Result<bool, std::i
     fl.l_start = LOCK_BASE + i as i64;
     fl.l_len = 1;
     // SAFETY: `fd` is open; `fl` is a valid flock.
-    let rc = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+    let rc = unsafe { crate::sys::fcntl_lock(fd, cmd, &mut fl) };
     if rc != 0 {
         let e = errno();
         return match e.raw_os_error() {
@@ -361,7 +377,7 @@ impl Quota {
             }
             Err(_) => {
                 // SAFETY: our own fd, just opened.
-                unsafe { libc::close(fd) };
+                unsafe { crate::sys::close(fd) };
                 None
             }
         }
@@ -375,13 +391,13 @@ impl Quota {
         // reference made from it.
         unsafe {
             let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(self.fd, &mut st) != 0 {
+            if crate::sys::fstat(self.fd, &mut st) != 0 {
                 return Err(format!("{p}: {}", errno()));
             }
             check_private(&st, &self.path, false)?;
             let size = st.st_size.max(0) as usize;
             let mut prefix = [0u8; PREFIX_BYTES];
-            let n = libc::pread(self.fd, prefix.as_mut_ptr().cast(), PREFIX_BYTES, 0);
+            let n = crate::sys::pread(self.fd, prefix.as_mut_ptr().cast(), PREFIX_BYTES, 0);
             let word = |at: usize, len: usize| prefix[at..at + len].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
             if n < 8 || word(0, 8) != MAGIC {
                 return Err(format!("{p} is not a gpushim quota file ({size} bytes, no gpushim header): {way_out}"));
@@ -396,7 +412,7 @@ impl Quota {
             if size < FILE_BYTES {
                 return Err(format!("{p} is truncated ({size} of {FILE_BYTES} bytes): {way_out}"));
             }
-            let m = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
+            let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
             if m == libc::MAP_FAILED {
                 return Err(format!("cannot map {p}: {}", errno()));
             }
@@ -418,7 +434,7 @@ impl Quota {
     /// that processes starting together rarely try the same slots.
     fn claim_slot(&self, fd: libc::c_int) -> Result<usize, String> {
         // SAFETY: getpid cannot fail.
-        let pid = unsafe { libc::getpid() } as u32;
+        let pid = crate::sys::getpid() as u32;
         for j in 0..SLOTS {
             let i = (pid as usize + j) % SLOTS;
             if !slot_lock(fd, i, libc::F_OFD_SETLK).map_err(|e| format!("{}: cannot lock: {e}", self.path.display()))? {
@@ -601,13 +617,12 @@ impl Quota {
     /// anything. Looks at registered places only (a start-up path: no full scan of the file).
     pub fn live_limits(&self, d: usize) -> Vec<(u32, String, u64)> {
         let h = self.h();
-        (0..SLOTS)
-            .filter_map(|i| {
-                let s = &h.slot[i];
-                if s.used.load(Relaxed) == 0 {
-                    return None;
-                }
-                let limit = s.limit[d].load(Relaxed);
+        h.slot
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.used.load(Relaxed) != 0)
+            .filter_map(|(i, s)| {
+                let limit = s.limit.get(d)?.load(Relaxed);
                 let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 (limit > 0 && alive).then(|| (s.pid.load(Relaxed), comm_of(s), limit))
             })
@@ -678,9 +693,9 @@ impl Drop for Quota {
         // outlives `self`.
         unsafe {
             if !self.header.is_null() {
-                libc::munmap(self.header.cast(), FILE_BYTES);
+                crate::sys::munmap(self.header.cast(), FILE_BYTES);
             }
-            libc::close(self.fd);
+            crate::sys::close(self.fd);
         }
     }
 }
@@ -723,7 +738,7 @@ pub fn comm() -> [u8; 16] {
     let mut out = [0u8; 16];
     let mut buf = [0 as libc::c_char; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes including the NUL into `buf`.
-    if unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr()) } == 0 {
+    if unsafe { crate::sys::get_name(buf.as_mut_ptr()) } == 0 {
         // SAFETY: `buf` is NUL-terminated (17 bytes, zeroed, at most 16 written).
         let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes();
         let n = name.len().min(15);
@@ -735,7 +750,7 @@ pub fn comm() -> [u8; 16] {
 fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `c` is NUL-terminated.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW) };
+    let fd = unsafe { crate::sys::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0) };
     if fd < 0 {
         Err(errno())
     } else {
@@ -747,7 +762,7 @@ fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
 /// process linked first, opens theirs.
 fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
     // SAFETY: getpid cannot fail.
-    let pid = unsafe { libc::getpid() };
+    let pid = crate::sys::getpid();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
     let ctmp = cpath(&tmp)?;
@@ -756,20 +771,20 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
     // before it is mapped; the mutex is initialised in the mapping before anyone else can
     // open the file (it has no public name yet).
     unsafe {
-        let fd = libc::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+        let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
         if fd < 0 {
             return Err(format!("cannot create {}: {}", tmp.display(), errno()));
         }
         let fail = |what: &str| {
             let e = format!("{what} {}: {}", tmp.display(), errno());
-            libc::close(fd);
-            libc::unlink(ctmp.as_ptr());
+            crate::sys::close(fd);
+            crate::sys::unlink(ctmp.as_ptr());
             e
         };
-        if libc::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
+        if crate::sys::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
             return Err(fail("cannot size"));
         }
-        let p = libc::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        let p = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         if p == libc::MAP_FAILED {
             return Err(fail("cannot map"));
         }
@@ -784,17 +799,17 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
         (*h).slots.store(SLOTS as u32, Relaxed);
         (*h).layout.store(LAYOUT, Relaxed);
         (*h).magic.store(MAGIC, Release);
-        libc::munmap(p, FILE_BYTES);
+        crate::sys::munmap(p, FILE_BYTES);
         if rc != 0 {
             return Err(fail("cannot initialise the lock of"));
         }
-        let linked = libc::link(ctmp.as_ptr(), cpath_final.as_ptr());
+        let linked = crate::sys::link(ctmp.as_ptr(), cpath_final.as_ptr());
         let link_error = errno();
-        libc::unlink(ctmp.as_ptr());
+        crate::sys::unlink(ctmp.as_ptr());
         if linked == 0 {
             return Ok(fd);
         }
-        libc::close(fd);
+        crate::sys::close(fd);
         if link_error.raw_os_error() != Some(libc::EEXIST) {
             return Err(format!("cannot create {}: {link_error}", path.display()));
         }

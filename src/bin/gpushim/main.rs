@@ -21,6 +21,10 @@ mod quota;
 #[path = "../../live.rs"]
 mod live;
 
+#[allow(dead_code)]
+#[path = "../../sys.rs"]
+mod sys;
+
 mod check;
 mod figures;
 mod help;

@@ -1,0 +1,270 @@
+//! The kernel calls of the shim's own bookkeeping: the state directory's files (live figures,
+//! quotas, the registry), the anonymous mappings of its tables, the process' ids and name.
+//!
+//! They go to the kernel through the C library's `syscall(2)`, not through one wrapper each:
+//! every C-library function the library calls is bound on its first call (`imports`), about
+//! 750 instructions each, and the ~20 wrappers below would add ~15,000 to a CUDA program's
+//! start-up, where `syscall` is bound once (the Rust run-time's locks use it anyway). Each
+//! function keeps its wrapper's contract: the same system call as the C library makes on this
+//! platform, the same result, `-1` and `errno` on failure. What changes: a program that
+//! interposes `open`, `mmap` and the like (a tracer, an I/O profiler) does not see the shim's
+//! own files and mappings, as it does not see the C library's internal ones. Memory (malloc),
+//! `dlopen`, locks and the clock still go through the C library.
+//!
+//! Other platforms call the C library's wrappers.
+
+use std::ffi::{c_char, c_int, c_void};
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod imp {
+    use super::*;
+    use libc::{c_long, syscall, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
+
+    // SAFETY (all): each passes its caller's arguments, as the C wrapper would, to the system
+    // call the wrapper makes; the callers' contracts (valid paths and buffers) are the wrappers'.
+    pub unsafe fn open(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+        unsafe { syscall(libc::SYS_openat, AT_FDCWD as c_long, path, (flags | libc::O_LARGEFILE) as c_long, mode as c_long) as c_int }
+    }
+    pub unsafe fn close(fd: c_int) -> c_int {
+        unsafe { syscall(libc::SYS_close, fd as c_long) as c_int }
+    }
+    pub unsafe fn unlink(path: *const c_char) -> c_int {
+        unsafe { syscall(libc::SYS_unlink, path) as c_int }
+    }
+    pub unsafe fn mkdir(path: *const c_char, mode: libc::mode_t) -> c_int {
+        unsafe { syscall(libc::SYS_mkdir, path, mode as c_long) as c_int }
+    }
+    pub unsafe fn rename(from: *const c_char, to: *const c_char) -> c_int {
+        unsafe { syscall(libc::SYS_rename, from, to) as c_int }
+    }
+    pub unsafe fn link(from: *const c_char, to: *const c_char) -> c_int {
+        unsafe { syscall(libc::SYS_link, from, to) as c_int }
+    }
+    /// (x86-64's `struct stat` is the kernel's)
+    pub unsafe fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
+        unsafe { syscall(libc::SYS_newfstatat, AT_FDCWD as c_long, path, st, AT_SYMLINK_NOFOLLOW as c_long) as c_int }
+    }
+    pub unsafe fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
+        unsafe { syscall(libc::SYS_fstat, fd as c_long, st) as c_int }
+    }
+    pub unsafe fn pread(fd: c_int, buf: *mut c_void, n: usize, at: libc::off_t) -> isize {
+        unsafe { syscall(libc::SYS_pread64, fd as c_long, buf, n, at) as isize }
+    }
+    pub unsafe fn ftruncate(fd: c_int, len: libc::off_t) -> c_int {
+        unsafe { syscall(libc::SYS_ftruncate, fd as c_long, len) as c_int }
+    }
+    /// (`MAP_FAILED` on failure: `syscall` answers -1)
+    pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, at: libc::off_t) -> *mut c_void {
+        unsafe { syscall(libc::SYS_mmap, addr, len, prot as c_long, flags as c_long, fd as c_long, at) as *mut c_void }
+    }
+    pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
+        unsafe { syscall(libc::SYS_munmap, addr, len) as c_int }
+    }
+    /// `fcntl` with a `struct flock` (the lock commands).
+    pub unsafe fn fcntl_lock(fd: c_int, cmd: c_int, lock: *mut libc::flock) -> c_int {
+        unsafe { syscall(libc::SYS_fcntl, fd as c_long, cmd as c_long, lock) as c_int }
+    }
+    pub unsafe fn getdents64(fd: c_int, buf: *mut u8, n: usize) -> isize {
+        unsafe { syscall(libc::SYS_getdents64, fd as c_long, buf, n) as isize }
+    }
+    pub fn getuid() -> libc::uid_t {
+        // SAFETY: no arguments; cannot fail.
+        unsafe { syscall(libc::SYS_getuid) as libc::uid_t }
+    }
+    pub fn getpid() -> libc::pid_t {
+        // SAFETY: no arguments; cannot fail.
+        unsafe { syscall(libc::SYS_getpid) as libc::pid_t }
+    }
+    /// `prctl(PR_GET_NAME, buf)`: `buf` holds 16 bytes.
+    pub unsafe fn get_name(buf: *mut c_char) -> c_int {
+        unsafe { syscall(libc::SYS_prctl, libc::PR_GET_NAME as c_long, buf) as c_int }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+mod imp {
+    use super::*;
+    // SAFETY (all): the C library's wrappers, with their callers' contracts.
+    pub unsafe fn open(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+        unsafe { libc::open(path, flags, mode) }
+    }
+    pub use libc::{close, fstat, ftruncate, link, lstat, mkdir, mmap, munmap, pread, rename, unlink};
+    pub unsafe fn fcntl_lock(fd: c_int, cmd: c_int, lock: *mut libc::flock) -> c_int {
+        unsafe { libc::fcntl(fd, cmd, lock) }
+    }
+    pub unsafe fn getdents64(fd: c_int, buf: *mut u8, n: usize) -> isize {
+        unsafe { libc::syscall(libc::SYS_getdents64, fd as libc::c_long, buf, n) as isize }
+    }
+    pub fn getuid() -> libc::uid_t {
+        // SAFETY: cannot fail.
+        unsafe { libc::getuid() }
+    }
+    pub fn getpid() -> libc::pid_t {
+        // SAFETY: cannot fail.
+        unsafe { libc::getpid() }
+    }
+    pub unsafe fn get_name(buf: *mut c_char) -> c_int {
+        unsafe { libc::prctl(libc::PR_GET_NAME, buf) }
+    }
+}
+
+pub use imp::*;
+
+/// Calls `each` with the name of every entry of the directory `dir` but `.` and `..`, in the
+/// order the kernel lists them; an error if it cannot be opened or read (the names read until
+/// then have been passed).
+pub fn each_name(dir: &std::ffi::CStr, mut each: impl FnMut(&[u8])) -> std::io::Result<()> {
+    // SAFETY: a NUL-terminated path; the descriptor is ours, closed below.
+    let fd = unsafe { open(dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NONBLOCK, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // 8-byte aligned for the records' 64-bit fields; not zeroed: only what the kernel wrote is read
+    let mut buf = std::mem::MaybeUninit::<[u64; 1024]>::uninit();
+    let size = std::mem::size_of_val(&buf);
+    let result = loop {
+        // SAFETY: `buf` is writable for its whole size.
+        let n = unsafe { getdents64(fd, buf.as_mut_ptr().cast(), size) };
+        if n < 0 {
+            break Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            break Ok(());
+        }
+        // SAFETY: the kernel wrote `n` bytes of records into `buf`.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), (n as usize).min(size)) };
+        for name in records(bytes) {
+            if name != b"." && name != b".." {
+                each(name);
+            }
+        }
+    };
+    // SAFETY: our own descriptor.
+    unsafe { close(fd) };
+    result
+}
+
+/// The names of the `linux_dirent64` records in `bytes` (ino: 8, off: 8, reclen: 2, type: 1,
+/// name NUL-terminated); stops at a record that does not fit.
+fn records(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        let head = bytes.get(at..at + 19)?;
+        let len = u16::from_ne_bytes([head[16], head[17]]) as usize;
+        let record = bytes.get(at..at.checked_add(len)?).filter(|_| len > 19)?;
+        at += len;
+        let name = &record[19..];
+        Some(&name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+
+    fn c(p: &std::path::Path) -> CString {
+        CString::new(p.as_os_str().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn each_call_answers_as_the_c_library_does() {
+        let d = std::env::temp_dir().join(format!("gpushim-sys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (cd, f, g) = (c(&d), c(&d.join("f")), c(&d.join("g")));
+        // SAFETY: NUL-terminated paths, our own descriptors and buffers.
+        unsafe {
+            assert_eq!(mkdir(cd.as_ptr(), 0o700), 0);
+            assert_eq!(mkdir(cd.as_ptr(), 0o700), -1);
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+            let fd = open(f.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600);
+            assert!(fd >= 0);
+            assert_eq!(ftruncate(fd, 8192), 0);
+            let (mut a, mut b, mut l): (libc::stat, libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed());
+            assert_eq!(fstat(fd, &mut a), 0);
+            assert_eq!(libc::fstat(fd, &mut b), 0, "the C library's own");
+            assert_eq!((a.st_ino, a.st_dev, a.st_size, a.st_mode, a.st_uid), (b.st_ino, b.st_dev, 8192, libc::S_IFREG | 0o600, getuid()));
+            assert_eq!(lstat(f.as_ptr(), &mut l), 0);
+            assert_eq!((l.st_ino, l.st_size), (a.st_ino, 8192));
+            let m = mmap(std::ptr::null_mut(), 8192, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            assert_ne!(m, libc::MAP_FAILED);
+            m.cast::<u8>().add(100).write(42);
+            let mut byte = 0u8;
+            assert_eq!(pread(fd, (&mut byte as *mut u8).cast(), 1, 100), 1);
+            assert_eq!(byte, 42);
+            assert_eq!(munmap(m, 8192), 0);
+            let bad = mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_SHARED, -1, 0);
+            assert_eq!((bad, std::io::Error::last_os_error().raw_os_error()), (libc::MAP_FAILED, Some(libc::EBADF)));
+            // an OFD lock, seen from a second description
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as _;
+            fl.l_len = 1;
+            assert_eq!(fcntl_lock(fd, libc::F_OFD_SETLK, &mut fl), 0);
+            let other = open(f.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0);
+            let mut probe: libc::flock = std::mem::zeroed();
+            probe.l_type = libc::F_WRLCK as _;
+            probe.l_len = 1;
+            assert_eq!(fcntl_lock(other, libc::F_OFD_GETLK, &mut probe), 0);
+            assert_eq!(probe.l_type, libc::F_WRLCK as _, "held by the first description");
+            assert_eq!(close(other), 0);
+            assert_eq!(link(f.as_ptr(), g.as_ptr()), 0);
+            assert_eq!(link(f.as_ptr(), g.as_ptr()), -1);
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+            assert_eq!(unlink(g.as_ptr()), 0);
+            assert_eq!(rename(f.as_ptr(), g.as_ptr()), 0);
+            assert_eq!(close(fd), 0);
+            assert_eq!(close(fd), -1);
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EBADF));
+            assert_eq!(open(f.as_ptr(), libc::O_RDONLY, 0), -1);
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOENT));
+        }
+        assert_eq!((getpid() as u32, getuid()), (std::process::id(), unsafe { libc::getuid() }));
+        let mut name = [0 as c_char; 17];
+        let mut theirs = [0 as c_char; 17];
+        // SAFETY: 17-byte buffers.
+        assert_eq!(unsafe { (get_name(name.as_mut_ptr()), libc::prctl(libc::PR_GET_NAME, theirs.as_mut_ptr())) }, (0, 0));
+        assert_eq!(name, theirs);
+        // SAFETY: as above.
+        unsafe { libc::unlink(c(&d.join("g")).as_ptr()) };
+
+        // a directory of many entries (several reads), names of every length and odd bytes
+        let mut want: Vec<Vec<u8>> = (0..700).map(|i| format!("{i:0width$}", width = 1 + i % 200).into_bytes()).collect();
+        want.push("é\u{1F600}".as_bytes().to_vec());
+        want.push(vec![b'x', 0xff, 0xfe]);
+        for n in &want {
+            std::fs::write(d.join(std::ffi::OsStr::from_bytes(n)), b"").unwrap();
+        }
+        let mut got = Vec::new();
+        each_name(&cd, |n| got.push(n.to_vec())).unwrap();
+        let mut std_names: Vec<Vec<u8>> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().as_bytes().to_vec()).collect();
+        got.sort();
+        want.sort();
+        std_names.sort();
+        assert_eq!(got, want);
+        assert_eq!(got, std_names);
+        std::fs::remove_dir_all(&d).unwrap();
+        let e = each_name(&cd, |_| panic!("no entries")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn records_that_do_not_fit_end_the_listing() {
+        let mut rec = vec![0u8; 24];
+        rec[16..18].copy_from_slice(&24u16.to_ne_bytes());
+        rec[19..22].copy_from_slice(b"abc");
+        assert_eq!(records(&rec).collect::<Vec<_>>(), vec![&b"abc"[..]]);
+        let mut two = rec.clone();
+        two.extend_from_slice(&rec[..20]); // a second record cut short
+        assert_eq!(records(&two).count(), 1);
+        for bad in [0u16, 5, 19, 1000] {
+            let mut r = rec.clone();
+            r[16..18].copy_from_slice(&bad.to_ne_bytes());
+            assert_eq!(records(&r).count(), 0, "reclen {bad}");
+        }
+        // a name without its NUL ends at the record's end
+        let mut full = vec![b'n'; 24];
+        full[16..18].copy_from_slice(&24u16.to_ne_bytes());
+        assert_eq!(records(&full).collect::<Vec<_>>(), vec![&b"nnnnn"[..]]);
+    }
+}
