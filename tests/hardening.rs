@@ -587,7 +587,7 @@ fn the_library_binds_six_symbols_at_load_and_needs_glibc_2_34() {
         "a C-library function the library calls is missing from src/imports.rs"
     );
     let table = names_bound_on_first_call();
-    assert!(table.len() > 70, "{table:?}");
+    assert!(table.len() > 40, "the table read from src/imports.rs: {table:?}");
     for name in &table {
         assert!(imports.on_first_call.contains(name), "{name} has no lazily bound entry of its own: {:?}", imports.on_first_call);
     }
