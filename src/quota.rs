@@ -233,18 +233,9 @@ fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> 
 
 /// Creates `dir` (mode 0700) if needed and checks it is private; an error says how to use
 /// another directory.
-///
-/// The first directory found private is remembered, and not checked again when the process
-/// publishes its figures and joins the registry in the same directory moments apart (only this
-/// user, or root, can change a private directory).
+/// Checked on every call: the directory may have been removed or replaced since.
 pub fn private_dir(dir: &Path) -> Result<(), String> {
-    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    if CHECKED.get().is_some_and(|d| d == dir) {
-        return Ok(());
-    }
-    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))?;
-    let _ = CHECKED.set(dir.to_path_buf());
-    Ok(())
+    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))
 }
 
 fn private_dir_checked(dir: &Path) -> Result<(), String> {

@@ -5,20 +5,23 @@
 //! every C-library function the library calls is bound on its first call (`imports`), about
 //! 750 instructions each, and the ~20 wrappers below would add ~15,000 to a CUDA program's
 //! start-up, where `syscall` is bound once (the Rust run-time's locks use it anyway). Each
-//! function keeps its wrapper's contract: the same system call as the C library makes on this
-//! platform, the same result, `-1` and `errno` on failure. What changes: a program that
-//! interposes `open`, `mmap` and the like (a tracer, an I/O profiler) does not see the shim's
-//! own files and mappings, as it does not see the C library's internal ones. Memory (malloc),
-//! `dlopen`, locks and the clock still go through the C library.
+//! function keeps its wrapper's contract: the same system call as glibc (2.33 and later) makes
+//! on this platform, so a seccomp policy sees what it saw, the same result, `-1` and `errno` on
+//! failure. What changes: a program that interposes `open`, `mmap`, `getuid` and the like (a
+//! tracer, an I/O profiler, a uid-faking tool such as fakeroot, a checkpointer that tracks
+//! descriptors and locks through the wrappers) does not see the shim's own files, mappings and
+//! ids, as it does not see the C library's internal ones. Memory (malloc), `dlopen`, locks and
+//! the clock still go through the C library.
 //!
-//! Other platforms call the C library's wrappers.
+//! Other platforms (and x32) call the C library's wrappers.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int};
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(all(target_os = "linux", target_arch = "x86_64", target_pointer_width = "64"))]
 mod imp {
     use super::*;
     use libc::{c_long, syscall, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
+    use std::ffi::c_void;
 
     // SAFETY (all): each passes its caller's arguments, as the C wrapper would, to the system
     // call the wrapper makes; the callers' contracts (valid paths and buffers) are the wrappers'.
@@ -44,8 +47,9 @@ mod imp {
     pub unsafe fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
         unsafe { syscall(libc::SYS_newfstatat, AT_FDCWD as c_long, path, st, AT_SYMLINK_NOFOLLOW as c_long) as c_int }
     }
+    /// (as glibc 2.33 and later make it: `newfstatat(fd, "", st, AT_EMPTY_PATH)`)
     pub unsafe fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
-        unsafe { syscall(libc::SYS_fstat, fd as c_long, st) as c_int }
+        unsafe { syscall(libc::SYS_newfstatat, fd as c_long, c"".as_ptr(), st, libc::AT_EMPTY_PATH as c_long) as c_int }
     }
     pub unsafe fn pread(fd: c_int, buf: *mut c_void, n: usize, at: libc::off_t) -> isize {
         unsafe { syscall(libc::SYS_pread64, fd as c_long, buf, n, at) as isize }
@@ -81,7 +85,7 @@ mod imp {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64", target_pointer_width = "64")))]
 mod imp {
     use super::*;
     // SAFETY (all): the C library's wrappers, with their callers' contracts.
@@ -119,8 +123,9 @@ pub fn each_name(dir: &std::ffi::CStr, mut each: impl FnMut(&[u8])) -> std::io::
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // 8-byte aligned for the records' 64-bit fields; not zeroed: only what the kernel wrote is read
-    let mut buf = std::mem::MaybeUninit::<[u64; 1024]>::uninit();
+    // 8-byte aligned for the records' 64-bit fields; not zeroed: only what the kernel wrote is
+    // read; 2 KiB (any thread's stack may be small), a few reads for a large directory
+    let mut buf = std::mem::MaybeUninit::<[u64; 256]>::uninit();
     let size = std::mem::size_of_val(&buf);
     let result = loop {
         // SAFETY: `buf` is writable for its whole size.
@@ -231,6 +236,7 @@ mod tests {
         // a directory of many entries (several reads), names of every length and odd bytes
         let mut want: Vec<Vec<u8>> = (0..700).map(|i| format!("{i:0width$}", width = 1 + i % 200).into_bytes()).collect();
         want.push("é\u{1F600}".as_bytes().to_vec());
+        want.push(vec![b'n'; 255]); // NAME_MAX: the longest record
         want.push(vec![b'x', 0xff, 0xfe]);
         for n in &want {
             std::fs::write(d.join(std::ffi::OsStr::from_bytes(n)), b"").unwrap();
