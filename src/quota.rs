@@ -818,6 +818,31 @@ mod tests {
         d
     }
 
+    /// Each call looks again: a directory removed since is made again, one replaced by a
+    /// directory open to others (or a link) is refused (a cached first answer let both pass).
+    #[test]
+    fn the_state_directory_is_checked_on_every_call() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("checked");
+        private_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::remove_dir(&d).unwrap();
+        private_dir(&d).unwrap();
+        assert!(d.is_dir(), "made again");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&d).unwrap_err();
+        assert!(e.contains("open to other users (mode 777)"), "{e}");
+        std::fs::remove_dir(&d).unwrap();
+        let target = dir("checked-target");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&target, &d).unwrap();
+        let e = private_dir(&d).unwrap_err();
+        assert!(e.contains("is not a directory"), "{e}");
+        std::fs::remove_file(&d).unwrap();
+        std::fs::remove_dir(&target).unwrap();
+    }
+
     #[test]
     fn two_members_share_one_budget() {
         let d = dir("share");
