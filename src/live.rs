@@ -151,7 +151,6 @@ impl Publisher {
     pub fn start(dir: &Path, quota: Option<&str>, view: &[ViewEntry]) -> Result<Publisher, String> {
         crate::quota::private_dir(dir)?;
         reap(dir);
-        // SAFETY: getpid cannot fail.
         let pid = crate::sys::getpid() as u32;
         // PID and a nonce: processes of other PID namespaces (containers sharing a state
         // directory, each with its PID 1) have the same PIDs, and must not replace or remove
@@ -244,7 +243,6 @@ impl Publisher {
 
     /// Whether this process made the file (not a forked child of the one that did).
     pub fn is_mine(&self) -> bool {
-        // SAFETY: getpid cannot fail.
         crate::sys::getpid() as u32 == self.pid
     }
 
@@ -295,7 +293,8 @@ fn reap(dir: &Path) {
     let mut names = Vec::new();
     let _ = crate::sys::each_name(&cdir, |n| {
         // (a temporary whose process died between creating and publishing it is unlocked too)
-        if n.starts_with(PREFIX.as_bytes()) || (n.starts_with(b".") && n[1..].starts_with(PREFIX.as_bytes()) && n[1 + PREFIX.len()..].starts_with(b"tmp-")) {
+        let temporary = n.strip_prefix(b".").and_then(|n| n.strip_prefix(PREFIX.as_bytes())).is_some_and(|n| n.starts_with(b"tmp-"));
+        if n.starts_with(PREFIX.as_bytes()) || temporary {
             names.push(std::ffi::OsStr::from_bytes(n).to_os_string());
         }
     });
@@ -360,7 +359,7 @@ pub struct Process {
 #[allow(dead_code)]
 pub fn read_dir(dir: &Path) -> Result<Vec<Process>, String> {
     let c = cpath(dir)?;
-    // SAFETY: getuid cannot fail; `st` is written by lstat.
+    // SAFETY: `st` is written by lstat.
     let (me, st) = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
         if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
@@ -449,7 +448,6 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
 pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
     let mine = crate::quota::state_dir(configured);
     let mut out = vec![mine.clone()];
-    // SAFETY: getuid cannot fail.
     if configured.is_some() || crate::sys::getuid() != 0 {
         return out;
     }

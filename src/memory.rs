@@ -465,8 +465,8 @@ impl Shards {
         if shard.get(&key) == Some(expected) {
             let removed = shard.remove(&key);
             if removed.is_some() {
-            self.one_fewer(kind);
-        }
+                self.one_fewer(kind);
+            }
             return removed;
         }
         None

@@ -188,8 +188,8 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
         let header = Header {
             driver_version,
             version,
-            // SAFETY: plain libc calls.
             pid: crate::sys::getpid() as u32,
+            // SAFETY: a plain libc call.
             thread: unsafe { libc::pthread_self() } as u64 as u32,
             context_table: context.table as u64,
             integrity_table: integrity.table as u64,

@@ -204,7 +204,6 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
     if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
         return Path::new(&d).join("gpushim");
     }
-    // SAFETY: getuid cannot fail.
     PathBuf::from(format!("/tmp/gpushim-{}", crate::sys::getuid()))
 }
 
@@ -215,7 +214,6 @@ fn cpath(p: &Path) -> Result<CString, String> {
 /// `stat` of `fd` or `path` (not following a final link) must show the user's own object of
 /// the given type with no permission for group or others.
 fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> {
-    // SAFETY: getuid cannot fail.
     let uid = crate::sys::getuid();
     let kind = st.st_mode & libc::S_IFMT;
     let want = if dir { libc::S_IFDIR } else { libc::S_IFREG };
@@ -424,7 +422,6 @@ impl Quota {
     /// Takes the first slot whose lock is free, starting at a place that depends on the pid so
     /// that processes starting together rarely try the same slots.
     fn claim_slot(&self, fd: libc::c_int) -> Result<usize, String> {
-        // SAFETY: getpid cannot fail.
         let pid = crate::sys::getpid() as u32;
         for j in 0..SLOTS {
             let i = (pid as usize + j) % SLOTS;
@@ -752,7 +749,6 @@ fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
 /// Builds an initialised quota file under a temporary name and links it to `path`; if another
 /// process linked first, opens theirs.
 fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
-    // SAFETY: getpid cannot fail.
     let pid = crate::sys::getpid();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
