@@ -7,6 +7,10 @@
 //! that implements it. From that one list come: the `#[no_mangle]` exports (programs linked with
 //! `-lcuda`), the table `dlsym` and `cuGetProcAddress` consult, and the slots holding the
 //! driver's own pointers. Every other function is handed back as the driver's pointer.
+//!
+//! An entry may name a fast lane after its body (`=> body, lane path`): the export tries it
+//! first, and calls the general path (a function of its own, so that the lane's frame stays
+//! small) only when the lane declines (`lane`: the allocation pair).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -91,7 +95,7 @@ impl HookInfo {
 
 /// Declares the hooked functions; see the module documentation.
 macro_rules! hook_table {
-    ($( $sym:ident = $base:literal @ $since:literal $($flag:ident)* ( $($arg:ident : $ty:ty),* $(,)? ) => $body:path ; )*) => {
+    ($( $sym:ident = $base:literal @ $since:literal $($flag:ident)* ( $($arg:ident : $ty:ty),* $(,)? ) => $body:path $(, lane $lane:path)? ; )*) => {
         /// Index of each hook in [`HOOKS`] and [`REAL`].
         #[allow(non_camel_case_types, dead_code, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -130,24 +134,56 @@ macro_rules! hook_table {
             [const { std::sync::atomic::AtomicUsize::new(0) }; HOOK_COUNT];
 
         $(
-            #[no_mangle]
-            pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
-                type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
-                $crate::intercept::enter(Hook::$sym as usize, |st, real| {
-                    // SAFETY: `real` is the driver's own `$sym` (looked up by that exact name),
-                    // whose C signature is the one declared in this table.
-                    let real = unsafe { std::mem::transmute::<usize, Real>(real) };
-                    // SAFETY: the arguments are the program's, passed on unchanged or checked
-                    // by the body before use.
-                    unsafe {
-                        if st.passthrough() {
-                            return real($($arg),*);
-                        }
-                        $body(st, real, $($arg),*)
-                    }
-                })
-            }
+            $crate::intercept::hook_table!(@export $sym { $body } [$($lane)?] ($($arg: $ty),*));
         )*
+    };
+    // A hook without a fast lane: the general path.
+    (@export $sym:ident { $body:path } [] ($($arg:ident : $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
+            type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
+            $crate::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
+        }
+    };
+    // A hook with a fast lane (`lane`): tried first; the general path is a function of its
+    // own, so that the lane's registers and frame stay small.
+    (@export $sym:ident { $body:path } [$lane:path] ($($arg:ident : $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
+            type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
+            let real = REAL[Hook::$sym as usize].load(std::sync::atomic::Ordering::Relaxed);
+            if real != 0 {
+                // SAFETY: the driver's own `$sym` (looked up by that exact name), whose C
+                // signature is the one declared in the table.
+                let real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // SAFETY: the program's arguments, passed on unchanged or checked first.
+                if let Some(result) = unsafe { $lane(real, $($arg),*) } {
+                    return result;
+                }
+            }
+            #[cold]
+            #[inline(never)]
+            unsafe extern "C" fn general($($arg: $ty),*) -> std::ffi::c_int {
+                $crate::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
+            }
+            // SAFETY: the program's arguments, passed on unchanged.
+            unsafe { general($($arg),*) }
+        }
+    };
+    (@general $sym:ident $real:ident { $body:path } ($($arg:ident),*)) => {
+        $crate::intercept::enter(Hook::$sym as usize, |st, real| {
+            // SAFETY: `real` is the driver's own `$sym` (looked up by that exact name),
+            // whose C signature is the one declared in this table.
+            let real = unsafe { std::mem::transmute::<usize, $real>(real) };
+            // SAFETY: the arguments are the program's, passed on unchanged or checked
+            // by the body before use.
+            unsafe {
+                if st.passthrough() {
+                    return real($($arg),*);
+                }
+                $body(st, real, $($arg),*)
+            }
+        })
     };
     (@per_thread ptsz) => { true };
     (@per_thread $other:ident) => { false };

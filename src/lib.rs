@@ -20,6 +20,7 @@ mod hooks;
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 mod imports;
 mod intercept;
+mod lane;
 mod live;
 mod log;
 mod md2;

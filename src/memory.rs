@@ -285,6 +285,22 @@ impl DeviceBudget {
         }
     }
 
+    /// The driver freed `bytes` the program held: [`DeviceBudget::release`] and
+    /// [`DeviceBudget::give`] in one (the free path's; the published entry and the quota are
+    /// looked at once).
+    #[inline]
+    pub fn freed(&self, bytes: u64) {
+        let released = saturating_sub(&self.reserved, bytes);
+        let given = saturating_sub(&self.in_use, bytes);
+        if let Some(m) = self.mirror() {
+            m.reserved.fetch_sub(released, Relaxed);
+            m.in_use.fetch_sub(given, Relaxed);
+        }
+        if let Some((quota, d)) = self.shared() {
+            quota.release(d, bytes);
+        }
+    }
+
     /// The program gave `bytes` back (never below zero).
     #[inline]
     pub fn give(&self, bytes: u64) {
@@ -604,6 +620,11 @@ impl Bucket {
     }
 
     #[inline]
+    fn load_packed(&self, j: usize) -> Packed {
+        Packed { word: self.slots[j][1].load(Relaxed), id: self.slots[j][2].load(Relaxed) }
+    }
+
+    #[inline]
     fn store(&self, j: usize, key: u64, packed: u64, id: u64) {
         self.slots[j][0].store(key, Relaxed);
         self.slots[j][1].store(packed, Relaxed);
@@ -651,6 +672,49 @@ fn pack(live: &Live) -> Option<u64> {
         .then_some(live.served as u64 | (live.pool as u64) << 1 | (live.device as u64) << 2 | live.bytes << 12)
 }
 
+/// A device pointer's entry as a table slot holds it: the packed word ([`pack`]) and the id.
+/// Two plain integers: the allocation path passes them in registers, where a [`Live`] (whose
+/// flags give `Option<Live>` a niche) is built and copied through the stack.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Packed {
+    word: u64,
+    id: u64,
+}
+
+impl Packed {
+    /// An entry of the allocation path (no context: device memory's is asked of the driver at
+    /// teardown), if it fits a slot.
+    #[inline(always)]
+    pub fn new(device: usize, bytes: u64, pool: bool, id: u64) -> Option<Packed> {
+        (device < PACK_DEVICES && bytes < PACK_BYTES).then_some(Packed { word: (pool as u64) << 1 | (device as u64) << 2 | bytes << 12, id })
+    }
+
+    #[inline(always)]
+    pub fn device(self) -> usize {
+        ((self.word >> 2) as usize) & (PACK_DEVICES - 1)
+    }
+
+    #[inline(always)]
+    pub fn bytes(self) -> u64 {
+        self.word >> 12
+    }
+
+    #[inline(always)]
+    pub fn served(self) -> bool {
+        self.word & 1 != 0
+    }
+
+    #[inline(always)]
+    pub fn pool(self) -> bool {
+        self.word & 2 != 0
+    }
+
+    #[inline]
+    pub fn live(self) -> Live {
+        unpack(self.word, self.id)
+    }
+}
+
 #[inline]
 fn unpack(packed: u64, id: u64) -> Live {
     Live {
@@ -675,6 +739,8 @@ fn unpack(packed: u64, id: u64) -> Live {
 /// are atomic with respect to each other as they were with one lock.
 pub struct LiveMap {
     table: Table,
+    /// 32 − log2(buckets): see `ptr_bucket`.
+    shift: u32,
     shards: Shards,
 }
 
@@ -686,7 +752,11 @@ impl LiveMap {
     /// A map whose table has `buckets` buckets (a power of two; none: every key in the
     /// mutex map, which is also what happens if the table cannot be allocated).
     fn with_buckets(buckets: usize) -> Self {
-        LiveMap { table: zeroed_table(buckets), shards: Shards::new() }
+        let table = zeroed_table(buckets);
+        // a key's bucket is its hash's top log2(buckets) bits: shifted right by 32, then by
+        // this (a table of 1 bucket: 32 and 32)
+        let shift = 32 - table.len().max(1).trailing_zeros();
+        LiveMap { table, shift, shards: Shards::new() }
     }
 
     /// The bucket of a device pointer's key, if the table has any.
@@ -695,9 +765,59 @@ impl LiveMap {
         if kind != Kind::DevicePtr || self.table.is_empty() {
             return None;
         }
+        self.ptr_bucket(key)
+    }
+
+    /// The bucket of a device pointer, if the table has any.
+    #[inline(always)]
+    fn ptr_bucket(&self, key: u64) -> Option<&Bucket> {
         // Fibonacci hashing: the top bits of the product spread pointers that differ in any bit.
-        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15).checked_shr(64 - self.table.len().trailing_zeros()).unwrap_or(0);
-        self.table.get(h as usize)
+        let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) >> self.shift;
+        // SAFETY: the table's length is 0 or a power of two, 2^(32 − shift) (`zeroed_table`:
+        // at most 2^32 buckets, so 0 ≤ shift ≤ 32), and `h` has 32 − shift bits.
+        unsafe { self.table.get_below_len(h as usize) }
+    }
+
+    /// [`LiveMap::insert`] of a device pointer whose entry fits a slot, the entry given
+    /// packed ([`Packed`]): what the allocation path records. `Err` hands the entry back when
+    /// the table cannot take it here (no table, or the bucket has keys in the mutex map, or
+    /// is full): the caller then uses `insert`.
+    #[inline(always)]
+    pub fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
+        let Some(b) = self.ptr_bucket(key) else { return Err(entry) };
+        let before = b.enter();
+        let empty = !before & OCC_MASK;
+        if before & SPILLED == 0 && empty != 0 {
+            let (j, replaced) = match b.find(before, key) {
+                None => ((empty.trailing_zeros() - OCC_SHIFT) as usize, None),
+                Some(j) => (j, Some(b.load_packed(j))),
+            };
+            b.store(j, key, entry.word, entry.id);
+            b.leave(before, (before & OCC_MASK) | 1 << (j as u32 + OCC_SHIFT), false);
+            return Ok(replaced);
+        }
+        b.meta.store(before, Release); // nothing changed
+        Err(entry)
+    }
+
+    /// [`LiveMap::remove`] of a device pointer found in the table, its entry left packed (the
+    /// free path reads two of its fields; building a [`Live`] costs it ~20 instructions of
+    /// copies). `Ok(None)`: not recorded. `Err(())`: the key may be in the mutex map (or there
+    /// is no table): the caller then uses `remove`.
+    #[inline(always)]
+    pub fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
+        let Some(b) = self.ptr_bucket(key) else { return Err(()) };
+        let before = b.enter();
+        if let Some(j) = b.find(before, key) {
+            let entry = b.load_packed(j);
+            b.leave(before, before & OCC_MASK & !(1 << (j as u32 + OCC_SHIFT)), before & SPILLED != 0);
+            return Ok(Some(entry));
+        }
+        b.meta.store(before, Release); // nothing changed
+        if before & SPILLED == 0 {
+            return Ok(None);
+        }
+        Err(())
     }
 
     /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
@@ -935,6 +1055,18 @@ impl<T: ZeroValid> Zeroed<T> {
     }
 }
 
+impl<T: ZeroValid> Zeroed<T> {
+    /// Value `i`, or `None` if there are none.
+    ///
+    /// # Safety
+    /// `i` is below the length if there are any values.
+    #[inline(always)]
+    unsafe fn get_below_len(&self, i: usize) -> Option<&T> {
+        // SAFETY: `ptr` is a live mapping of `len` values and `i < len` (the caller's word).
+        (self.len != 0).then(|| unsafe { &*self.ptr.add(i) })
+    }
+}
+
 impl<T: ZeroValid> std::ops::Deref for Zeroed<T> {
     type Target = [T];
     #[inline]
@@ -964,7 +1096,7 @@ type Table = Zeroed<Bucket>;
 /// not a power of two or the memory cannot be mapped (the map then keeps everything in its
 /// mutex map).
 fn zeroed_table(buckets: usize) -> Table {
-    if !buckets.is_power_of_two() {
+    if !buckets.is_power_of_two() || buckets > 1 << 32 {
         return Zeroed::new(0);
     }
     Zeroed::new(buckets)
@@ -1160,6 +1292,77 @@ mod live_map_tests {
         }
     }
 
+    /// `insert` of a device pointer as the allocation path makes it (`State::record`, `lane`):
+    /// packed first, the general `insert` where the table declines.
+    fn insert_packed_first(m: &LiveMap, k: u64, l: Live) -> Option<Live> {
+        if l.ctx == 0 && !l.served {
+            if let Some(p) = Packed::new(l.device, l.bytes, l.pool, l.id) {
+                assert_eq!(p.live(), l);
+                if let Ok(replaced) = m.insert_packed(k, p) {
+                    return replaced.map(Packed::live);
+                }
+            }
+        }
+        m.insert(Kind::DevicePtr, k, l)
+    }
+
+    /// `remove` of a device pointer as the free path makes it (`State::uncounted`, `lane`).
+    fn remove_packed_first(m: &LiveMap, k: u64) -> Option<Live> {
+        match m.remove_packed(k) {
+            Ok(found) => found.map(Packed::live),
+            Err(()) => m.remove(Kind::DevicePtr, k),
+        }
+    }
+
+    #[test]
+    fn packed_entries_read_as_their_fields() {
+        for (device, bytes, pool) in [(0, 0, false), (PACK_DEVICES - 1, PACK_BYTES - 1, true), (3, 4096, false), (255, 1 << 40, true)] {
+            let p = Packed::new(device, bytes, pool, 77).unwrap();
+            assert_eq!((p.device(), p.bytes(), p.pool(), p.served()), (device, bytes, pool, false));
+            assert_eq!(p.live(), Live { device, bytes, served: false, pool, ctx: 0, id: 77 });
+            assert_eq!(Some(p.word), pack(&p.live()));
+        }
+        assert_eq!(Packed::new(PACK_DEVICES, 1, false, 1), None);
+        assert_eq!(Packed::new(0, PACK_BYTES, false, 1), None);
+    }
+
+    /// Each table size (none, one bucket, a few, the real one): the packed operations, falling
+    /// back to the general ones where they decline, agree with a model, wherever the entries
+    /// are (a full bucket spills into the mutex map; entries that do not fit go there).
+    #[test]
+    fn packed_operations_agree_with_the_general_ones() {
+        for buckets in [0, 1, 2, BUCKETS] {
+            let m = LiveMap::with_buckets(buckets);
+            let mut model: Model<u64, Live> = Model::new();
+            let mut rng = 0x2545_F491_4F6C_DD1Du64;
+            for step in 0..40_000u64 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let k = 0x7f00_0000_0000 + (rng >> 40) % 48 * 0x200;
+                let fresh = if rng % 11 == 0 { unfit(rng >> 8, step) } else { live((rng >> 4) as usize % 8, rng >> 24, step) };
+                match rng % 8 {
+                    0..=2 => assert_eq!(insert_packed_first(&m, k, fresh), model.insert(k, fresh), "{buckets} buckets, step {step}"),
+                    3 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
+                    4..=6 => assert_eq!(remove_packed_first(&m, k), model.remove(&k), "{buckets} buckets, step {step}"),
+                    _ => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
+                }
+                assert_eq!(m.get(Kind::DevicePtr, k), model.get(&k).copied());
+            }
+            assert_eq!(m.len(), model.len());
+            let listed: Model<u64, Live> = m.entries(Kind::DevicePtr).into_iter().collect();
+            assert_eq!(listed, model);
+            // a key of a bucket with spilled keys is declined by the packed removal, not missed
+            if buckets == 1 {
+                for i in 0..=SLOTS as u64 {
+                    m.insert(Kind::DevicePtr, 0x1000_0000 + i * 0x100, live(0, i, 1));
+                }
+                assert_eq!(m.remove_packed(0x2000_0000), Err(()));
+                assert_eq!(m.insert_packed(0x2000_0000, Packed::new(0, 1, false, 1).unwrap()), Err(Packed::new(0, 1, false, 1).unwrap()));
+            }
+        }
+    }
+
     #[test]
     fn packing_round_trips_and_refuses_what_does_not_fit() {
         for l in [live(0, 0, 1), live(PACK_DEVICES - 1, PACK_BYTES - 1, u64::MAX), live(255, 1 << 40, 15), live(3, 4096, 0)] {
@@ -1293,7 +1496,9 @@ mod live_map_tests {
                                 0..=5 => {
                                     let k = 0x7000_0000 + (t * 24 + (r >> 32) % 24) * 0x100;
                                     match (r >> 12) % 4 {
+                                        0 if r & (1 << 41) != 0 => assert_eq!(insert_packed_first(&m, k, fresh), model.insert(k, fresh)),
                                         0 | 1 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
+                                        2 if r & (1 << 41) != 0 => assert_eq!(remove_packed_first(&m, k), model.remove(&k)),
                                         2 => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
                                         _ => {
                                             // remove_if with the current entry or a stale one
@@ -1309,11 +1514,12 @@ mod live_map_tests {
                                     // (an entry's fields follow from its id and key: a torn read shows)
                                     let base = live((id % 8) as usize, (id ^ k) & (PACK_BYTES - 1), id);
                                     let fresh = if r % 4 == 0 { Live { ctx: 0xC0, ..base } } else { base };
+                                    let packed = r & (1 << 41) != 0;
                                     if r % 3 == 0 {
-                                        handed_back.extend(m.remove(Kind::DevicePtr, k).map(|l| l.id));
+                                        handed_back.extend(if packed { remove_packed_first(&m, k) } else { m.remove(Kind::DevicePtr, k) }.map(|l| l.id));
                                     } else {
                                         recorded.push(id);
-                                        handed_back.extend(m.insert(Kind::DevicePtr, k, fresh).map(|l| l.id));
+                                        handed_back.extend(if packed { insert_packed_first(&m, k, fresh) } else { m.insert(Kind::DevicePtr, k, fresh) }.map(|l| l.id));
                                     }
                                     if let Some(l) = m.get(Kind::DevicePtr, k) {
                                         assert!(l.id >> 32 >= 1 && l.id >> 32 <= THREADS, "{l:?}");

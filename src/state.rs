@@ -538,7 +538,7 @@ impl State {
     /// says at `info` level which devices the program sees. An error means the view could not
     /// be applied (the driver read `CUDA_VISIBLE_DEVICES` before the shim set it).
     #[inline(never)] // a start-up step scripts/bench.sh counts by name
-    pub fn after_cuda_init(&self) -> Result<(), String> {
+    pub fn after_cuda_init(&'static self) -> Result<(), String> {
         if let Err(message) = self.build_split() {
             report_config_error(&message);
             return Err(String::new());
@@ -564,6 +564,15 @@ impl State {
         }
         if devices.len() == 1 && self.split.get().is_none() {
             self.only_device.store(true, Ordering::Relaxed);
+            // The allocation pair's fast lane (`lane`), for what it covers: one device, counted
+            // as the driver gives it, nothing else to do per allocation.
+            if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() {
+                if let Some(budget) = self.budget(0) {
+                    if crate::lane::open(self, budget, &self.live) {
+                        log!(Level::Debug, "cuMemAlloc_v2 and cuMemFree_v2 take the fast lane (one device, counted as the driver gives it)");
+                    }
+                }
+            }
         }
         if !self.announced.swap(true, Ordering::Relaxed) && log::enabled(Level::Info) {
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
@@ -739,15 +748,32 @@ impl State {
             };
             // (stream-ordered allocations come from a pool, which may keep them after the free)
             let pool = stream.is_some();
-            let live = crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id: crate::memory::entry_id() };
-            if let Some(stale) = self.live.insert(kind, key, live) {
-                self.credit_stale(stale);
-            }
+            let id = crate::memory::entry_id();
+            self.record(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id });
             self.place_allocation(what, Some(dev), bytes, stream);
         } else {
             budget.release(bytes);
         }
         result
+    }
+
+    /// Records a counted allocation in the live map, crediting an entry it replaces (one the
+    /// driver freed behind the shim's back). Device memory goes to the table packed, without
+    /// building the entry twice (the allocation path's common case).
+    #[inline(always)]
+    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) {
+        if kind == crate::memory::Kind::DevicePtr && live.ctx == 0 && !live.served {
+            if let Some(packed) = crate::memory::Packed::new(live.device, live.bytes, live.pool, live.id) {
+                match self.live.insert_packed(key, packed) {
+                    Ok(None) => return,
+                    Ok(Some(stale)) => return self.credit_stale(stale.live()),
+                    Err(_) => {}
+                }
+            }
+        }
+        if let Some(stale) = self.live.insert(kind, key, live) {
+            self.credit_stale(stale);
+        }
     }
 
     /// Whether any device of the program can have a limit: a memory limit (global or per
@@ -801,6 +827,28 @@ impl State {
         stream: Option<crate::ffi::CUstream>,
         free: impl FnOnce() -> crate::ffi::CUresult,
     ) -> crate::ffi::CUresult {
+        if kind == crate::memory::Kind::DevicePtr {
+            // The common case, without building an entry: a table slot's two words.
+            match self.live.remove_packed(key) {
+                Ok(Some(p)) if !p.served() => {
+                    let result = free();
+                    if result == crate::ffi::CUDA_SUCCESS {
+                        self.credit_free(p.device(), p.bytes(), p.pool());
+                    } else {
+                        self.record(kind, key, p.live());
+                    }
+                    return result;
+                }
+                Ok(Some(p)) => return self.release_served(key, p.live(), stream),
+                Ok(None) => {
+                    if let Some(refused) = self.refuse_unknown_free(key) {
+                        return refused;
+                    }
+                    return free();
+                }
+                Err(()) => {}
+            }
+        }
         let entry = self.live.remove(kind, key);
         let Some(live) = entry else {
             if kind == crate::memory::Kind::DevicePtr {
@@ -810,22 +858,40 @@ impl State {
             }
             return free();
         };
+        self.free_taken(kind, key, live, stream, free)
+    }
+
+    /// [`State::uncounted`] once the entry `live` of `key` was taken out of the live map.
+    pub(crate) fn free_taken(
+        &self,
+        kind: crate::memory::Kind,
+        key: u64,
+        live: crate::memory::Live,
+        stream: Option<crate::ffi::CUstream>,
+        free: impl FnOnce() -> crate::ffi::CUresult,
+    ) -> crate::ffi::CUresult {
         if live.served {
             return self.release_served(key, live, stream);
         }
         let result = free();
         if result == crate::ffi::CUDA_SUCCESS {
-            let budget = self.budgets_of(live.device);
-            if live.pool {
-                budget.keep_in_pool(live.bytes);
-            } else {
-                budget.release(live.bytes);
-                budget.give(live.bytes);
-            }
-        } else if let Some(stale) = self.live.insert(kind, key, live) {
-            self.credit_stale(stale);
+            self.credit_free(live.device, live.bytes, live.pool);
+        } else {
+            self.record(kind, key, live);
         }
         result
+    }
+
+    /// The driver freed an allocation of `bytes` on `device`: the program holds it no more;
+    /// unless its pool may keep it, it is no longer reserved either.
+    #[inline(always)]
+    fn credit_free(&self, device: usize, bytes: u64, pool: bool) {
+        let budget = self.budgets_of(device);
+        if pool {
+            budget.keep_in_pool(bytes);
+        } else {
+            budget.freed(bytes);
+        }
     }
 
     /// Counts a refused request and says so in one `warn` line (rate-limited): the device, the

@@ -39,7 +39,12 @@ const MIXED_PATHS: [DriverPath; 4] = [
 
 /// Fill up to the limit, get refused, free, retry; memory info along the way.
 fn standard(api: &'static str) -> Scenario {
-    Scenario::new(PHYSICAL, &[Some(LIMIT), Some(LIMIT)])
+    standard_on(api, &[Some(LIMIT), Some(LIMIT)])
+}
+
+/// [`standard`] on devices of these limits.
+fn standard_on(api: &'static str, limits: &[Option<u64>]) -> Scenario {
+    Scenario::new(PHYSICAL, limits)
         .op(Op::Alloc(api, 40 * MIB)) // 1
         .op(Op::Info) // 2: free 24 MiB
         .op(Op::Alloc(api, 16 * MIB)) // 3: 56 MiB in use
@@ -524,6 +529,37 @@ fn stream_ordered_memory_freed_with_cu_mem_free() {
         .op(Op::Info) // 6: all free
         .op(Op::Alloc("mem", LIMIT)); // 7
     check_paths(&scenario, &MIXED_PATHS, LIMIT_ENV);
+}
+
+/// One device, not split, counted as the driver gives it: `cuMemAlloc_v2`/`cuMemFree_v2`
+/// take the fast lane (`src/lane.rs`, said at debug level), and the limit holds as on the
+/// general path: the standard fill, and stream-ordered memory freed with `cuMemFree` (which
+/// the lane hands to the general path). With two devices the lane stays closed.
+#[test]
+fn one_device_takes_the_fast_lane_and_the_limit_holds() {
+    const LANE: &str = "take the fast lane";
+    let env = [("GPUSIM_DEVICES", "1"), ("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_LOG", "debug")];
+    let stream = Scenario::new(PHYSICAL, &[Some(LIMIT)])
+        .op(Op::Alloc("mem", 8 * MIB)) // 1
+        .op(Op::Alloc("async", 32 * MIB)) // 2
+        .op(Op::Alloc("pool", 24 * MIB)) // 3: the limit
+        .op(Op::Alloc("mem", 2 * MIB)) // 4: refused
+        .op(Op::MemFree(2)) // 5
+        .op(Op::MemFree(3)) // 6
+        .op(Op::MemFree(1)) // 7
+        .op(Op::Info) // 8: all free
+        .op(Op::Alloc("mem", LIMIT)); // 9
+    for scenario in [standard_on("mem", &[Some(LIMIT)]), stream] {
+        for path in MIXED_PATHS {
+            for shim in [false, true] {
+                let run = Run::program(Program::Driver(path)).env("GPUSIM_MEMORY", "1GiB").envs(&env);
+                let out = scenario.check(run, shim);
+                assert_eq!(out.stderr_text().contains(LANE), shim, "{}", out.dump());
+            }
+        }
+    }
+    let out = standard("mem").check(driver_run(DriverPath::Link, &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_LOG", "debug")]), true);
+    assert!(!out.stderr_text().contains(LANE), "{}", out.dump());
 }
 
 /// GPUSHIM_MEMORY_LIMIT_<i> names the ordinal the program sees: with CUDA_VISIBLE_DEVICES=1

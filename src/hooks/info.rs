@@ -9,7 +9,7 @@ use crate::state::State;
 
 /// `cuInit`: the device view was applied when the shim initialised (before this); once the
 /// driver is up, check it shows that view.
-pub unsafe fn init(st: &State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
+pub unsafe fn init(st: &'static State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
     let result = real(flags);
     if result == CUDA_SUCCESS {
         if let Err(e) = st.after_cuda_init() {

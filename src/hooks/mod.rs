@@ -4,7 +4,8 @@
 //! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. A hook marked
 //! `split`, `pool` and/or `limit` is handed out only while devices are split, a memory mode
 //! serves allocations from a reserve, or any limit applies (`State::limits_apply`); otherwise
-//! the program gets the driver's own function. Keep the `since`
+//! the program gets the driver's own function. `, lane path` after the body names a fast lane
+//! the export tries first (`src/lane.rs`). Keep the `since`
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
 //! `cuGetProcAddress` callers ask with.
 
@@ -40,12 +41,12 @@ hook_table! {
 
     // Linear device memory.
     cuMemAlloc                = "cuMemAlloc"            @ 2000  (dptr: *mut CUdeviceptr_v1, bytes: c_uint)                                   => memory::alloc_v1;
-    cuMemAlloc_v2             = "cuMemAlloc"            @ 3020  (dptr: *mut CUdeviceptr, bytes: usize)                                       => memory::alloc;
+    cuMemAlloc_v2             = "cuMemAlloc"            @ 3020  (dptr: *mut CUdeviceptr, bytes: usize)                                       => memory::alloc, lane crate::lane::alloc;
     cuMemAllocPitch           = "cuMemAllocPitch"       @ 2000  (dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) => memory::alloc_pitch_v1;
     cuMemAllocPitch_v2        = "cuMemAllocPitch"       @ 3020  (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => memory::alloc_pitch;
     cuMemAllocManaged         = "cuMemAllocManaged"     @ 6000  (dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint)                        => memory::alloc_managed;
     cuMemFree                 = "cuMemFree"             @ 2000  (dptr: CUdeviceptr_v1)                                                       => memory::free_v1;
-    cuMemFree_v2              = "cuMemFree"             @ 3020  (dptr: CUdeviceptr)                                                          => memory::free;
+    cuMemFree_v2              = "cuMemFree"             @ 3020  (dptr: CUdeviceptr)                                                          => memory::free, lane crate::lane::free;
 
     // Stream-ordered allocation and pools.
     cuMemAllocAsync           = "cuMemAllocAsync"       @ 11020      (dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream)                => memory::alloc_async;

@@ -1,0 +1,143 @@
+//! The allocation pair's fast lane: `cuMemAlloc_v2` and `cuMemFree_v2` in the commonest
+//! configuration, without the general path's look-ups.
+//!
+//! **When it is open.** Once, at `cuInit`, if the program sees one device, not split, with
+//! memory counted as the driver gives it (no reserve: `passthrough`), no placement log, and
+//! the shim active. None of these changes afterwards, so the lane never closes (a forked child
+//! keeps it: the budgets and the live map it works on are the state's own, emptied there).
+//!
+//! **What it does.** Exactly what the general path does for that configuration (`State::counted`
+//! and `State::uncounted` on device 0), on the same budget and live map: reserve, call the
+//! driver, take or roll back; on free, forget, call the driver, credit or restore. Whatever it
+//! does not handle it declines *before* any effect, and the hook then takes the general path:
+//! a limit not yet resolved, a reservation refused (the general path retries after trimming
+//! pools, and reports), a NULL out-pointer, a pointer whose bucket has keys in the mutex map.
+//! The rare outcomes after an effect (an entry that does not fit the table, one the driver
+//! freed behind the shim's back, a failed free, an entry of another kind) are handed to the
+//! state's own functions.
+//!
+//! **Why.** The general path costs ~300 instructions a pair (the hook's checks, the device
+//! and its budget looked up, entries built and copied); the lane about half of that. It never
+//! panics on its path (no indexing, no allocation); the state's functions it hands the rare
+//! outcomes to run under `catch_unwind`, as hooks do.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
+use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed};
+use crate::state::State;
+
+/// What the lane works on: device 0's budget and the live map, and the state for the rare
+/// outcomes. Made once, never freed.
+pub struct Lane {
+    state: &'static State,
+    budget: &'static DeviceBudget,
+    live: &'static LiveMap,
+}
+
+/// The open lane (null: closed).
+static LANE: AtomicPtr<Lane> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Opens the lane on `budget` (device 0's) and `live` (the state checks its configuration:
+/// see the module documentation). Once: whether this call opened it.
+pub fn open(state: &'static State, budget: &'static DeviceBudget, live: &'static LiveMap) -> bool {
+    if !LANE.load(Acquire).is_null() {
+        return false;
+    }
+    let lane = Box::into_raw(Box::new(Lane { state, budget, live }));
+    if LANE.compare_exchange(std::ptr::null_mut(), lane, AcqRel, Acquire).is_err() {
+        // SAFETY: `lane` came from Box::into_raw above and was never shared.
+        drop(unsafe { Box::from_raw(lane) });
+        return false;
+    }
+    true
+}
+
+#[inline(always)]
+fn lane() -> Option<&'static Lane> {
+    let p = LANE.load(Acquire);
+    // SAFETY: a non-null lane was leaked by `open` and is never freed or changed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// `cuMemAlloc_v2` through the lane; `None`: declined before any effect (take the general path).
+///
+/// # Safety
+/// `real` is the driver's `cuMemAlloc_v2`; `dptr` is the program's out-pointer.
+#[inline(always)]
+pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
+    let lane = lane()?;
+    if dptr.is_null() {
+        return None;
+    }
+    let budget = lane.budget;
+    let bytes = bytes as u64;
+    budget.try_reserve(bytes, budget.limit()?).ok()?;
+    // SAFETY: the program's arguments, passed on unchanged.
+    let result = unsafe { real(dptr, bytes as usize) };
+    if result != CUDA_SUCCESS {
+        budget.release(bytes);
+        return Some(result);
+    }
+    budget.take(bytes);
+    // SAFETY: the driver succeeded, so it wrote the pointer through the non-null `dptr`.
+    let key = unsafe { *dptr };
+    let id = entry_id();
+    match Packed::new(0, bytes, false, id).map(|p| lane.live.insert_packed(key, p)) {
+        Some(Ok(None)) => {}
+        Some(Ok(Some(stale))) => credit_stale(lane.state, stale),
+        _ => record(lane.state, key, Live { device: 0, bytes, served: false, pool: false, ctx: 0, id }),
+    }
+    Some(CUDA_SUCCESS)
+}
+
+/// `cuMemFree_v2` through the lane; `None`: declined before any effect (take the general path).
+///
+/// # Safety
+/// `real` is the driver's `cuMemFree_v2`.
+#[inline(always)]
+pub unsafe fn free(real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> Option<CUresult> {
+    let lane = lane()?;
+    let entry = match lane.live.remove_packed(dptr) {
+        Ok(Some(entry)) => entry,
+        // not recorded (nothing is served from a reserve here): the driver answers for it
+        // SAFETY: the program's argument, passed on unchanged.
+        Ok(None) => return Some(unsafe { real(dptr) }),
+        Err(()) => return None,
+    };
+    if entry.served() || entry.pool() || entry.device() != 0 {
+        return Some(free_other(lane.state, real, dptr, entry));
+    }
+    // SAFETY: the program's argument, passed on unchanged.
+    let result = unsafe { real(dptr) };
+    if result == CUDA_SUCCESS {
+        lane.budget.freed(entry.bytes());
+    } else {
+        record(lane.state, dptr, entry.live());
+    }
+    Some(result)
+}
+
+/// Records an entry the table could not take here (the state's general `record`).
+#[cold]
+#[inline(never)]
+fn record(state: &'static State, key: u64, live: Live) {
+    let _ = catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, live)));
+}
+
+/// Credits an entry the driver freed behind the shim's back (its pointer was handed out again).
+#[cold]
+#[inline(never)]
+fn credit_stale(state: &'static State, stale: Packed) {
+    let _ = catch_unwind(AssertUnwindSafe(|| state.credit_stale(stale.live())));
+}
+
+/// The free of an entry the lane does not credit itself (served from a reserve, from a pool,
+/// another device's): the state's general path for it, the entry already taken out.
+#[cold]
+#[inline(never)]
+fn free_other(state: &'static State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr, entry: Packed) -> CUresult {
+    // SAFETY: the program's argument, passed on unchanged.
+    catch_unwind(AssertUnwindSafe(|| state.free_taken(Kind::DevicePtr, dptr, entry.live(), None, || unsafe { real(dptr) }))).unwrap_or(CUDA_ERROR_UNKNOWN)
+}
