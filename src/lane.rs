@@ -2,9 +2,10 @@
 //! configuration, without the general path's look-ups.
 //!
 //! **When it is open.** Once, at `cuInit`, if the program sees one device, not split, with
-//! memory counted as the driver gives it (no reserve: `passthrough`), no placement log, and
-//! the shim active. None of these changes afterwards, so the lane never closes (a forked child
-//! keeps it: the budgets and the live map it works on are the state's own, emptied there).
+//! memory counted as the driver gives it (no reserve: `passthrough`), no placement log, no
+//! shared quota, and the shim active. None of these changes afterwards (the quota is joined
+//! before the state is published), so the lane never closes (a forked child keeps it: the
+//! budgets and the live map it works on are the state's own, emptied there).
 //!
 //! **What it does.** Exactly what the general path does for that configuration (`State::counted`
 //! and `State::uncounted` on device 0), on the same budget and live map: reserve, call the
@@ -16,10 +17,11 @@
 //! freed behind the shim's back, a failed free, an entry of another kind) are handed to the
 //! state's own functions.
 //!
-//! **Why.** The general path costs ~300 instructions a pair (the hook's checks, the device
-//! and its budget looked up, entries built and copied); the lane about half of that. It never
-//! panics on its path (no indexing, no allocation); the state's functions it hands the rare
-//! outcomes to run under `catch_unwind`, as hooks do.
+//! **Why.** The general path cost ~340 instructions a pair (the hook's checks, the device
+//! and its budget looked up, entries built and copied); the lane ~220. Its path has no
+//! allocation, lock, system call or formatting, and no panic it can reach (the only indexing,
+//! of a bucket's 10 slots, is by a slot number below 10); the state's functions it hands the
+//! rare outcomes to run under `catch_unwind`, as hooks do.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering::*};

@@ -189,13 +189,14 @@ impl DeviceBudget {
         }
     }
 
+    /// (Acquire: a limit seen resolved comes with the shared quota `share` set before it.)
     #[inline]
     pub fn limit(&self) -> Option<u64> {
-        self.limit_plus_one.load(Relaxed).checked_sub(1)
+        self.limit_plus_one.load(Acquire).checked_sub(1)
     }
 
     pub fn set_limit(&self, limit: u64) {
-        self.limit_plus_one.store(limit.min(UNRESOLVED - 1) + 1, Relaxed);
+        self.limit_plus_one.store(limit.min(UNRESOLVED - 1) + 1, Release);
         if let Some(m) = self.mirror() {
             m.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
         }
@@ -1062,6 +1063,7 @@ impl<T: ZeroValid> Zeroed<T> {
     /// `i` is below the length if there are any values.
     #[inline(always)]
     unsafe fn get_below_len(&self, i: usize) -> Option<&T> {
+        debug_assert!(self.len == 0 || i < self.len, "index {i} of {}", self.len);
         // SAFETY: `ptr` is a live mapping of `len` values and `i < len` (the caller's word).
         (self.len != 0).then(|| unsafe { &*self.ptr.add(i) })
     }
@@ -1096,7 +1098,7 @@ type Table = Zeroed<Bucket>;
 /// not a power of two or the memory cannot be mapped (the map then keeps everything in its
 /// mutex map).
 fn zeroed_table(buckets: usize) -> Table {
-    if !buckets.is_power_of_two() || buckets > 1 << 32 {
+    if !buckets.is_power_of_two() || buckets as u64 > 1 << 32 {
         return Zeroed::new(0);
     }
     Zeroed::new(buckets)

@@ -565,8 +565,10 @@ impl State {
         if devices.len() == 1 && self.split.get().is_none() {
             self.only_device.store(true, Ordering::Relaxed);
             // The allocation pair's fast lane (`lane`), for what it covers: one device, counted
-            // as the driver gives it, nothing else to do per allocation.
-            if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() {
+            // as the driver gives it, nothing else to do per allocation. (Not with a shared
+            // quota, joined before this or never: its reservations take a lock shared between
+            // processes and may have to join it again, on the general path.)
+            if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() && crate::sharing::quota().is_none() {
                 if let Some(budget) = self.budget(0) {
                     if crate::lane::open(self, budget, &self.live) {
                         log!(Level::Debug, "cuMemAlloc_v2 and cuMemFree_v2 take the fast lane (one device, counted as the driver gives it)");

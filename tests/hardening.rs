@@ -38,6 +38,12 @@ fn modes_run(mode: MemoryMode, env: &[(&str, &str)], args: &[String]) -> RunOutp
     out
 }
 
+/// [`modes_run`] with `devices` simulated GPUs (one: the allocation pair takes the fast lane,
+/// `src/lane.rs`, in `passthrough`; two: the general path).
+fn modes_run_on(devices: u32, mode: MemoryMode, env: &[(&str, &str)], args: &[String]) -> RunOutput {
+    modes_run(mode, &[env, &[("GPUSIM_DEVICES", if devices == 1 { "1" } else { "2" })]].concat(), args)
+}
+
 fn rc(out: &RunOutput, op: usize) -> i64 {
     out.num(&format!("op{op}.rc"))
 }
@@ -214,6 +220,61 @@ fn memory_a_pool_keeps_after_a_free_stays_counted() {
             assert!(peak <= GIB, "{what}: the driver held {peak} bytes\n{}", out.dump());
             assert_eq!(out.u64("op8.used"), 600 * MIB, "{what}: the pool was trimmed\n{}", out.dump());
             assert!(out.report().calls("cuMemPoolTrimTo") >= 1, "{what}\n{}", out.dump());
+        }
+    }
+}
+
+/// What the pair does when the driver fails it, the same on the fast lane (one device) and
+/// the general path (two): an allocation the driver refuses gives its reservation back; a free
+/// the driver refuses keeps the allocation counted, and a later free that succeeds credits it;
+/// memory of a stream-ordered pool freed with `cuMemFree_v2` stays counted while the pool keeps
+/// it. Each checked by the next allocation of the whole limit and by `cuMemGetInfo`; without
+/// the shim the driver's answers are the same and nothing is limited.
+#[test]
+fn the_pair_rolls_back_and_restores_on_the_fast_lane_as_on_the_general_path() {
+    let limit = ("GPUSHIM_MEMORY_LIMIT", "1GiB");
+    let whole = alloc(GIB);
+    // the driver refuses the first allocation: 1 ctx, 2 refused, 3 info, 4 the whole limit
+    let refused = strs(&["ctx=v2", &alloc(600 * MIB), "info", &whole]);
+    // the driver refuses the first free: 1 ctx, 2 alloc, 3 refused free, 4 info, 5 free,
+    // 6 info, 7 the whole limit
+    let kept = strs(&["ctx=v2", &alloc(600 * MIB), "freeat=2:0", "info", "freeat=2:0", "info", &whole]);
+    // 1 ctx, 2 poolkeep, 3 async 600M, 4 cuMemFree_v2 of it, 5 pool, 6 info, 7 600M more, 8 sim
+    let pooled = strs(&["ctx=v2", "poolkeep", &format!("alloc=async:{}", 600 * MIB), "freeat=3:0", "pool", "info", &alloc(600 * MIB), "sim=0"]);
+    for devices in [1, 2] {
+        for mode in MemoryMode::selected(&[NoShim, Passthrough]) {
+            let what = format!("{devices} device(s), {mode:?}");
+            let env: &[(&str, &str)] = if mode == NoShim { &[] } else { &[limit] };
+            let lane = |out: &RunOutput| assert_eq!(out.stderr_text().contains("take the fast lane"), devices == 1 && mode == Passthrough, "{what}\n{}", out.dump());
+
+            let out = modes_run_on(devices, mode, &[env, &[("GPUSIM_FAIL", "cuMemAlloc_v2=2@1"), ("GPUSHIM_LOG", "debug")]].concat(), &refused);
+            lane(&out);
+            assert_eq!([rc(&out, 2), rc(&out, 3), rc(&out, 4)], [OOM, 0, 0], "{what}: refused by the driver\n{}", out.dump());
+            if mode != NoShim {
+                assert_eq!(out.u64("op3.free"), GIB, "{what}: the reservation was given back\n{}", out.dump());
+            }
+
+            let out = modes_run_on(devices, mode, &[env, &[("GPUSIM_FAIL", "cuMemFree_v2=700@1"), ("GPUSHIM_LOG", "debug")]].concat(), &kept);
+            lane(&out);
+            assert_eq!([rc(&out, 2), rc(&out, 3), rc(&out, 5), rc(&out, 7)], [0, ILLEGAL_ADDRESS, 0, 0], "{what}: a refused free\n{}", out.dump());
+            if mode != NoShim {
+                assert_eq!((out.u64("op4.free"), out.u64("op6.free")), (GIB - 600 * MIB, GIB), "{what}: counted until freed\n{}", out.dump());
+            }
+
+            let out = modes_run_on(devices, mode, &[env, &[("GPUSHIM_LOG", "debug")]].concat(), &pooled);
+            lane(&out);
+            for op in 1..=7 {
+                assert_eq!(rc(&out, op), 0, "{what}: op{op}\n{}", out.dump());
+            }
+            assert_eq!((out.u64("op5.reserved"), out.u64("op5.used")), (600 * MIB, 0), "{what}: the pool keeps it\n{}", out.dump());
+            let peak = out.report().device(0).peak;
+            if mode == NoShim {
+                assert_eq!(peak, 1200 * MIB, "{what}: the driver holds both\n{}", out.dump());
+                continue;
+            }
+            assert_eq!(out.u64("op6.free"), GIB - 600 * MIB, "{what}: what the pool keeps is not free\n{}", out.dump());
+            assert!(peak <= GIB, "{what}: the driver held {peak} bytes\n{}", out.dump());
+            assert_eq!(out.u64("op8.used"), 600 * MIB, "{what}: the pool was trimmed\n{}", out.dump());
         }
     }
 }
