@@ -85,11 +85,11 @@ pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUres
     budget.take(bytes);
     // SAFETY: the driver succeeded, so it wrote the pointer through the non-null `dptr`.
     let key = unsafe { *dptr };
-    let id = entry_id();
-    match Packed::new(0, bytes, false, id).map(|p| lane.live.insert_packed(key, p)) {
+    let live = Live { device: 0, bytes, served: false, pool: false, ctx: 0, id: entry_id() };
+    match Packed::of(&live).map(|p| lane.live.insert_packed(key, p)) {
         Some(Ok(None)) => {}
         Some(Ok(Some(stale))) => credit_stale(lane.state, stale),
-        _ => record(lane.state, key, Live { device: 0, bytes, served: false, pool: false, ctx: 0, id }),
+        _ => record(lane.state, key, live),
     }
     Some(CUDA_SUCCESS)
 }

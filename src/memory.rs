@@ -683,11 +683,10 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// An entry of the allocation path (no context: device memory's is asked of the driver at
-    /// teardown), if it fits a slot.
+    /// The packed form of `live`, if it fits a slot ([`pack`]).
     #[inline(always)]
-    pub fn new(device: usize, bytes: u64, pool: bool, id: u64) -> Option<Packed> {
-        (device < PACK_DEVICES && bytes < PACK_BYTES).then_some(Packed { word: (pool as u64) << 1 | (device as u64) << 2 | bytes << 12, id })
+    pub fn of(live: &Live) -> Option<Packed> {
+        pack(live).map(|word| Packed { word, id: live.id })
     }
 
     #[inline(always)]
@@ -780,9 +779,9 @@ impl LiveMap {
     }
 
     /// [`LiveMap::insert`] of a device pointer whose entry fits a slot, the entry given
-    /// packed ([`Packed`]): what the allocation path records. `Err` hands the entry back when
-    /// the table cannot take it here (no table, or the bucket has keys in the mutex map, or
-    /// is full): the caller then uses `insert`.
+    /// packed ([`Packed`]): `insert`'s common case, and what the allocation path records. `Err`
+    /// hands the entry back when the table cannot take it here (no table, or the bucket has
+    /// keys in the mutex map, or is full): `insert` then enters the bucket again.
     #[inline(always)]
     pub fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
         let Some(b) = self.ptr_bucket(key) else { return Err(entry) };
@@ -827,22 +826,36 @@ impl LiveMap {
     /// credits it.
     #[inline(always)]
     pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
-        let Some(b) = self.bucket(kind, key) else { return self.shards.insert(kind, key, live) };
-        let before = b.enter();
-        // The common case: nothing of this bucket in the mutex map, and the entry fits.
-        if before & SPILLED == 0 {
-            if let Some(packed) = pack(&live) {
-                let found = b.find(before, key);
-                let empty = !before & OCC_MASK;
-                if let Some(j) = found.or_else(|| (empty != 0).then(|| (empty.trailing_zeros() - OCC_SHIFT) as usize)) {
-                    let replaced = found.map(|j| b.load(j));
-                    b.store(j, key, packed, live.id);
-                    b.leave(before, (before & OCC_MASK) | 1 << (j as u32 + OCC_SHIFT), false);
-                    return replaced;
+        let mut replaced = None;
+        self.insert_then(kind, key, live, |old| replaced = Some(old));
+        replaced
+    }
+
+    /// [`LiveMap::insert`], the entry it replaces handed to `replaced` rather than returned
+    /// (the allocation path: no `Option<Live>` built and copied in the common case).
+    #[inline(always)]
+    pub fn insert_then(&self, kind: Kind, key: u64, live: Live, replaced: impl FnOnce(Live)) {
+        // The common case: a device pointer whose entry fits, its bucket with room and nothing
+        // in the mutex map.
+        if kind == Kind::DevicePtr {
+            if let Some(packed) = Packed::of(&live) {
+                match self.insert_packed(key, packed) {
+                    Ok(None) => return,
+                    Ok(Some(old)) => return replaced(old.live()),
+                    Err(_) => {}
                 }
             }
         }
-        self.insert_spilling(b, before, kind, key, live)
+        let old = match self.bucket(kind, key) {
+            Some(b) => {
+                let before = b.enter();
+                self.insert_spilling(b, before, kind, key, live)
+            }
+            None => self.shards.insert(kind, key, live),
+        };
+        if let Some(old) = old {
+            replaced(old);
+        }
     }
 
     /// `insert` inside bucket `b` (entered: `before`) when the mutex map is involved.
@@ -1294,11 +1307,11 @@ mod live_map_tests {
         }
     }
 
-    /// `insert` of a device pointer as the allocation path makes it (`State::record`, `lane`):
-    /// packed first, the general `insert` where the table declines.
+    /// `insert` of a device pointer as the lane (`lane`) makes it: packed first, the general
+    /// `insert` where the table declines.
     fn insert_packed_first(m: &LiveMap, k: u64, l: Live) -> Option<Live> {
         if l.ctx == 0 && !l.served {
-            if let Some(p) = Packed::new(l.device, l.bytes, l.pool, l.id) {
+            if let Some(p) = Packed::of(&l) {
                 assert_eq!(p.live(), l);
                 if let Ok(replaced) = m.insert_packed(k, p) {
                     return replaced.map(Packed::live);
@@ -1308,7 +1321,7 @@ mod live_map_tests {
         m.insert(Kind::DevicePtr, k, l)
     }
 
-    /// `remove` of a device pointer as the free path makes it (`State::uncounted`, `lane`).
+    /// `remove` of a device pointer as the free paths make it (`State::uncounted`, `lane`).
     fn remove_packed_first(m: &LiveMap, k: u64) -> Option<Live> {
         match m.remove_packed(k) {
             Ok(found) => found.map(Packed::live),
@@ -1318,14 +1331,16 @@ mod live_map_tests {
 
     #[test]
     fn packed_entries_read_as_their_fields() {
-        for (device, bytes, pool) in [(0, 0, false), (PACK_DEVICES - 1, PACK_BYTES - 1, true), (3, 4096, false), (255, 1 << 40, true)] {
-            let p = Packed::new(device, bytes, pool, 77).unwrap();
-            assert_eq!((p.device(), p.bytes(), p.pool(), p.served()), (device, bytes, pool, false));
-            assert_eq!(p.live(), Live { device, bytes, served: false, pool, ctx: 0, id: 77 });
-            assert_eq!(Some(p.word), pack(&p.live()));
+        for (device, bytes, served, pool) in [(0, 0, false, false), (PACK_DEVICES - 1, PACK_BYTES - 1, true, true), (3, 4096, false, false), (255, 1 << 40, false, true)] {
+            let l = Live { device, bytes, served, pool, ctx: 0, id: 77 };
+            let p = Packed::of(&l).unwrap();
+            assert_eq!((p.device(), p.bytes(), p.served(), p.pool()), (device, bytes, served, pool));
+            assert_eq!(p.live(), l);
         }
-        assert_eq!(Packed::new(PACK_DEVICES, 1, false, 1), None);
-        assert_eq!(Packed::new(0, PACK_BYTES, false, 1), None);
+        let fits = Live { device: 0, bytes: 1, served: false, pool: false, ctx: 0, id: 1 };
+        for unfit in [Live { device: PACK_DEVICES, ..fits }, Live { bytes: PACK_BYTES, ..fits }, Live { ctx: 1, ..fits }] {
+            assert_eq!(Packed::of(&unfit), None);
+        }
     }
 
     /// Each table size (none, one bucket, a few, the real one): the packed operations, falling
@@ -1360,7 +1375,8 @@ mod live_map_tests {
                     m.insert(Kind::DevicePtr, 0x1000_0000 + i * 0x100, live(0, i, 1));
                 }
                 assert_eq!(m.remove_packed(0x2000_0000), Err(()));
-                assert_eq!(m.insert_packed(0x2000_0000, Packed::new(0, 1, false, 1).unwrap()), Err(Packed::new(0, 1, false, 1).unwrap()));
+                let p = Packed::of(&live(0, 1, 1)).unwrap();
+                assert_eq!(m.insert_packed(0x2000_0000, p), Err(p));
             }
         }
     }
