@@ -27,27 +27,29 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
-use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed};
+use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
 use crate::state::State;
 
-/// What the lane works on: device 0's budget and the live map, and the state for the rare
-/// outcomes. Made once, never freed.
+/// What the lane works on: device 0's budget and the live map's table, and the state for the
+/// rare outcomes. Made once, never freed.
 pub struct Lane {
     state: &'static State,
     budget: &'static DeviceBudget,
-    live: &'static LiveMap,
+    table: PtrTable<'static>,
 }
 
 /// The open lane (null: closed).
 static LANE: AtomicPtr<Lane> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Opens the lane on `budget` (device 0's) and `live` (the state checks its configuration:
-/// see the module documentation). Once: whether this call opened it.
+/// see the module documentation). Once: whether this call opened it (not if the map has no
+/// table of two buckets or more: the general path then keeps the pair).
 pub fn open(state: &'static State, budget: &'static DeviceBudget, live: &'static LiveMap) -> bool {
     if !LANE.load(Acquire).is_null() {
         return false;
     }
-    let lane = Box::into_raw(Box::new(Lane { state, budget, live }));
+    let Some(table) = live.ptr_table() else { return false };
+    let lane = Box::into_raw(Box::new(Lane { state, budget, table }));
     if LANE.compare_exchange(std::ptr::null_mut(), lane, AcqRel, Acquire).is_err() {
         // SAFETY: `lane` came from Box::into_raw above and was never shared.
         drop(unsafe { Box::from_raw(lane) });
@@ -75,7 +77,7 @@ pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUres
     }
     let budget = lane.budget;
     let bytes = bytes as u64;
-    budget.try_reserve(bytes, budget.limit()?).ok()?;
+    budget.try_reserve_own(bytes, budget.limit()?).ok()?;
     // SAFETY: the program's arguments, passed on unchanged.
     let result = unsafe { real(dptr, bytes as usize) };
     if result != CUDA_SUCCESS {
@@ -85,11 +87,11 @@ pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUres
     budget.take(bytes);
     // SAFETY: the driver succeeded, so it wrote the pointer through the non-null `dptr`.
     let key = unsafe { *dptr };
-    let live = Live { device: 0, bytes, served: false, pool: false, ctx: 0, id: entry_id() };
-    match Packed::of(&live).map(|p| lane.live.insert_packed(key, p)) {
+    let id = entry_id();
+    match Packed::of(&entry(bytes, id)).map(|p| lane.table.insert_packed(key, p)) {
         Some(Ok(None)) => {}
         Some(Ok(Some(stale))) => credit_stale(lane.state, stale),
-        _ => record(lane.state, key, live),
+        _ => record(lane.state, key, bytes, id),
     }
     Some(CUDA_SUCCESS)
 }
@@ -101,7 +103,7 @@ pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUres
 #[inline(always)]
 pub unsafe fn free(real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> Option<CUresult> {
     let lane = lane()?;
-    let entry = match lane.live.remove_packed(dptr) {
+    let entry = match lane.table.remove_packed(dptr) {
         Ok(Some(entry)) => entry,
         // not recorded (nothing is served from a reserve here): the driver answers for it
         // SAFETY: the program's argument, passed on unchanged.
@@ -114,18 +116,25 @@ pub unsafe fn free(real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CU
     // SAFETY: the program's argument, passed on unchanged.
     let result = unsafe { real(dptr) };
     if result == CUDA_SUCCESS {
-        lane.budget.freed(entry.bytes());
+        lane.budget.freed_own(entry.bytes());
     } else {
-        record(lane.state, dptr, entry.live());
+        record(lane.state, dptr, entry.bytes(), entry.id());
     }
     Some(result)
 }
 
-/// Records an entry the table could not take here (the state's general `record`).
+/// The entry of `bytes` of device memory counted on device 0 as the driver gave it.
+#[inline(always)]
+fn entry(bytes: u64, id: u64) -> Live {
+    Live { device: 0, bytes, served: false, pool: false, ctx: 0, id }
+}
+
+/// Records an entry the table could not take here (the state's general `record`). (Its
+/// fields passed rather than a `Live`, which would be built on the stack of the lane's frame.)
 #[cold]
 #[inline(never)]
-fn record(state: &'static State, key: u64, live: Live) {
-    let _ = catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, live)));
+fn record(state: &'static State, key: u64, bytes: u64, id: u64) {
+    let _ = catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, entry(bytes, id))));
 }
 
 /// Credits an entry the driver freed behind the shim's back (its pointer was handed out again).

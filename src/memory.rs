@@ -229,12 +229,21 @@ impl DeviceBudget {
         if let Some((quota, d)) = self.shared() {
             return self.try_reserve_shared(quota, d, bytes, limit);
         }
+        self.try_reserve_own(bytes, limit)
+    }
+
+    /// [`DeviceBudget::try_reserve`] of a budget without a shared quota (the fast lane's, which
+    /// is never opened with one: `lane`).
+    #[inline(always)]
+    pub fn try_reserve_own(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
         let mut reserved = self.reserved.load(Relaxed);
+        // what may be reserved already for `bytes` to fit (none: `bytes` alone is too many)
+        let Some(room) = limit.checked_sub(bytes) else { return Err(Refused { reserved, limit }) };
         loop {
-            let next = match reserved.checked_add(bytes) {
-                Some(n) if n <= limit => n,
-                _ => return Err(Refused { reserved, limit }),
-            };
+            if reserved > room {
+                return Err(Refused { reserved, limit });
+            }
+            let next = reserved + bytes; // ≤ limit
             match self.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
                 Ok(_) => {
                     raise_peak(&self.peak_reserved, next);
@@ -278,7 +287,8 @@ impl DeviceBudget {
     /// The program now holds `bytes` more.
     #[inline]
     pub fn take(&self, bytes: u64) {
-        let now = self.in_use.fetch_add(bytes, Relaxed).saturating_add(bytes);
+        // (wrapping: the counter itself would have wrapped)
+        let now = self.in_use.fetch_add(bytes, Relaxed).wrapping_add(bytes);
         raise_peak(&self.peak_in_use, now);
         if let Some(m) = self.mirror() {
             m.in_use.fetch_add(bytes, Relaxed);
@@ -291,15 +301,38 @@ impl DeviceBudget {
     /// looked at once).
     #[inline]
     pub fn freed(&self, bytes: u64) {
-        let released = saturating_sub(&self.reserved, bytes);
-        let given = saturating_sub(&self.in_use, bytes);
+        self.freed_own(bytes);
+        if let Some((quota, d)) = self.shared() {
+            quota.release(d, bytes);
+        }
+    }
+
+    /// [`DeviceBudget::freed`] of a budget without a shared quota (the fast lane's).
+    #[inline(always)]
+    pub fn freed_own(&self, bytes: u64) {
+        // `saturating_sub` of both, their common case tested once
+        let reserved = self.reserved.fetch_sub(bytes, Relaxed);
+        let in_use = self.in_use.fetch_sub(bytes, Relaxed);
+        let (released, given) = if reserved >= bytes && in_use >= bytes { (bytes, bytes) } else { self.freed_short(reserved, in_use, bytes) };
         if let Some(m) = self.mirror() {
             m.reserved.fetch_sub(released, Relaxed);
             m.in_use.fetch_sub(given, Relaxed);
         }
-        if let Some((quota, d)) = self.shared() {
-            quota.release(d, bytes);
-        }
+    }
+
+    /// `freed_own`'s subtractions when a counter held less than `bytes` (a bug): the excess
+    /// added back, as `saturating_sub` does; what was actually subtracted from each.
+    #[cold]
+    #[inline(never)]
+    fn freed_short(&self, reserved: u64, in_use: u64, bytes: u64) -> (u64, u64) {
+        let settle = |counter: &AtomicU64, before: u64| {
+            if before >= bytes {
+                return bytes;
+            }
+            counter.fetch_add(bytes - before, Relaxed);
+            before
+        };
+        (settle(&self.reserved, reserved), settle(&self.in_use, in_use))
     }
 
     /// The program gave `bytes` back (never below zero).
@@ -539,15 +572,18 @@ const SLOTS: usize = 10;
 /// first written (the table is zeroed memory from the allocator, i.e. fresh anonymous pages).
 const BUCKETS: usize = 8192;
 
-/// `Bucket::meta`: a writer is inside (the bucket's other words may be half-written).
-const BUSY: u64 = 1;
-const OCC_SHIFT: u32 = 1;
+/// `Bucket::meta`, from its lowest bit: the occupied slots (one bit each, from bit 0: a slot's
+/// number is its bit's, with no shift), `SPILLED` (above them: "not spilled and not full" is
+/// one comparison), `BUSY`, then the sequence.
+const OCC_SHIFT: u32 = 0;
 const OCC_MASK: u64 = ((1 << SLOTS) - 1) << OCC_SHIFT;
 /// `Bucket::meta`: some device pointer of this bucket is in the mutex map (`Bucket::spilled`).
 const SPILLED: u64 = 1 << (OCC_SHIFT + SLOTS as u32);
+/// `Bucket::meta`: a writer is inside (the bucket's other words may be half-written).
+const BUSY: u64 = SPILLED << 1;
 /// The sequence part of `Bucket::meta`: bumped by every write, so a reader that saw the same
 /// word before and after its reads saw no write in between (a seqlock).
-const SEQ_ONE: u64 = SPILLED << 1;
+const SEQ_ONE: u64 = BUSY << 1;
 
 /// What a slot's packed word holds: bytes (52 bits) | device (10 bits) | pool | served.
 const PACK_DEVICES: usize = 1 << 10;
@@ -556,7 +592,7 @@ const PACK_BYTES: u64 = 1 << 52;
 /// One bucket of the lock-free table: up to `SLOTS` device pointers whose hash picks it.
 #[repr(C, align(64))]
 struct Bucket {
-    /// `BUSY` | occupied slots (one bit each) | `SPILLED` | sequence.
+    /// Occupied slots (one bit each) | `SPILLED` | `BUSY` | sequence.
     meta: AtomicU64,
     /// How many device pointers of this bucket are in the mutex map; written only by the writer
     /// that holds `BUSY`. `SPILLED` is set in `meta` while it is not zero.
@@ -601,6 +637,27 @@ impl Bucket {
         self.meta.store(seq | occ | if spilled { SPILLED } else { 0 }, Release);
     }
 
+    /// Leaves with slot `j` now occupied (`occupied`) or free, `SPILLED` as it was: `leave`
+    /// for the packed operations, in two instructions (`before`, what `enter` returned, has
+    /// `BUSY` clear, so the new word is `before` with the bit changed, plus one sequence step).
+    #[inline(always)]
+    fn leave_slot(&self, before: u64, j: usize, occupied: bool) {
+        let bit = 1 << (j as u32 + OCC_SHIFT);
+        let word = if occupied { before | bit } else { before & !bit };
+        self.meta.store(word.wrapping_add(SEQ_ONE), Release);
+    }
+
+    /// Slot `j`'s words (key, packed entry, id).
+    ///
+    /// # Safety
+    /// `j < SLOTS`.
+    #[inline(always)]
+    unsafe fn slot(&self, j: usize) -> &[AtomicU64; 3] {
+        debug_assert!(j < SLOTS, "slot {j}");
+        // SAFETY: the caller's word.
+        unsafe { self.slots.get_unchecked(j) }
+    }
+
     /// The slot holding `key` among those `meta` says are occupied.
     #[inline]
     fn find(&self, meta: u64, key: u64) -> Option<usize> {
@@ -630,6 +687,46 @@ impl Bucket {
         self.slots[j][0].store(key, Relaxed);
         self.slots[j][1].store(packed, Relaxed);
         self.slots[j][2].store(id, Relaxed);
+    }
+
+    /// `LiveMap::insert_packed` in this bucket (its key's).
+    #[inline(always)]
+    fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
+        let before = self.enter();
+        // nothing in the mutex map and a slot free: below "every slot occupied", SPILLED clear
+        if before & (SPILLED | OCC_MASK) < OCC_MASK {
+            let (j, replaced) = match self.find(before, key) {
+                None => ((!before & OCC_MASK).trailing_zeros() - OCC_SHIFT, None),
+                Some(j) => (j as u32, Some(self.load_packed(j))),
+            };
+            let j = j as usize;
+            // SAFETY: `j` is an occupied slot (`find`) or the lowest free one, below SLOTS
+            // (`OCC_MASK` has SLOTS bits and some of them are clear in `before`).
+            let slot = unsafe { self.slot(j) };
+            slot[0].store(key, Relaxed);
+            slot[1].store(entry.word, Relaxed);
+            slot[2].store(entry.id, Relaxed);
+            self.leave_slot(before, j, true);
+            return Ok(replaced);
+        }
+        self.meta.store(before, Release); // nothing changed
+        Err(entry)
+    }
+
+    /// `LiveMap::remove_packed` in this bucket (its key's).
+    #[inline(always)]
+    fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
+        let before = self.enter();
+        if let Some(j) = self.find(before, key) {
+            let entry = self.load_packed(j);
+            self.leave_slot(before, j, false);
+            return Ok(Some(entry));
+        }
+        self.meta.store(before, Release); // nothing changed
+        if before & SPILLED == 0 {
+            return Ok(None);
+        }
+        Err(())
     }
 
     /// Runs `f` on a consistent view of the bucket (the meta word it saw, and reads of the
@@ -709,6 +806,11 @@ impl Packed {
         self.word & 2 != 0
     }
 
+    #[inline(always)]
+    pub fn id(self) -> u64 {
+        self.id
+    }
+
     #[inline]
     pub fn live(self) -> Live {
         unpack(self.word, self.id)
@@ -742,6 +844,45 @@ pub struct LiveMap {
     /// 32 − log2(buckets): see `ptr_bucket`.
     shift: u32,
     shards: Shards,
+}
+
+/// A live map's table as the fast lane (`lane`) holds it: where its buckets are and the shift
+/// that picks a key's, copied once, so that the pair's path reaches a bucket without looking
+/// at the map. Its operations are the map's packed ones ([`LiveMap::insert_packed`],
+/// [`LiveMap::remove_packed`]), on the same buckets.
+#[derive(Clone, Copy)]
+pub struct PtrTable<'a> {
+    buckets: *mut Bucket,
+    /// 64 − log2(buckets): a key's bucket is its hash's top bits (as `LiveMap::ptr_bucket`
+    /// picks it, in one shift: there are at least two buckets, so the shift is below 64).
+    shift: u32,
+    _map: std::marker::PhantomData<&'a LiveMap>,
+}
+
+// SAFETY: a view of the map's buckets (atomics only), which the map shares between threads.
+unsafe impl Send for PtrTable<'_> {}
+unsafe impl Sync for PtrTable<'_> {}
+
+impl PtrTable<'_> {
+    #[inline(always)]
+    fn bucket(&self, key: u64) -> &Bucket {
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift;
+        // SAFETY: the map's table has 2^(64 − shift) buckets (`LiveMap::ptr_table`), live as
+        // long as the map, and `h` has 64 − shift bits.
+        unsafe { &*self.buckets.add(h as usize) }
+    }
+
+    /// [`LiveMap::insert_packed`].
+    #[inline(always)]
+    pub fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
+        self.bucket(key).insert_packed(key, entry)
+    }
+
+    /// [`LiveMap::remove_packed`].
+    #[inline(always)]
+    pub fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
+        self.bucket(key).remove_packed(key)
+    }
 }
 
 impl LiveMap {
@@ -784,20 +925,10 @@ impl LiveMap {
     /// keys in the mutex map, or is full): `insert` then enters the bucket again.
     #[inline(always)]
     pub fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
-        let Some(b) = self.ptr_bucket(key) else { return Err(entry) };
-        let before = b.enter();
-        let empty = !before & OCC_MASK;
-        if before & SPILLED == 0 && empty != 0 {
-            let (j, replaced) = match b.find(before, key) {
-                None => ((empty.trailing_zeros() - OCC_SHIFT) as usize, None),
-                Some(j) => (j, Some(b.load_packed(j))),
-            };
-            b.store(j, key, entry.word, entry.id);
-            b.leave(before, (before & OCC_MASK) | 1 << (j as u32 + OCC_SHIFT), false);
-            return Ok(replaced);
+        match self.ptr_bucket(key) {
+            Some(b) => b.insert_packed(key, entry),
+            None => Err(entry),
         }
-        b.meta.store(before, Release); // nothing changed
-        Err(entry)
     }
 
     /// [`LiveMap::remove`] of a device pointer found in the table, its entry left packed (the
@@ -806,18 +937,16 @@ impl LiveMap {
     /// is no table): the caller then uses `remove`.
     #[inline(always)]
     pub fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
-        let Some(b) = self.ptr_bucket(key) else { return Err(()) };
-        let before = b.enter();
-        if let Some(j) = b.find(before, key) {
-            let entry = b.load_packed(j);
-            b.leave(before, before & OCC_MASK & !(1 << (j as u32 + OCC_SHIFT)), before & SPILLED != 0);
-            return Ok(Some(entry));
+        match self.ptr_bucket(key) {
+            Some(b) => b.remove_packed(key),
+            None => Err(()),
         }
-        b.meta.store(before, Release); // nothing changed
-        if before & SPILLED == 0 {
-            return Ok(None);
-        }
-        Err(())
+    }
+
+    /// The table as the fast lane holds it ([`PtrTable`]), if it has at least two buckets.
+    pub fn ptr_table(&self) -> Option<PtrTable<'_>> {
+        let log2 = self.table.len().trailing_zeros();
+        (self.table.len() >= 2).then(|| PtrTable { buckets: self.table.ptr, shift: 64 - log2, _map: std::marker::PhantomData })
     }
 
     /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
@@ -1184,6 +1313,18 @@ mod tests {
         assert_eq!((b.in_use(), b.peak_in_use()), (250, 300));
         b.give(1000);
         assert_eq!(b.in_use(), 0);
+        // `bytes` alone beyond the limit: refused, whatever is reserved
+        assert_eq!(b.try_reserve(1001, 1000), Err(Refused { reserved: 0, limit: 1000 }));
+        assert_eq!(b.try_reserve(1000, 1000), Ok(()));
+        b.take(400);
+        // freed: both counters, each never below zero
+        b.freed(300);
+        assert_eq!((b.reserved(), b.in_use()), (700, 100));
+        b.freed(500);
+        assert_eq!((b.reserved(), b.in_use()), (200, 0));
+        b.take(50);
+        b.freed(250);
+        assert_eq!((b.reserved(), b.in_use(), b.peak_reserved(), b.peak_in_use()), (0, 0, 1000, 400));
     }
 
     #[test]
@@ -1236,14 +1377,20 @@ mod tests {
                         let size = 1 + (i * 7919 + t * 104_729) % 300;
                         if b.try_reserve(size, 5_000).is_ok() {
                             b.take(size);
-                            if i % 2 == 0 {
+                            if i % 4 == 0 {
                                 b.give(size);
                                 b.release(size);
+                            } else if i % 4 == 2 {
+                                b.freed(size);
                             }
                         } else {
                             b.count_refusal();
-                            b.give(400); // (more than some hold: saturates at zero)
-                            b.release(400);
+                            if i % 3 == 0 {
+                                b.freed(400); // (more than some hold: saturates at zero)
+                            } else {
+                                b.give(400);
+                                b.release(400);
+                            }
                         }
                     }
                 })
@@ -1310,10 +1457,20 @@ mod live_map_tests {
     /// `insert` of a device pointer as the lane (`lane`) makes it: packed first, the general
     /// `insert` where the table declines.
     fn insert_packed_first(m: &LiveMap, k: u64, l: Live) -> Option<Live> {
+        insert_packed_via(m, k, l, false)
+    }
+
+    /// `insert_packed_first`, through the lane's view of the table (`PtrTable`) if `lane` and
+    /// the map has one.
+    fn insert_packed_via(m: &LiveMap, k: u64, l: Live, lane: bool) -> Option<Live> {
         if l.ctx == 0 && !l.served {
             if let Some(p) = Packed::of(&l) {
                 assert_eq!(p.live(), l);
-                if let Ok(replaced) = m.insert_packed(k, p) {
+                let packed = match m.ptr_table().filter(|_| lane) {
+                    Some(t) => t.insert_packed(k, p),
+                    None => m.insert_packed(k, p),
+                };
+                if let Ok(replaced) = packed {
                     return replaced.map(Packed::live);
                 }
             }
@@ -1323,9 +1480,41 @@ mod live_map_tests {
 
     /// `remove` of a device pointer as the free paths make it (`State::uncounted`, `lane`).
     fn remove_packed_first(m: &LiveMap, k: u64) -> Option<Live> {
-        match m.remove_packed(k) {
+        remove_packed_via(m, k, false)
+    }
+
+    fn remove_packed_via(m: &LiveMap, k: u64, lane: bool) -> Option<Live> {
+        let packed = match m.ptr_table().filter(|_| lane) {
+            Some(t) => t.remove_packed(k),
+            None => m.remove_packed(k),
+        };
+        match packed {
             Ok(found) => found.map(Packed::live),
             Err(()) => m.remove(Kind::DevicePtr, k),
+        }
+    }
+
+    #[test]
+    fn the_lanes_view_of_the_table_picks_the_maps_buckets() {
+        for buckets in [0, 1] {
+            assert!(LiveMap::with_buckets(buckets).ptr_table().is_none(), "{buckets} buckets");
+        }
+        for buckets in [2, 4, 64, BUCKETS] {
+            let m = LiveMap::with_buckets(buckets);
+            let t = m.ptr_table().unwrap();
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            let mut used = std::collections::HashSet::new();
+            for _ in 0..50_000 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                for k in [rng, rng & !0xFFF, 0x7f00_0000_0000 + (rng & 0xFFFF_F000)] {
+                    let b = m.ptr_bucket(k).unwrap() as *const Bucket;
+                    assert!(std::ptr::eq(t.bucket(k), b), "{buckets} buckets, key {k:#x}");
+                    used.insert(b as usize);
+                }
+            }
+            assert_eq!(used.len(), buckets, "every bucket picked");
         }
     }
 
@@ -1358,10 +1547,11 @@ mod live_map_tests {
                 rng ^= rng << 17;
                 let k = 0x7f00_0000_0000 + (rng >> 40) % 48 * 0x200;
                 let fresh = if rng % 11 == 0 { unfit(rng >> 8, step) } else { live((rng >> 4) as usize % 8, rng >> 24, step) };
+                let lane = rng & (1 << 33) != 0;
                 match rng % 8 {
-                    0..=2 => assert_eq!(insert_packed_first(&m, k, fresh), model.insert(k, fresh), "{buckets} buckets, step {step}"),
+                    0..=2 => assert_eq!(insert_packed_via(&m, k, fresh, lane), model.insert(k, fresh), "{buckets} buckets, step {step}"),
                     3 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
-                    4..=6 => assert_eq!(remove_packed_first(&m, k), model.remove(&k), "{buckets} buckets, step {step}"),
+                    4..=6 => assert_eq!(remove_packed_via(&m, k, lane), model.remove(&k), "{buckets} buckets, step {step}"),
                     _ => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
                 }
                 assert_eq!(m.get(Kind::DevicePtr, k), model.get(&k).copied());
@@ -1514,9 +1704,9 @@ mod live_map_tests {
                                 0..=5 => {
                                     let k = 0x7000_0000 + (t * 24 + (r >> 32) % 24) * 0x100;
                                     match (r >> 12) % 4 {
-                                        0 if r & (1 << 41) != 0 => assert_eq!(insert_packed_first(&m, k, fresh), model.insert(k, fresh)),
+                                        0 if r & (1 << 41) != 0 => assert_eq!(insert_packed_via(&m, k, fresh, r & (1 << 42) != 0), model.insert(k, fresh)),
                                         0 | 1 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
-                                        2 if r & (1 << 41) != 0 => assert_eq!(remove_packed_first(&m, k), model.remove(&k)),
+                                        2 if r & (1 << 41) != 0 => assert_eq!(remove_packed_via(&m, k, r & (1 << 42) != 0), model.remove(&k)),
                                         2 => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
                                         _ => {
                                             // remove_if with the current entry or a stale one
