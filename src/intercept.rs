@@ -151,15 +151,10 @@ macro_rules! hook_table {
         #[no_mangle]
         pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
             type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
-            let real = REAL[Hook::$sym as usize].load(std::sync::atomic::Ordering::Relaxed);
-            if real != 0 {
-                // SAFETY: the driver's own `$sym` (looked up by that exact name), whose C
-                // signature is the one declared in the table.
-                let real = unsafe { std::mem::transmute::<usize, Real>(real) };
-                // SAFETY: the program's arguments, passed on unchanged or checked first.
-                if let Some(result) = unsafe { $lane(real, $($arg),*) } {
-                    return result;
-                }
+            // SAFETY: the program's arguments, passed on unchanged or checked first (the lane
+            // holds the driver's own function, resolved when it opened).
+            if let Some(result) = unsafe { $lane($($arg),*) } {
+                return result;
             }
             #[cold]
             #[inline(never)]

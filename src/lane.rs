@@ -12,19 +12,24 @@
 //! driver, take or roll back; on free, forget, call the driver, credit or restore. Whatever it
 //! does not handle it declines *before* any effect, and the hook then takes the general path:
 //! a limit not yet resolved, a reservation refused (the general path retries after trimming
-//! pools, and reports), a NULL out-pointer, a pointer whose bucket has keys in the mutex map.
+//! pools, and reports), a NULL out-pointer, a pointer whose bucket has keys in the mutex map,
+//! figures not yet moved to the published file (never, once open: they move before).
 //! The rare outcomes after an effect (an entry that does not fit the table, one the driver
 //! freed behind the shim's back, a failed free, an entry of another kind) are handed to the
 //! state's own functions.
 //!
-//! **Why.** The general path cost ~340 instructions a pair (the hook's checks, the device
-//! and its budget looked up, entries built and copied); the lane ~220. Its path has no
-//! allocation, lock, system call or formatting, and no panic it can reach (the only indexing,
-//! of a bucket's 10 slots, is by a slot number below 10); the state's functions it hands the
-//! rare outcomes to run under `catch_unwind`, as hooks do.
+//! **Why.** The general path costs ~360 instructions a pair (the hook's checks, the device
+//! and its budget looked up, entries built and copied); the lane ~150 (callgrind: the
+//! driver's own pointers kept in the lane, the budget's figures updated once where they are
+//! published, the live map's table reached without the map). Its path has no allocation,
+//! lock, system call or formatting, and no panic it can reach (the only indexing, of a
+//! bucket's 10 slots, is by a slot number below 10); the state's functions it hands the rare
+//! outcomes to run under `catch_unwind`, as hooks do.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+use crate::hooks::{Hook, REAL};
 
 use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
@@ -36,7 +41,14 @@ pub struct Lane {
     state: &'static State,
     budget: &'static DeviceBudget,
     table: PtrTable<'static>,
+    /// The driver's own `cuMemAlloc_v2` and `cuMemFree_v2` (`hooks::REAL`, resolved before
+    /// the lane opens; the driver is never unloaded).
+    real_alloc: RealAlloc,
+    real_free: RealFree,
 }
+
+type RealAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+type RealFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
 
 /// The open lane (null: closed).
 static LANE: AtomicPtr<Lane> = AtomicPtr::new(std::ptr::null_mut());
@@ -49,7 +61,14 @@ pub fn open(state: &'static State, budget: &'static DeviceBudget, live: &'static
         return false;
     }
     let Some(table) = live.ptr_table() else { return false };
-    let lane = Box::into_raw(Box::new(Lane { state, budget, table }));
+    let real = |hook: Hook| REAL[hook as usize].load(Relaxed);
+    let (alloc, free) = (real(Hook::cuMemAlloc_v2), real(Hook::cuMemFree_v2));
+    if alloc == 0 || free == 0 {
+        return false;
+    }
+    // SAFETY: the driver's own functions of these exact names, whose C signatures these are.
+    let (real_alloc, real_free) = unsafe { (std::mem::transmute::<usize, RealAlloc>(alloc), std::mem::transmute::<usize, RealFree>(free)) };
+    let lane = Box::into_raw(Box::new(Lane { state, budget, table, real_alloc, real_free }));
     if LANE.compare_exchange(std::ptr::null_mut(), lane, AcqRel, Acquire).is_err() {
         // SAFETY: `lane` came from Box::into_raw above and was never shared.
         drop(unsafe { Box::from_raw(lane) });
@@ -68,23 +87,28 @@ fn lane() -> Option<&'static Lane> {
 /// `cuMemAlloc_v2` through the lane; `None`: declined before any effect (take the general path).
 ///
 /// # Safety
-/// `real` is the driver's `cuMemAlloc_v2`; `dptr` is the program's out-pointer.
+/// `dptr` is the program's out-pointer.
 #[inline(always)]
-pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult, dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
+pub unsafe fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
     let lane = lane()?;
+    let real = lane.real_alloc;
     if dptr.is_null() {
         return None;
     }
     let budget = lane.budget;
     let bytes = bytes as u64;
-    budget.try_reserve_own(bytes, budget.limit()?).ok()?;
+    // (the figures stay where they are across the driver's call: `Moved`)
+    let figures = budget.moved()?;
+    if !figures.try_reserve_within(budget, bytes) {
+        return None;
+    }
     // SAFETY: the program's arguments, passed on unchanged.
     let result = unsafe { real(dptr, bytes as usize) };
     if result != CUDA_SUCCESS {
-        budget.release(bytes);
+        figures.release(bytes);
         return Some(result);
     }
-    budget.take(bytes);
+    figures.take(bytes);
     // SAFETY: the driver succeeded, so it wrote the pointer through the non-null `dptr`.
     let key = unsafe { *dptr };
     let id = entry_id();
@@ -99,10 +123,11 @@ pub unsafe fn alloc(real: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUres
 /// `cuMemFree_v2` through the lane; `None`: declined before any effect (take the general path).
 ///
 /// # Safety
-/// `real` is the driver's `cuMemFree_v2`.
+/// None beyond the driver's own.
 #[inline(always)]
-pub unsafe fn free(real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> Option<CUresult> {
+pub unsafe fn free(dptr: CUdeviceptr) -> Option<CUresult> {
     let lane = lane()?;
+    let real = lane.real_free;
     let entry = match lane.table.remove_packed(dptr) {
         Ok(Some(entry)) => entry,
         // not recorded (nothing is served from a reserve here): the driver answers for it
@@ -116,7 +141,10 @@ pub unsafe fn free(real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CU
     // SAFETY: the program's argument, passed on unchanged.
     let result = unsafe { real(dptr) };
     if result == CUDA_SUCCESS {
-        lane.budget.freed_own(entry.bytes());
+        match lane.budget.moved() {
+            Some(figures) => figures.freed(entry.bytes()),
+            None => lane.budget.freed(entry.bytes()),
+        }
     } else {
         record(lane.state, dptr, entry.bytes(), entry.id());
     }
@@ -148,7 +176,7 @@ fn credit_stale(state: &'static State, stale: Packed) {
 /// another device's): the state's general path for it, the entry already taken out.
 #[cold]
 #[inline(never)]
-fn free_other(state: &'static State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr, entry: Packed) -> CUresult {
+fn free_other(state: &'static State, real: RealFree, dptr: CUdeviceptr, entry: Packed) -> CUresult {
     // SAFETY: the program's argument, passed on unchanged.
     catch_unwind(AssertUnwindSafe(|| state.free_taken(Kind::DevicePtr, dptr, entry.live(), None, || unsafe { real(dptr) }))).unwrap_or(CUDA_ERROR_UNKNOWN)
 }

@@ -6,9 +6,10 @@
 //!
 //! The file is created once, when the driver initialises (`cuInit`): never in a process that
 //! does not touch CUDA. It is mapped shared, and each device's budget (`memory::DeviceBudget`)
-//! holds a pointer to its entry: every change of a figure (a reservation, a release, a
-//! refusal, a resolved limit) copies the budget's figures into it with plain relaxed stores —
-//! no system call, no lock, no clock on the allocation path; readers see the page cache.
+//! keeps its figures in its entry from then on (`memory::publish_budgets` moves them there):
+//! every change of a figure (a reservation, a release, a refusal, a resolved limit) is the
+//! budget's own atomic update, made in the file — no copy, no system call, no lock, no clock
+//! on the allocation path; readers see the page cache.
 //!
 //! # Liveness
 //!
@@ -57,13 +58,35 @@ pub struct Dev {
     pub uuid: [AtomicU64; UUID_BYTES / 8],
     /// A part's derived UUID (all zero for a whole GPU).
     pub part_uuid: [AtomicU64; UUID_BYTES / 8],
-    /// The effective limit ([`UNKNOWN`] until resolved).
+    /// The device's figures: from publication on, the very counters the process' budget for
+    /// the device keeps (`memory::DeviceBudget`), not a copy.
+    pub figures: Figures,
+}
+
+/// A device's figures, as a budget keeps them and the file publishes them.
+#[repr(C)]
+pub struct Figures {
+    /// The effective limit ([`UNKNOWN`] until resolved), in the published entry only (a budget
+    /// holds its own in another form).
     pub limit: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
     pub reserved: AtomicU64,
     pub peak_reserved: AtomicU64,
     pub refused: AtomicU64,
+}
+
+impl Figures {
+    pub const fn new() -> Figures {
+        Figures {
+            limit: AtomicU64::new(0),
+            in_use: AtomicU64::new(0),
+            peak_in_use: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            peak_reserved: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
 }
 
 #[repr(C)]
@@ -210,7 +233,7 @@ impl Publisher {
         h.comm[1].store(u64::from_le_bytes(comm[8..].try_into().expect("8 bytes")), Relaxed);
         put_str(&h.quota, quota.unwrap_or(""));
         for (d, v) in h.dev.iter().zip(view) {
-            d.limit.store(UNKNOWN, Relaxed);
+            d.figures.limit.store(UNKNOWN, Relaxed);
             put_str(&d.uuid, &v.uuid);
             if let Some((index, count, uuid)) = &v.part {
                 d.part_index.store(*index, Relaxed);
@@ -420,12 +443,12 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
                 ordinal,
                 uuid: get_str(&d.uuid),
                 part: (d.part_count.load(Relaxed) != 0).then(|| (d.part_index.load(Relaxed), d.part_count.load(Relaxed), get_str(&d.part_uuid))),
-                limit: Some(d.limit.load(Relaxed)).filter(|&l| l != UNKNOWN),
-                in_use: d.in_use.load(Relaxed),
-                peak_in_use: d.peak_in_use.load(Relaxed),
-                reserved: d.reserved.load(Relaxed),
-                peak_reserved: d.peak_reserved.load(Relaxed),
-                refused: d.refused.load(Relaxed),
+                limit: Some(d.figures.limit.load(Relaxed)).filter(|&l| l != UNKNOWN),
+                in_use: d.figures.in_use.load(Relaxed),
+                peak_in_use: d.figures.peak_in_use.load(Relaxed),
+                reserved: d.figures.reserved.load(Relaxed),
+                peak_reserved: d.figures.peak_reserved.load(Relaxed),
+                refused: d.figures.refused.load(Relaxed),
             })
             .collect();
         Some(Process {
@@ -486,8 +509,8 @@ mod tests {
         let a = Publisher::start(&dir, None, &view).unwrap();
         let b = Publisher::start(&dir, Some("q"), &view).unwrap();
         assert_ne!(a.path, b.path);
-        a.device(0).unwrap().in_use.store(5, Relaxed);
-        b.device(0).unwrap().in_use.store(7, Relaxed);
+        a.device(0).unwrap().figures.in_use.store(5, Relaxed);
+        b.device(0).unwrap().figures.in_use.store(7, Relaxed);
         let seen = read_dir(&dir).unwrap();
         let mut figures: Vec<(Option<String>, u64, bool)> = seen.iter().map(|p| (p.quota.clone(), p.devices[0].in_use, p.alive)).collect();
         figures.sort();

@@ -339,6 +339,7 @@ impl State {
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
     fn reset_after_fork(&self) {
+        crate::memory::reset_gate_after_fork();
         for b in self.budgets.iter() {
             b.reset_after_fork();
         }
@@ -591,15 +592,23 @@ impl State {
         Ok(())
     }
 
-    /// Publishes the program's view and, from now on, every budget's figures (`live`). Once; a
-    /// thread that comes meanwhile (its own `cuInit`) waits until every budget is mirrored.
+    /// Publishes the program's view and, from now on, every budget's figures (`live`): the
+    /// budgets' figures move into the published file (`memory::publish_budgets`; they stay the
+    /// budgets' own where nothing is published). Once; a thread that comes meanwhile (its own
+    /// `cuInit`) waits until every budget's figures have moved.
     #[inline(never)] // a start-up step scripts/bench.sh counts by name
-    fn start_publishing(&self, devices: &[(String, [u8; 16])]) {
+    fn start_publishing(&'static self, devices: &[(String, [u8; 16])]) {
         static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| self.publish_now(devices));
+        ONCE.call_once(|| {
+            let publisher = self.publish_now(devices);
+            // (the program's devices only: the others' budgets, if ever used, keep the gate)
+            let count = self.program_devices().map_or(devices.len(), |d| d.list.len()).min(self.budgets.len());
+            let budgets: &'static [crate::memory::DeviceBudget] = &self.budgets;
+            crate::memory::publish_budgets(&budgets[..count], |i| publisher.and_then(|p| p.device(i)).map(|d| &d.figures));
+        });
     }
 
-    fn publish_now(&self, devices: &[(String, [u8; 16])]) {
+    fn publish_now(&self, devices: &[(String, [u8; 16])]) -> Option<&'static crate::live::Publisher> {
         let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
         let view: Vec<crate::live::ViewEntry> = (0..count)
             .map(|i| {
@@ -611,12 +620,7 @@ impl State {
                 crate::live::ViewEntry { uuid, part }
             })
             .collect();
-        let Some(publisher) = crate::sharing::publish(&self.settings, &view) else { return };
-        for (i, budget) in self.budgets.iter().enumerate().take(count) {
-            if let Some(dev) = publisher.device(i) {
-                budget.mirror_to(dev);
-            }
-        }
+        crate::sharing::publish(&self.settings, &view)
     }
 
     /// Figures of every device the program touched, for the report.
