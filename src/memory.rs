@@ -67,66 +67,105 @@ pub struct DeviceBudget {
     shared: AtomicPtr<(&'static Quota, usize)>,
 }
 
-/// The gate of updates to figures not yet moved ([`DeviceBudget::update`]): updates inside,
-/// and whether the move ([`publish_budgets`]) holds it closed.
-static GATE_INSIDE: AtomicU64 = AtomicU64::new(0);
-static GATE_CLOSED: AtomicBool = AtomicBool::new(false);
+/// The gate of updates to figures not yet moved ([`DeviceBudget::update`]), which the move
+/// ([`publish_budgets`]) closes: updates inside, and whether it is closed. An update inside
+/// only loads and stores atomics (it never waits for anything), so the move's wait is short.
+/// (A signal handler that updates a budget on a thread inside the gate or on the moving thread,
+/// before the move is done, would wait for itself, as with a live-map bucket's writer bit: the
+/// shim's hooks are not async-signal-safe, as CUDA's own functions are not.)
+pub struct Gate {
+    inside: AtomicU64,
+    closed: AtomicBool,
+}
 
-/// Inside the gate: entered once it is open, left when dropped.
-struct Inside;
+/// The process' gate.
+static GATE: Gate = Gate::new();
 
-impl Inside {
-    fn enter() -> Inside {
+/// Inside a gate: entered once it is open, left when dropped.
+struct Inside<'a>(&'a Gate);
+
+impl Gate {
+    pub const fn new() -> Gate {
+        Gate { inside: AtomicU64::new(0), closed: AtomicBool::new(false) }
+    }
+
+    fn enter(&self) -> Inside<'_> {
         let mut spins = 0u32;
         loop {
             // (SeqCst, with the move's: an update that entered is waited for, or sees the gate
             // closed and waits itself)
-            GATE_INSIDE.fetch_add(1, SeqCst);
-            if !GATE_CLOSED.load(SeqCst) {
-                return Inside;
+            self.inside.fetch_add(1, SeqCst);
+            if !self.closed.load(SeqCst) {
+                return Inside(self);
             }
-            GATE_INSIDE.fetch_sub(1, SeqCst);
-            while GATE_CLOSED.load(SeqCst) {
+            self.inside.fetch_sub(1, SeqCst);
+            while self.closed.load(SeqCst) {
                 spins = spin(spins);
             }
         }
     }
-}
 
-impl Drop for Inside {
-    fn drop(&mut self) {
-        GATE_INSIDE.fetch_sub(1, SeqCst);
+    /// Closes the gate and waits until no update is inside; runs `f`; opens it again (also
+    /// if `f` unwound: a gate left closed would hold every later update forever). One closer
+    /// at a time: another waits until it is opened (or it would open it under the first).
+    fn closed_for<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Open<'a>(&'a Gate);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.closed.store(false, SeqCst);
+            }
+        }
+        let mut spins = 0u32;
+        while self.closed.compare_exchange_weak(false, true, SeqCst, SeqCst).is_err() {
+            spins = spin(spins);
+        }
+        let _open = Open(self);
+        let mut spins = 0u32;
+        while self.inside.load(SeqCst) != 0 {
+            spins = spin(spins);
+        }
+        f()
+    }
+
+    /// In a forked child: open and empty. The parent's threads that were inside, or closing
+    /// it, are not in the child; left as copied, the child's own move would wait for them
+    /// forever.
+    fn reset_after_fork(&self) {
+        self.inside.store(0, SeqCst);
+        self.closed.store(false, SeqCst);
     }
 }
 
-/// Moves each budget's figures to `where(i)`, budget `i`'s published entry (`None`: they stay
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Moves each budget's figures to `place(i)`, budget `i`'s published entry (`None`: they stay
 /// its own): copied while the gate holds every update out, then pointed at. Once per process,
-/// when it starts publishing (or finds it will not: every `where` `None`); later updates pass
+/// when it starts publishing (or finds it will not: every `place` `None`); later updates pass
 /// no gate.
 pub fn publish_budgets(budgets: &'static [DeviceBudget], place: impl Fn(usize) -> Option<&'static Figures>) {
-    GATE_CLOSED.store(true, SeqCst);
-    let mut spins = 0u32;
-    while GATE_INSIDE.load(SeqCst) != 0 {
-        spins = spin(spins);
-    }
-    for (i, b) in budgets.iter().enumerate() {
-        if !b.figures.load(Acquire).is_null() {
-            continue; // (moved already: never twice)
-        }
-        let to = match place(i) {
-            Some(f) => {
-                let own = &b.own;
-                f.limit.store(b.limit().unwrap_or(UNRESOLVED), Relaxed);
-                for (from, to) in [(&own.in_use, &f.in_use), (&own.peak_in_use, &f.peak_in_use), (&own.reserved, &f.reserved), (&own.peak_reserved, &f.peak_reserved), (&own.refused, &f.refused)] {
-                    to.store(from.load(Relaxed), Relaxed);
-                }
-                f
+    GATE.closed_for(|| {
+        for (i, b) in budgets.iter().enumerate() {
+            if !b.figures.load(Acquire).is_null() {
+                continue; // (moved already: never twice)
             }
-            None => &b.own,
-        };
-        b.figures.store(to as *const Figures as *mut Figures, Release);
-    }
-    GATE_CLOSED.store(false, SeqCst);
+            let to = match place(i) {
+                Some(f) => {
+                    let own = &b.own;
+                    f.limit.store(b.limit().unwrap_or(UNRESOLVED), Relaxed);
+                    for (from, to) in [(&own.in_use, &f.in_use), (&own.peak_in_use, &f.peak_in_use), (&own.reserved, &f.reserved), (&own.peak_reserved, &f.peak_reserved), (&own.refused, &f.refused)] {
+                        to.store(from.load(Relaxed), Relaxed);
+                    }
+                    f
+                }
+                None => &b.own,
+            };
+            b.figures.store(to as *const Figures as *mut Figures, Release);
+        }
+    });
 }
 
 /// The budgets of `n` devices: all zero, as [`DeviceBudget::new`] makes them ([`Zeroed`]);
@@ -223,7 +262,7 @@ impl DeviceBudget {
     #[cold]
     #[inline(never)]
     fn update_gated<R>(&self, op: impl FnOnce(&Figures) -> R) -> R {
-        let _inside = Inside::enter();
+        let _inside = GATE.enter();
         // (moved meanwhile, before the gate closed behind us: there)
         op(self.figures())
     }
@@ -414,7 +453,8 @@ impl DeviceBudget {
 /// methods do (`try_reserve`, `take`, `freed` and `release` without a shared quota: the fast
 /// lane never has one). They stay where they are while the process lives, but in a forked
 /// child, whose only thread is the one that forked: a handle may be kept across a call into
-/// the driver.
+/// the driver. (A `fork` from a signal handler that interrupted that call is not supported:
+/// the shim's fork handlers take locks, as glibc's own do.)
 #[derive(Clone, Copy)]
 pub struct Moved<'a>(&'a Figures);
 
@@ -512,8 +552,7 @@ fn freed_short(f: &Figures, reserved: u64, in_use: u64, bytes: u64) {
 /// In a forked child (`fork`), before its budgets are used: the gate open and empty (the
 /// parent's threads that were inside are not here).
 pub fn reset_gate_after_fork() {
-    GATE_INSIDE.store(0, SeqCst);
-    GATE_CLOSED.store(false, SeqCst);
+    GATE.reset_after_fork();
 }
 
 /// What kind of object a live entry is: the key spaces differ (a VMM handle is an opaque
@@ -1498,7 +1537,22 @@ mod tests {
             let entries: &'static [Figures] = Box::leak((0..3).map(|_| Figures::new()).collect::<Vec<_>>().into_boxed_slice());
             budgets[0].set_limit(LIMIT);
             budgets[2].set_limit(LIMIT);
-            let go = Arc::new(std::sync::Barrier::new(7));
+            let go = Arc::new(std::sync::Barrier::new(8));
+            // device 2's limit set over and over until its figures have moved: the last one
+            // set is the one published, whichever side of the move it fell on
+            let setter = {
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    go.wait();
+                    let mut n = 0u64;
+                    while budgets[2].moved().is_none() {
+                        n += 1;
+                        budgets[2].set_limit(LIMIT + n);
+                    }
+                    budgets[2].set_limit(LIMIT + n + 1);
+                    n + 1
+                })
+            };
             let threads: Vec<_> = (0..6u64)
                 .map(|t| {
                     let go = go.clone();
@@ -1557,12 +1611,90 @@ mod tests {
             }
             // the limit set meanwhile (device 0's: thread 5's step 1,000) was published
             assert_eq!((entries[0].limit.load(SeqCst), budgets[0].limit()), (LIMIT - 1, Some(LIMIT - 1)));
-            assert_eq!(entries[2].limit.load(SeqCst), LIMIT);
+            let last = LIMIT + setter.join().unwrap();
+            assert_eq!((entries[2].limit.load(SeqCst), budgets[2].limit()), (last, Some(last)), "round {round}");
             // a forked child's budget lets go of the published entry
             budgets[0].reset_after_fork();
             budgets[0].take(5);
             assert_eq!((budgets[0].in_use(), entries[0].in_use.load(SeqCst)), (5, want[0].1));
         }
+    }
+
+    /// The lane's reservation ([`Moved::try_reserve_within`]) against the budget's limit: none
+    /// while it is not resolved, exact at its edges (the largest limit included).
+    #[test]
+    fn moved_figures_reserve_within_the_limit_exactly() {
+        let b: &'static [DeviceBudget] = Box::leak(vec![DeviceBudget::new()].into_boxed_slice());
+        let entry: &'static Figures = Box::leak(Box::new(Figures::new()));
+        publish_budgets(b, |_| Some(entry));
+        let (b, m) = (&b[0], b[0].moved().unwrap());
+        assert!(!m.try_reserve_within(b, 0) && !m.try_reserve_within(b, 1)); // not resolved
+        b.set_limit(1000);
+        assert!(!m.try_reserve_within(b, 1001) && !m.try_reserve_within(b, u64::MAX));
+        assert_eq!(b.reserved(), 0);
+        assert!(m.try_reserve_within(b, 1000));
+        assert!(!m.try_reserve_within(b, 1));
+        assert!(m.try_reserve_within(b, 0));
+        assert_eq!((b.reserved(), entry.reserved.load(SeqCst)), (1000, 1000));
+        m.release(600);
+        assert!(m.try_reserve_within(b, 600) && !m.try_reserve_within(b, 1));
+        m.release(1000);
+        b.set_limit(u64::MAX); // (held as u64::MAX - 1)
+        assert!(!m.try_reserve_within(b, u64::MAX));
+        assert!(m.try_reserve_within(b, u64::MAX - 1 - 1000));
+        assert!(m.try_reserve_within(b, 1000));
+        assert!(!m.try_reserve_within(b, 1));
+        assert_eq!((b.reserved(), b.peak_reserved()), (u64::MAX - 1, u64::MAX - 1));
+    }
+
+    /// A gate: closed, it waits for the update inside and holds new ones out; reopened after
+    /// its closure unwound; open and empty after a fork whatever it was left as.
+    #[test]
+    fn the_gate_waits_for_updates_inside_and_reopens() {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let inside = gate.enter();
+        let step = Arc::new(AtomicU64::new(0));
+        let closer = {
+            let step = step.clone();
+            std::thread::spawn(move || gate.closed_for(|| step.fetch_add(1, SeqCst)))
+        };
+        while !gate.closed.load(SeqCst) {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(step.load(SeqCst), 0); // (waiting for the update inside)
+        let late = {
+            let step = step.clone();
+            std::thread::spawn(move || {
+                let _in = gate.enter();
+                step.fetch_add(10, SeqCst)
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(step.load(SeqCst), 0);
+        drop(inside);
+        assert_eq!(closer.join().unwrap(), 0); // the closure ran before the late update
+        assert_eq!(late.join().unwrap(), 1);
+        assert_eq!((gate.inside.load(SeqCst), gate.closed.load(SeqCst)), (0, false));
+        // a second closer waits for the first to open it
+        let second = gate.closed_for(|| {
+            let other = std::thread::spawn(move || gate.closed_for(|| gate.closed.load(SeqCst)));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!other.is_finished());
+            other
+        });
+        assert!(second.join().unwrap());
+        assert!(!gate.closed.load(SeqCst));
+        // unwound: open again
+        assert!(std::panic::catch_unwind(|| gate.closed_for(|| panic!("unwinds"))).is_err());
+        assert!(!gate.closed.load(SeqCst));
+        drop(gate.enter());
+        // left as a forked child finds it: open and empty
+        std::mem::forget(gate.enter());
+        gate.closed.store(true, SeqCst);
+        gate.reset_after_fork();
+        assert_eq!((gate.inside.load(SeqCst), gate.closed.load(SeqCst)), (0, false));
+        gate.closed_for(|| ());
     }
 
     #[test]

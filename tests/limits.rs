@@ -548,7 +548,8 @@ fn one_device_takes_the_fast_lane_and_the_limit_holds() {
         .op(Op::MemFree(3)) // 6
         .op(Op::MemFree(1)) // 7
         .op(Op::Info) // 8: all free
-        .op(Op::Alloc("mem", LIMIT)); // 9
+        .op(Op::Alloc("mem", LIMIT)) // 9: the whole limit, through the lane
+        .op(Op::Alloc("mem", 1)); // 10: one byte beyond it, refused
     for scenario in [standard_on("mem", &[Some(LIMIT)]), stream] {
         for path in MIXED_PATHS {
             for shim in [false, true] {
