@@ -82,6 +82,7 @@ pub struct Gate {
 static GATE: Gate = Gate::new();
 
 /// Inside a gate: entered once it is open, left when dropped.
+#[must_use = "the gate is left as soon as this is dropped"]
 struct Inside<'a>(&'a Gate);
 
 impl Gate {
@@ -303,8 +304,16 @@ impl DeviceBudget {
     pub fn set_limit(&self, limit: u64) {
         // (inside the gate: the move copies the limit, or this stores it in the moved figures)
         self.update(move |f| {
-            self.limit_plus_one.store(limit.min(UNRESOLVED - 1) + 1, Release);
-            f.limit.store(limit.min(UNRESOLVED - 1), Relaxed);
+            self.limit_plus_one.store(limit.min(UNRESOLVED - 1) + 1, SeqCst);
+            // the figures show the limit in force: of two set at once, the one stored last
+            // (SeqCst: whichever stores the figures' last sees the last limit, and stores it)
+            loop {
+                let now = self.limit_plus_one.load(SeqCst) - 1;
+                f.limit.store(now, SeqCst);
+                if self.limit_plus_one.load(SeqCst) - 1 == now {
+                    return;
+                }
+            }
         });
     }
 
@@ -1539,7 +1548,7 @@ mod tests {
             budgets[2].set_limit(LIMIT);
             let go = Arc::new(std::sync::Barrier::new(8));
             // device 2's limit set over and over until its figures have moved: the last one
-            // set is the one published, whichever side of the move it fell on
+            // set (before the move, or across it) is the one published
             let setter = {
                 let go = go.clone();
                 std::thread::spawn(move || {
@@ -1549,8 +1558,7 @@ mod tests {
                         n += 1;
                         budgets[2].set_limit(LIMIT + n);
                     }
-                    budgets[2].set_limit(LIMIT + n + 1);
-                    n + 1
+                    n
                 })
             };
             let threads: Vec<_> = (0..6u64)
@@ -1663,26 +1671,45 @@ mod tests {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(step.load(SeqCst), 0); // (waiting for the update inside)
+        // an update that comes while it is closed is held out until the closure has run
+        let trying = Arc::new(AtomicBool::new(false));
         let late = {
-            let step = step.clone();
+            let (step, trying) = (step.clone(), trying.clone());
             std::thread::spawn(move || {
+                trying.store(true, SeqCst);
                 let _in = gate.enter();
                 step.fetch_add(10, SeqCst)
             })
         };
+        while !trying.load(SeqCst) {
+            std::hint::spin_loop();
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert_eq!(step.load(SeqCst), 0);
+        assert_eq!((step.load(SeqCst), gate.inside.load(SeqCst)), (0, 1));
         drop(inside);
         assert_eq!(closer.join().unwrap(), 0); // the closure ran before the late update
         assert_eq!(late.join().unwrap(), 1);
         assert_eq!((gate.inside.load(SeqCst), gate.closed.load(SeqCst)), (0, false));
-        // a second closer waits for the first to open it
-        let second = gate.closed_for(|| {
-            let other = std::thread::spawn(move || gate.closed_for(|| gate.closed.load(SeqCst)));
+        // a second closer waits for the first to open it: its closure runs after the first's
+        // returned
+        let first_done = Arc::new(AtomicBool::new(false));
+        let (second, trying) = gate.closed_for(|| {
+            let trying = Arc::new(AtomicBool::new(false));
+            let other = {
+                let (first_done, trying) = (first_done.clone(), trying.clone());
+                std::thread::spawn(move || {
+                    trying.store(true, SeqCst);
+                    gate.closed_for(|| first_done.load(SeqCst))
+                })
+            };
+            while !trying.load(SeqCst) {
+                std::hint::spin_loop();
+            }
             std::thread::sleep(std::time::Duration::from_millis(20));
-            assert!(!other.is_finished());
-            other
+            first_done.store(true, SeqCst);
+            (other, trying)
         });
+        assert!(trying.load(SeqCst));
         assert!(second.join().unwrap());
         assert!(!gate.closed.load(SeqCst));
         // unwound: open again
@@ -1695,6 +1722,33 @@ mod tests {
         gate.reset_after_fork();
         assert_eq!((gate.inside.load(SeqCst), gate.closed.load(SeqCst)), (0, false));
         gate.closed_for(|| ());
+    }
+
+    /// Limits set at once by several threads on moved figures: the figures show the limit in
+    /// force, the last stored, whatever the interleaving.
+    #[test]
+    fn limits_set_at_once_publish_the_one_in_force() {
+        for round in 0..200u64 {
+            let b: &'static [DeviceBudget] = Box::leak(vec![DeviceBudget::new()].into_boxed_slice());
+            let entry: &'static Figures = Box::leak(Box::new(Figures::new()));
+            publish_budgets(b, |_| Some(entry));
+            let go = Arc::new(std::sync::Barrier::new(4));
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let go = go.clone();
+                    std::thread::spawn(move || {
+                        go.wait();
+                        for i in 0..50u64 {
+                            b[0].set_limit(round * 1_000 + t * 100 + i);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(Some(entry.limit.load(SeqCst)), b[0].limit(), "round {round}");
+        }
     }
 
     #[test]

@@ -162,9 +162,15 @@ fn quiet_panics() {
     });
 }
 
+/// Held while the budgets' figures move to the published file ([`State::start_publishing`]),
+/// and by a fork: the child of a fork made meanwhile would find it half done.
+static PUBLISHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The prepare handler of `fork`: takes every lock of the state, in nesting order.
 pub fn hold_for_fork() {
     let Some(st) = get_if_ready() else { return };
+    // (first: publishing takes no other lock of the shim's under it)
+    crate::fork::hold(&PUBLISHING);
     st.reserves.hold_for_fork();
     // (taken under a reserve's lock when a stale chunk is credited: after the reserves)
     st.teardowns.hold_for_fork();
@@ -599,6 +605,9 @@ impl State {
     #[inline(never)] // a start-up step scripts/bench.sh counts by name
     fn start_publishing(&'static self, devices: &[(String, [u8; 16])]) {
         static ONCE: std::sync::Once = std::sync::Once::new();
+        // (a fork waits until the move is done: a child would find the `Once` running forever,
+        // its budgets half moved; no call into the driver is made under it)
+        let _no_fork = PUBLISHING.lock().unwrap_or_else(|e| e.into_inner());
         ONCE.call_once(|| {
             let publisher = self.publish_now(devices);
             // (the program's devices only: the others' budgets, if ever used, keep the gate)

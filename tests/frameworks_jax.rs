@@ -19,8 +19,16 @@ fn venv_python() -> PathBuf {
 }
 
 /// Per device JAX shows: `limitI` (its allocator's `bytes_limit`) after a `device_put`.
+///
+/// JAX tries its CUDA backend only where a GPU's device node exists (`/dev/nvidia0`,
+/// `/dev/nvidiactl` or `/dev/dxg`: `jax._src.hardware_utils.has_visible_nvidia_gpu`), and
+/// falls back to the CPU without a word otherwise. The simulated driver has no device node, and
+/// a machine without a GPU (CI's) has none either: the probe answers that check itself, so the
+/// CUDA backend is tried on the simulated driver wherever the tests run.
 const PROBE: &str = r#"
 import numpy as np, jax
+from jax._src import hardware_utils
+hardware_utils.has_visible_nvidia_gpu = lambda: True
 ds = jax.devices()
 print("count=%d" % len(ds))
 for d in ds:
