@@ -168,9 +168,9 @@ static PUBLISHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The prepare handler of `fork`: takes every lock of the state, in nesting order.
 pub fn hold_for_fork() {
-    let Some(st) = get_if_ready() else { return };
     // (first: publishing takes no other lock of the shim's under it)
     crate::fork::hold(&PUBLISHING);
+    let Some(st) = get_if_ready() else { return };
     st.reserves.hold_for_fork();
     // (taken under a reserve's lock when a stale chunk is credited: after the reserves)
     st.teardowns.hold_for_fork();
@@ -954,5 +954,38 @@ impl State {
             }
             _ => (driver_free, driver_total),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    /// A fork's prepare handler waits while the budgets' figures move (the publishing lock,
+    /// held by [`State::start_publishing`]), and lets it go in the parent after the fork.
+    #[test]
+    fn a_fork_waits_for_the_budgets_move() {
+        let moving = PUBLISHING.lock().unwrap();
+        let (trying, held) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let fork = {
+            let (trying, held) = (trying.clone(), held.clone());
+            std::thread::spawn(move || {
+                trying.store(true, Ordering::SeqCst);
+                hold_for_fork(); // (the prepare handler's work)
+                held.store(true, Ordering::SeqCst);
+                crate::fork::release_all(); // (the parent handler's)
+            })
+        };
+        while !trying.load(Ordering::SeqCst) {
+            std::hint::spin_loop();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!held.load(Ordering::SeqCst), "the fork went ahead while the figures moved");
+        drop(moving);
+        fork.join().unwrap();
+        assert!(held.load(Ordering::SeqCst));
+        drop(PUBLISHING.try_lock().expect("let go after the fork"));
     }
 }

@@ -488,6 +488,34 @@ fn a_forked_child_never_changes_its_parents_figures() {
     }
 }
 
+/// Forks around another thread's first `cuInit`: every child's own `cuInit` returns. 30
+/// programs, each forking children as fast as it can from the moment the driver's own `cuInit`
+/// is done until the shim's returns (`tests/c/forkq.c`, `initrace`), then 8 more; without the
+/// shim the same programs fork once it returned. (The shim's move of the budgets' figures, a
+/// child forked in the middle of which would hang, lasts a few microseconds: these forks land
+/// in it only now and then; `state::tests::a_fork_waits_for_the_budgets_move` checks the lock
+/// that keeps a fork out of it.)
+#[test]
+fn a_fork_during_the_first_cuinit_leaves_a_child_that_can_init() {
+    for shim in [false, true] {
+        let (mut children, mut during) = (0, 0);
+        for round in 0..30 {
+            let out = Run::program(Program::ForkQuota)
+                .env("GPUSIM_DEVICES", "2")
+                .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+                .arg("initrace")
+                .shim(shim)
+                .run();
+            out.assert_completed();
+            assert_eq!((out.num("hung"), out.num("failed"), out.num("init.rc")), (0, 0, 0), "round {round}, shim {shim}\n{}", out.dump());
+            children += out.num("children");
+            during += out.num("during");
+        }
+        assert!(children >= 30 * 8, "{children} children");
+        eprintln!("shim {shim}: {children} children, {during} forked during the first cuInit");
+    }
+}
+
 /// A graph launched, its pool trimmed, the memory allocated by other means, then the graph
 /// launched again: the second launch needs the pool to grow again and is checked like a first
 /// one (it used to pass unchecked: 1.25 GiB on the driver under a 1 GiB limit).

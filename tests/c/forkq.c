@@ -11,17 +11,89 @@
  *   linger (tests/observability.rs) allocates CHILD_BYTES in a context of its own and sleeps;
  *          the parent does not wait: it creates the file argv[4] once the child allocated
  *          and sleeps (both 60 s)
+ *   initrace (the other arguments unused) a thread makes the process' first CUDA call, cuInit,
+ *          while the main thread forks children as fast as it can until that call returns
+ *          (and 8 more after), from the moment the driver's own cuInit is done: the simulator
+ *          has counted GPUSIM_DEVICES calls of cuDeviceGetUuid (the shim's look at the devices,
+ *          right before it publishes them), or the call returned (a child forked in the middle
+ *          of the driver's own initialisation would find its lock taken for ever, as with a
+ *          real driver's); each child calls cuInit and exits with 0 if it returned. The
+ *          parent waits up to 10 s for all of them, kills those left, and prints
+ *          children=N during=D (forked before the first cuInit returned) hung=H failed=F
+ *          init.rc=RC done=1 (no other output)
  * The parent waits (child.status), then allocates CHILD_BYTES (after.rc1) and again (after.rc2)
  * and reads cuMemGetInfo (after.free).
  */
 #include <cuda.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "sim_hooks.h"
+
+static atomic_int init_done;
+static int init_rc = -1;
+
+static void *first_init(void *arg) {
+    (void)arg;
+    init_rc = (int)cuInit(0);
+    atomic_store(&init_done, 1);
+    return NULL;
+}
+
+static int init_race(void) {
+    enum { MAX = 4096 };
+    static pid_t kids[MAX];
+    int n = 0, after = 0, during = 0;
+    pthread_t t;
+    const char *devices = getenv("GPUSIM_DEVICES");
+    unsigned long long looked = devices ? strtoull(devices, NULL, 10) : 1;
+    if (pthread_create(&t, NULL, first_init, NULL) != 0) return 3;
+    while (!atomic_load(&init_done) && sim_calls("cuDeviceGetUuid") < looked) {
+    }
+    while (n < MAX && after < 8) {
+        if (atomic_load(&init_done)) after++;
+        else during++;
+        pid_t pid = fork();
+        if (pid == 0) _exit(cuInit(0) == CUDA_SUCCESS ? 0 : 1);
+        if (pid > 0) kids[n++] = pid;
+    }
+    pthread_join(t, NULL);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int left = n, hung = 0, failed = 0;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            left--;
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+            continue;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec >= 10) break;
+        usleep(1000);
+    }
+    for (int i = 0; i < n && left > 0; i++) {
+        if (waitpid(kids[i], NULL, WNOHANG) == 0) {
+            kill(kids[i], SIGKILL);
+            waitpid(kids[i], NULL, 0);
+            hung++;
+            left--;
+        }
+    }
+    printf("children=%d\nduring=%d\nhung=%d\nfailed=%d\ninit.rc=%d\ndone=1\n", n, during, hung, failed, init_rc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "initrace")) return init_race();
     if (argc < 4) return 2;
     const char *mode = argv[1];
     size_t parent_bytes = (size_t)strtoull(argv[2], NULL, 10), child_bytes = (size_t)strtoull(argv[3], NULL, 10);
