@@ -42,8 +42,7 @@ pub fn hold<T: 'static>(m: &'static Mutex<T>) {
     let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
 }
 
-/// Lets go of what [`hold`] took on this thread.
-pub(crate) fn release_all() {
+fn release_all() {
     let _ = HELD.try_with(|h| {
         // released in the reverse order of taking
         let mut held = std::mem::take(&mut *h.borrow_mut());

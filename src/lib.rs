@@ -25,6 +25,7 @@ mod live;
 mod log;
 mod md2;
 mod memory;
+mod once;
 mod modes;
 mod nvml_virtual;
 mod placement;

@@ -33,14 +33,14 @@ const MIB: u64 = 1 << 20;
 pub struct Reserves {
     /// One per device, on the heap, made at first use (only the `grow` and `preallocate`
     /// modes have reserves: start-up does not pay for 256 empty arenas).
-    arenas: std::sync::OnceLock<Box<[Mutex<Arena>]>>,
+    arenas: crate::once::ForkOnce<Box<[Mutex<Arena>]>>,
     /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
     present: [AtomicU64; MAX_DEVICES / 64],
 }
 
 impl Reserves {
     pub fn new() -> Self {
-        Reserves { arenas: std::sync::OnceLock::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
+        Reserves { arenas: crate::once::ForkOnce::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
     }
 
     fn arenas(&self) -> &[Mutex<Arena>] {

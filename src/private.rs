@@ -23,7 +23,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use crate::once::ForkOnce as OnceLock;
 
 use crate::ffi::*;
 use crate::log::{log, Level};

@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::
 
 /// Bumped in every forked child (`fork.rs`, the library's `pthread_atfork` handler): places
 /// taken under an earlier generation are a parent's.
-pub static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+pub use crate::once::FORK_GENERATION;
 
 const NO_SLOT: usize = usize::MAX;
 
@@ -183,7 +183,7 @@ pub struct DeviceInfo {
 
 /// Where errors met outside a `Result` (a reservation refused because the quota's lock is
 /// unusable) are reported; set once by the shim (its log). Unset: not reported.
-pub static ON_ERROR: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+pub static ON_ERROR: crate::once::ForkOnce<fn(&str)> = crate::once::ForkOnce::new();
 
 fn report_error(e: &str) {
     if let Some(f) = ON_ERROR.get() {

@@ -6,7 +6,7 @@
 //! in JSON); without a report target, that summary alone goes to the log (stderr by default).
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use crate::once::ForkOnce as OnceLock;
 
 use crate::config::ReportTarget;
 use crate::state;

@@ -12,7 +12,9 @@
 //! (see `quota`).
 
 use std::path::Path;
-use std::sync::{Once, OnceLock};
+use crate::once::ForkOnce as OnceLock;
+
+type Once = OnceLock<()>;
 
 use crate::config::{self, Settings};
 use crate::ffi::CUdevice;
@@ -37,7 +39,7 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
             let dir = quota::state_dir(s.state_dir.as_deref());
             match Publisher::start(&dir, quota().map(|q| q.name.as_str()), view) {
                 Ok(p) => {
-                    static ONCE: Once = Once::new();
+                    static ONCE: Once = OnceLock::new();
                     extern "C" fn remove() {
                         let _ = std::panic::catch_unwind(|| PUBLISHER.get().and_then(Option::as_ref).map(Publisher::remove));
                     }
@@ -71,7 +73,7 @@ pub fn quota() -> Option<&'static Quota> {
 
 /// Registers, once, the `atexit` handler that leaves the quota and the registry.
 fn leave_at_exit() {
-    static ONCE: Once = Once::new();
+    static ONCE: Once = OnceLock::new();
     extern "C" fn leave() {
         let _ = std::panic::catch_unwind(|| {
             QUOTA.get().map(Quota::leave);

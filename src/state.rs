@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::OnceLock;
+use crate::once::ForkOnce as OnceLock;
 
 use crate::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
@@ -153,7 +153,7 @@ fn init() -> Option<&'static State> {
 /// Rust's default message and backtrace into the program's stderr. The hook is the shim's own:
 /// the library has its own copy of the standard library.
 fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
+    static ONCE: crate::once::ForkOnce<()> = crate::once::ForkOnce::new();
     ONCE.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
             let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
@@ -162,14 +162,8 @@ fn quiet_panics() {
     });
 }
 
-/// Held while the budgets' figures move to the published file ([`State::start_publishing`]),
-/// and by a fork: the child of a fork made meanwhile would find it half done.
-static PUBLISHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// The prepare handler of `fork`: takes every lock of the state, in nesting order.
 pub fn hold_for_fork() {
-    // (first: publishing takes no other lock of the shim's under it)
-    crate::fork::hold(&PUBLISHING);
     let Some(st) = get_if_ready() else { return };
     st.reserves.hold_for_fork();
     // (taken under a reserve's lock when a stale chunk is credited: after the reserves)
@@ -604,10 +598,9 @@ impl State {
     /// `cuInit`) waits until every budget's figures have moved.
     #[inline(never)] // a start-up step scripts/bench.sh counts by name
     fn start_publishing(&'static self, devices: &[(String, [u8; 16])]) {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        // (a fork waits until the move is done: a child would find the `Once` running forever,
-        // its budgets half moved; no call into the driver is made under it)
-        let _no_fork = PUBLISHING.lock().unwrap_or_else(|e| e.into_inner());
+        // (fork-aware: a child forked in the middle of the move runs it again, on its own
+        // budgets, which its fork handler pointed back at their own figures)
+        static ONCE: crate::once::ForkOnce<()> = crate::once::ForkOnce::new();
         ONCE.call_once(|| {
             let publisher = self.publish_now(devices);
             // (the program's devices only: the others' budgets, if ever used, keep the gate)
@@ -954,38 +947,5 @@ impl State {
             }
             _ => (driver_free, driver_total),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
-
-    /// A fork's prepare handler waits while the budgets' figures move (the publishing lock,
-    /// held by [`State::start_publishing`]), and lets it go in the parent after the fork.
-    #[test]
-    fn a_fork_waits_for_the_budgets_move() {
-        let moving = PUBLISHING.lock().unwrap();
-        let (trying, held) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let fork = {
-            let (trying, held) = (trying.clone(), held.clone());
-            std::thread::spawn(move || {
-                trying.store(true, Ordering::SeqCst);
-                hold_for_fork(); // (the prepare handler's work)
-                held.store(true, Ordering::SeqCst);
-                crate::fork::release_all(); // (the parent handler's)
-            })
-        };
-        while !trying.load(Ordering::SeqCst) {
-            std::hint::spin_loop();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!held.load(Ordering::SeqCst), "the fork went ahead while the figures moved");
-        drop(moving);
-        fork.join().unwrap();
-        assert!(held.load(Ordering::SeqCst));
-        drop(PUBLISHING.try_lock().expect("let go after the fork"));
     }
 }

@@ -31,6 +31,7 @@ from jax._src import hardware_utils
 hardware_utils.has_visible_nvidia_gpu = lambda: True
 ds = jax.devices()
 print("count=%d" % len(ds))
+print("gpu=%d" % all(d.platform == "gpu" for d in ds))
 for d in ds:
     jax.device_put(np.zeros(1024, dtype=np.float32), d).block_until_ready()
     print("limit%d=%d" % (d.id, d.memory_stats()["bytes_limit"]))
@@ -48,6 +49,7 @@ fn jax_run(shim: bool, env: &[(&str, &str)]) -> RunOutput {
         .shim(shim)
         .run();
     out.assert_completed();
+    assert_eq!(out.num("gpu"), 1, "JAX fell back to its CPU\n{}", out.dump());
     out
 }
 

@@ -20,7 +20,7 @@
  *          real driver's); each child calls cuInit and exits with 0 if it returned. The
  *          parent waits up to 10 s for all of them, kills those left, and prints
  *          children=N during=D (forked before the first cuInit returned) hung=H failed=F
- *          init.rc=RC done=1 (no other output)
+ *          fork_errors=E init.rc=RC done=1 (no other output; at most 256 children)
  * The parent waits (child.status), then allocates CHILD_BYTES (after.rc1) and again (after.rc2)
  * and reads cuMemGetInfo (after.free).
  */
@@ -48,9 +48,9 @@ static void *first_init(void *arg) {
 }
 
 static int init_race(void) {
-    enum { MAX = 4096 };
+    enum { MAX = 256 };
     static pid_t kids[MAX];
-    int n = 0, after = 0, during = 0;
+    int n = 0, after = 0, during = 0, fork_errors = 0, left = 0, failed = 0, hung = 0;
     pthread_t t;
     const char *devices = getenv("GPUSIM_DEVICES");
     unsigned long long looked = devices ? strtoull(devices, NULL, 10) : 1;
@@ -58,16 +58,29 @@ static int init_race(void) {
     while (!atomic_load(&init_done) && sim_calls("cuDeviceGetUuid") < looked) {
     }
     while (n < MAX && after < 8) {
-        if (atomic_load(&init_done)) after++;
-        else during++;
+        int done = atomic_load(&init_done);
         pid_t pid = fork();
         if (pid == 0) _exit(cuInit(0) == CUDA_SUCCESS ? 0 : 1);
-        if (pid > 0) kids[n++] = pid;
+        if (pid < 0) {
+            fork_errors++;
+            usleep(1000);
+            continue;
+        }
+        kids[n++] = pid;
+        left++;
+        if (done) after++;
+        else during++;
+        /* reap what has ended, so that the children do not pile up */
+        int status;
+        pid_t ended;
+        while ((ended = waitpid(-1, &status, WNOHANG)) > 0) {
+            left--;
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+        }
     }
     pthread_join(t, NULL);
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
-    int left = n, hung = 0, failed = 0;
     while (left > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -88,7 +101,7 @@ static int init_race(void) {
             left--;
         }
     }
-    printf("children=%d\nduring=%d\nhung=%d\nfailed=%d\ninit.rc=%d\ndone=1\n", n, during, hung, failed, init_rc);
+    printf("children=%d\nduring=%d\nhung=%d\nfailed=%d\nfork_errors=%d\ninit.rc=%d\ndone=1\n", n, during, hung, failed, fork_errors, init_rc);
     return 0;
 }
 

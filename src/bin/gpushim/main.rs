@@ -25,6 +25,10 @@ mod live;
 #[path = "../../sys.rs"]
 mod sys;
 
+#[allow(dead_code)]
+#[path = "../../once.rs"]
+mod once;
+
 mod check;
 mod figures;
 mod help;
