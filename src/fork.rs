@@ -20,17 +20,23 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::Release;
-use std::sync::{Mutex, Once};
+use std::sync::Mutex;
+
+use crate::once::ForkOnce;
 
 thread_local! {
     /// The guards the prepare handler took (the forking thread's own).
     static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether the handlers are registered. A `ForkOnce`: a child forked while another thread
+/// registered them registers them itself, unless they were (glibc's fork waits for a
+/// registration under way): then the child handler, which runs, marks it done.
+static REGISTERED: ForkOnce<()> = ForkOnce::new();
+
 /// Registers the handlers, once per process.
 pub fn register() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
+    REGISTERED.call_once(|| {
         // SAFETY: registers plain extern "C" functions that never unwind.
         unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) };
     });
@@ -62,6 +68,8 @@ extern "C" fn in_child() {
     let _ = std::panic::catch_unwind(|| {
         release_all();
         crate::quota::FORK_GENERATION.fetch_add(1, Release);
+        // (inherited: registered, whatever the parent's registering thread had got to)
+        let _ = REGISTERED.set(());
         crate::report::disarm();
         crate::state::after_fork_in_child();
     });

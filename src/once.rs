@@ -10,13 +10,18 @@
 //! is held across `fork`, so no fork waits for an initialisation and no `pthread_atfork`
 //! handler (the program's own, which may call CUDA) can find a lock taken.
 //!
-//! Taking over is sound for the shim's initialisations because each is also made by another
-//! process of the user at the same time (opening the driver, a file in the state directory,
-//! the registry), so a half-done one in the parent is like another process' start-up.
+//! Only one value is ever published (a compare-and-swap of its box): a runner that was taken
+//! over (a thread that forked from inside the initialisation and goes on in the child) drops
+//! its own and returns the published one.
+//!
+//! What taking over re-runs: the shim's file steps (the published file, the registry, a
+//! shared quota) are made by other processes of the user at the same moment anyway, so a
+//! half-done one in the parent is like another process' start-up (its open file descriptions
+//! are inherited, though: a lock on one outlives the parent while the child lives). A step
+//! inside a library (the driver's or NVML's `dlopen` and initialisation) runs again over that
+//! library's half-initialised state, as a program that forked in the middle of it would.
 
-use std::cell::UnsafeCell;
-use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Release};
 
 /// Forks this process has been through: the shim's `pthread_atfork` child handler adds one.
 /// (A forked child's shared-quota membership and its [`ForkOnce`]s' runners are told apart
@@ -32,13 +37,15 @@ const RUNNING: u64 = 2;
 /// A value set once, also across `fork` (see the module documentation). `get_or_init`, `get`
 /// and `set` as `std::sync::OnceLock`'s.
 pub struct ForkOnce<T> {
+    /// Who runs the initialisation (`NEW`, `RUNNING` with its runner, `DONE`).
     state: AtomicU64,
-    value: UnsafeCell<MaybeUninit<T>>,
+    /// The value, once published: a box, set once from null.
+    value: AtomicPtr<T>,
 }
 
-// SAFETY: the value is written once, by the one thread whose compare-and-swap marked the cell
-// running, before it is published with `DONE` (Release); it is read only after `DONE` was seen
-// (Acquire), and never changed or dropped after. A taken-over cell's value was never published.
+// SAFETY: the value is a box published once by compare-and-swap from null (Release), read
+// only through a non-null pointer loaded with Acquire, and never changed or freed while the
+// cell lives (as `OnceLock`: shared `&T` across threads needs `T: Sync`, moving it `T: Send`).
 unsafe impl<T: Send + Sync> Sync for ForkOnce<T> {}
 unsafe impl<T: Send> Send for ForkOnce<T> {}
 
@@ -50,17 +57,14 @@ impl<T> Default for ForkOnce<T> {
 
 impl<T> ForkOnce<T> {
     pub const fn new() -> Self {
-        ForkOnce { state: AtomicU64::new(NEW), value: UnsafeCell::new(MaybeUninit::uninit()) }
+        ForkOnce { state: AtomicU64::new(NEW), value: AtomicPtr::new(std::ptr::null_mut()) }
     }
 
     #[inline]
     pub fn get(&self) -> Option<&T> {
-        if self.state.load(Acquire) == DONE {
-            // SAFETY: `DONE` is stored after the value was written (see `Sync`).
-            Some(unsafe { (*self.value.get()).assume_init_ref() })
-        } else {
-            None
-        }
+        let p = self.value.load(Acquire);
+        // SAFETY: a published box, never freed while `self` lives (see `Sync`).
+        (!p.is_null()).then(|| unsafe { &*p })
     }
 
     #[inline]
@@ -84,31 +88,37 @@ impl<T> ForkOnce<T> {
     #[cold]
     #[inline(never)]
     fn init(&self, f: impl FnOnce() -> T) -> &T {
+        let mut f = Some(f);
         let me = RUNNING | (crate::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0x3FFF_FFFF) << 2;
         let mut spins = 0u32;
         loop {
-            let now = self.state.load(Acquire);
-            if now == DONE {
-                return self.get().expect("done");
+            if let Some(v) = self.get() {
+                return v;
             }
+            let now = self.state.load(Acquire);
             // new, or run by a process this one is a fork of (another pid or generation)
             let free = now == NEW || (now & RUNNING != 0 && now != me);
             if free && self.state.compare_exchange(now, me, Acquire, Acquire).is_ok() {
-                /// Back to new if `f` unwinds (a later use runs it again, as `OnceLock`).
-                struct Unwound<'a>(&'a AtomicU64);
+                /// Back to new if `f` unwinds (a later use runs it again, as `OnceLock`),
+                /// unless it was taken over meanwhile.
+                struct Unwound<'a>(&'a AtomicU64, u64);
                 impl Drop for Unwound<'_> {
                     fn drop(&mut self) {
-                        self.0.store(NEW, Release);
+                        let _ = self.0.compare_exchange(self.1, NEW, Release, Acquire);
                     }
                 }
-                let unwound = Unwound(&self.state);
-                let value = f();
+                let unwound = Unwound(&self.state, me);
+                // (run once: after it, a value is published, by this thread or another)
+                let Some(f) = f.take() else { continue };
+                let value = Box::into_raw(Box::new(f()));
                 std::mem::forget(unwound);
-                // SAFETY: this thread marked the cell running; no one reads the value before
-                // `DONE` (a taken-over value was never published: no reference to it exists).
-                unsafe { (*self.value.get()).write(value) };
-                self.state.store(DONE, Release);
-                return self.get().expect("done");
+                match self.value.compare_exchange(std::ptr::null_mut(), value, Release, Acquire) {
+                    Ok(_) => self.state.store(DONE, Release),
+                    // taken over and published meanwhile: that one stands
+                    // SAFETY: our own box, never published.
+                    Err(_) => drop(unsafe { Box::from_raw(value) }),
+                }
+                continue;
             }
             // run by another thread of this process: wait for it (start-up's steps take
             // microseconds to milliseconds)
@@ -119,9 +129,10 @@ impl<T> ForkOnce<T> {
 
 impl<T> Drop for ForkOnce<T> {
     fn drop(&mut self) {
-        if *self.state.get_mut() == DONE {
-            // SAFETY: set (`DONE`), and no reference outlives `&mut self`.
-            unsafe { self.value.get_mut().assume_init_drop() };
+        let p = *self.value.get_mut();
+        if !p.is_null() {
+            // SAFETY: the published box; no reference outlives `&mut self`.
+            drop(unsafe { Box::from_raw(p) });
         }
     }
 }
@@ -212,10 +223,37 @@ mod tests {
         let waiter = std::thread::spawn(|| *cell.get_or_init(|| 6));
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(!waiter.is_finished(), "a runner of this process was not waited for");
-        // SAFETY: as the runner would: the value, then done.
-        unsafe { (*cell.value.get()).write(9) };
+        // as the runner would: the value published, then done
+        cell.value.store(Box::into_raw(Box::new(9)), Release);
         cell.state.store(DONE, Release);
         assert_eq!(waiter.join().unwrap(), 9);
+    }
+
+    /// A runner taken over while inside its initialisation (a thread that forked from inside
+    /// it and goes on in the child): the value published by the one that took over stands,
+    /// and the late runner's is dropped; an unwinding late runner leaves the cell alone.
+    #[test]
+    fn a_runner_taken_over_leaves_the_published_value_alone() {
+        let cell: &'static ForkOnce<String> = Box::leak(Box::new(ForkOnce::new()));
+        let got = cell.get_or_init(|| {
+            // (as after a fork: this runner's mark is another process')
+            let stale = RUNNING | ((crate::sys::getpid() as u32 ^ 1) as u64) << 32;
+            cell.state.store(stale, Release);
+            let other = std::thread::spawn(move || cell.get_or_init(|| "taken over".to_string()).clone());
+            assert_eq!(other.join().unwrap(), "taken over");
+            "late".to_string()
+        });
+        assert_eq!((got.as_str(), cell.get().map(String::as_str)), ("taken over", Some("taken over")));
+        let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
+        let unwound = std::panic::catch_unwind(|| {
+            cell.get_or_init(|| {
+                cell.state.store(RUNNING | ((crate::sys::getpid() as u32 ^ 1) as u64) << 32, Release);
+                assert_eq!(std::thread::spawn(move || *cell.get_or_init(|| 3)).join().unwrap_or(0), 3);
+                panic!("the late runner unwinds")
+            })
+        });
+        assert!(unwound.is_err());
+        assert_eq!((cell.get(), cell.state.load(Acquire)), (Some(&3), DONE));
     }
 
     /// The real thing: a thread runs an initialisation (held in the middle of it) while the

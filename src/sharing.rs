@@ -14,6 +14,8 @@
 use std::path::Path;
 use crate::once::ForkOnce as OnceLock;
 
+/// (A forked child may run one of these again, its parent's runner cut off by the fork: each
+/// must stay harmless twice, e.g. an `atexit` handler that finds nothing to do the second time.)
 type Once = OnceLock<()>;
 
 use crate::config::{self, Settings};
