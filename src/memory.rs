@@ -73,7 +73,7 @@ pub struct DeviceBudget {
 /// (A signal handler that updates a budget on a thread inside the gate or on the moving thread,
 /// before the move is done, would wait for itself, as with a live-map bucket's writer bit: the
 /// shim's hooks are not async-signal-safe, as CUDA's own functions are not.)
-pub struct Gate {
+struct Gate {
     inside: AtomicU64,
     closed: AtomicBool,
 }
@@ -86,7 +86,7 @@ static GATE: Gate = Gate::new();
 struct Inside<'a>(&'a Gate);
 
 impl Gate {
-    pub const fn new() -> Gate {
+    const fn new() -> Gate {
         Gate { inside: AtomicU64::new(0), closed: AtomicBool::new(false) }
     }
 

@@ -30,9 +30,14 @@ pub static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 const NEW: u64 = 0;
 const DONE: u64 = 1;
-/// Running: this bit, with the runner's pid in the high 32 bits and its fork generation's low
-/// 30 bits between.
+/// Running: this bit, with the runner ([`runner`]).
 const RUNNING: u64 = 2;
+
+/// The running state of a runner: `RUNNING`, its pid in the high 32 bits and its fork
+/// generation's low 30 bits between.
+fn runner(pid: u32, generation: u64) -> u64 {
+    RUNNING | (pid as u64) << 32 | (generation & 0x3FFF_FFFF) << 2
+}
 
 /// A value set once, also across `fork` (see the module documentation). `get_or_init`, `get`
 /// and `set` as `std::sync::OnceLock`'s.
@@ -89,7 +94,7 @@ impl<T> ForkOnce<T> {
     #[inline(never)]
     fn init(&self, f: impl FnOnce() -> T) -> &T {
         let mut f = Some(f);
-        let me = RUNNING | (crate::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0x3FFF_FFFF) << 2;
+        let me = runner(crate::sys::getpid() as u32, FORK_GENERATION.load(Acquire));
         let mut spins = 0u32;
         loop {
             if let Some(v) = self.get() {
@@ -203,9 +208,9 @@ mod tests {
     /// fork generation: taken over. Left running by this process: waited for.
     #[test]
     fn a_runner_of_another_process_or_generation_is_taken_over() {
-        let pid = crate::sys::getpid() as u32 as u64;
-        let generation = FORK_GENERATION.load(Acquire) & 0x3FFF_FFFF;
-        for stale in [RUNNING | (pid ^ 1) << 32 | generation << 2, RUNNING | pid << 32 | ((generation + 1) & 0x3FFF_FFFF) << 2] {
+        let pid = crate::sys::getpid() as u32;
+        let generation = FORK_GENERATION.load(Acquire);
+        for stale in [runner(pid ^ 1, generation), runner(pid, generation + 1)] {
             let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
             cell.state.store(stale, Relaxed);
             let user = std::thread::spawn(|| *cell.get_or_init(|| 5));
@@ -219,7 +224,7 @@ mod tests {
             assert_eq!(user.join().unwrap(), 5);
         }
         let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
-        cell.state.store(RUNNING | pid << 32 | generation << 2, Relaxed); // (this process')
+        cell.state.store(runner(pid, generation), Relaxed); // (this process')
         let waiter = std::thread::spawn(|| *cell.get_or_init(|| 6));
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(!waiter.is_finished(), "a runner of this process was not waited for");
@@ -237,7 +242,7 @@ mod tests {
         let cell: &'static ForkOnce<String> = Box::leak(Box::new(ForkOnce::new()));
         let got = cell.get_or_init(|| {
             // (as after a fork: this runner's mark is another process')
-            let stale = RUNNING | ((crate::sys::getpid() as u32 ^ 1) as u64) << 32;
+            let stale = runner(crate::sys::getpid() as u32 ^ 1, 0);
             cell.state.store(stale, Release);
             let other = std::thread::spawn(move || cell.get_or_init(|| "taken over".to_string()).clone());
             assert_eq!(other.join().unwrap(), "taken over");
@@ -247,7 +252,7 @@ mod tests {
         let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
         let unwound = std::panic::catch_unwind(|| {
             cell.get_or_init(|| {
-                cell.state.store(RUNNING | ((crate::sys::getpid() as u32 ^ 1) as u64) << 32, Release);
+                cell.state.store(runner(crate::sys::getpid() as u32 ^ 1, 0), Release);
                 assert_eq!(std::thread::spawn(move || *cell.get_or_init(|| 3)).join().unwrap_or(0), 3);
                 panic!("the late runner unwinds")
             })

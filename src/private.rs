@@ -23,7 +23,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use crate::once::ForkOnce as OnceLock;
+use crate::once::ForkOnce;
 
 use crate::ffi::*;
 use crate::log::{log, Level};
@@ -63,8 +63,8 @@ struct Wrapped {
 
 /// The copies, each made once per process from the first table the driver returned (`Err`:
 /// the driver's table does not have the expected shape, and is refused while split).
-static CONTEXT_COPY: OnceLock<Result<Wrapped, String>> = OnceLock::new();
-static INTEGRITY_COPY: OnceLock<Result<Wrapped, String>> = OnceLock::new();
+static CONTEXT_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
+static INTEGRITY_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
 
 /// `cuGetExportTable` while devices are split (hook-table entry `split`): the driver's answer,
 /// except the two ordinal-speaking tables, which are the shim's copies.
@@ -114,7 +114,7 @@ pub unsafe fn get_export_table(st: &State, real: GetExportTable, table: *mut *co
 ///
 /// # Safety
 /// `driver` is a table returned by the driver's `cuGetExportTable`.
-unsafe fn copy_of(cell: &'static OnceLock<Result<Wrapped, String>>, driver: *const c_void, slot: usize, function: usize) -> &'static Result<Wrapped, String> {
+unsafe fn copy_of(cell: &'static ForkOnce<Result<Wrapped, String>>, driver: *const c_void, slot: usize, function: usize) -> &'static Result<Wrapped, String> {
     cell.get_or_init(|| {
         // SAFETY: slot 0 (the table's size) is always there.
         let size = unsafe { *(driver as *const usize) };
@@ -455,8 +455,8 @@ mod tests {
 
     #[test]
     fn copies_keep_the_size_and_refuse_odd_shapes() {
-        static ODD: OnceLock<Result<Wrapped, String>> = OnceLock::new();
-        static BAD: OnceLock<Result<Wrapped, String>> = OnceLock::new();
+        static ODD: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
+        static BAD: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
         // 27 bytes: 3 whole slots and 3 bytes of a fourth, copied exactly, the rest zero.
         let odd: [usize; 4] = [27, 0x11, 0x22, 0xffff_ffff_ff33_4455];
         let w = unsafe { copy_of(&ODD, odd.as_ptr() as *const c_void, CHECK_SLOT, 0x99) }.clone().unwrap();

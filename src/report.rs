@@ -6,13 +6,13 @@
 //! in JSON); without a report target, that summary alone goes to the log (stderr by default).
 
 use std::fmt::Write as _;
-use crate::once::ForkOnce as OnceLock;
+use crate::once::ForkOnce;
 
 use crate::config::ReportTarget;
 use crate::state;
 
 /// Where the report goes; `None`: only the placement summary, to the log.
-static TARGET: OnceLock<Option<ReportTarget>> = OnceLock::new();
+static TARGET: ForkOnce<Option<ReportTarget>> = ForkOnce::new();
 
 /// Remembers where to write (a relative path is taken relative to the directory the process
 /// is in now, not at exit) and registers the handler, once.

@@ -12,11 +12,8 @@
 //! (see `quota`).
 
 use std::path::Path;
-use crate::once::ForkOnce as OnceLock;
+use crate::once::ForkOnce;
 
-/// (A forked child may run one of these again, its parent's runner cut off by the fork: each
-/// must stay harmless twice, e.g. an `atexit` handler that finds nothing to do the second time.)
-type Once = OnceLock<()>;
 
 use crate::config::{self, Settings};
 use crate::ffi::CUdevice;
@@ -25,12 +22,12 @@ use crate::log::{log, Level};
 use crate::quota::{self, Quota};
 
 /// The shared quota this process is a member of, joined at start-up.
-static QUOTA: OnceLock<Quota> = OnceLock::new();
+static QUOTA: ForkOnce<Quota> = ForkOnce::new();
 /// This process' entry in the registry of limited processes (`None`: it could not be joined).
-static REGISTRY: OnceLock<Option<Quota>> = OnceLock::new();
+static REGISTRY: ForkOnce<Option<Quota>> = ForkOnce::new();
 
 /// This process' published live figures (`live`), started when the driver initialised.
-static PUBLISHER: OnceLock<Option<Publisher>> = OnceLock::new();
+static PUBLISHER: ForkOnce<Option<Publisher>> = ForkOnce::new();
 
 /// Starts publishing this process' figures (once; at `cuInit`): the file describes `view`, and
 /// is removed at exit. `None` when it cannot be published (said at `debug`; the program runs as
@@ -41,7 +38,9 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
             let dir = quota::state_dir(s.state_dir.as_deref());
             match Publisher::start(&dir, quota().map(|q| q.name.as_str()), view) {
                 Ok(p) => {
-                    static ONCE: Once = OnceLock::new();
+                    // (a forked child may run this again, its parent's runner cut off by the
+                    // fork: `remove` finds nothing to do the second time)
+                    static ONCE: ForkOnce<()> = ForkOnce::new();
                     extern "C" fn remove() {
                         let _ = std::panic::catch_unwind(|| PUBLISHER.get().and_then(Option::as_ref).map(Publisher::remove));
                     }
@@ -75,7 +74,8 @@ pub fn quota() -> Option<&'static Quota> {
 
 /// Registers, once, the `atexit` handler that leaves the quota and the registry.
 fn leave_at_exit() {
-    static ONCE: Once = OnceLock::new();
+    // (as in `publish`: `leave` finds nothing to do the second time)
+    static ONCE: ForkOnce<()> = ForkOnce::new();
     extern "C" fn leave() {
         let _ = std::panic::catch_unwind(|| {
             QUOTA.get().map(Quota::leave);

@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use crate::once::ForkOnce as OnceLock;
+use crate::once::ForkOnce;
 
 use crate::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
@@ -34,18 +34,18 @@ pub enum Mode {
 pub struct State {
     pub mode: Mode,
     pub settings: Settings,
-    cuda: OnceLock<Api>,
-    nvml: OnceLock<NvmlApi>,
+    cuda: ForkOnce<Api>,
+    nvml: ForkOnce<NvmlApi>,
     /// NVML's list of physical devices, when it could be read.
-    inventory: OnceLock<Option<Vec<Physical>>>,
+    inventory: ForkOnce<Option<Vec<Physical>>>,
     /// The list NVML shows (see [`State::view`]).
-    view: OnceLock<Option<View>>,
+    view: ForkOnce<Option<View>>,
     /// What `CUDA_VISIBLE_DEVICES` makes of NVML's devices (see [`State::cuda_ordinals`]).
-    cuda_ordinals: OnceLock<Option<View>>,
+    cuda_ordinals: ForkOnce<Option<View>>,
     /// The list NVML shows while devices are split (see [`State::nvml_parts`]).
-    pub(crate) nvml_parts: OnceLock<Option<Vec<NvmlPart>>>,
+    pub(crate) nvml_parts: ForkOnce<Option<Vec<NvmlPart>>>,
     /// The program's devices while split, built when the driver initialised (`split`).
-    pub(crate) split: OnceLock<Split>,
+    pub(crate) split: ForkOnce<Split>,
     /// How many devices the driver must show once initialised, when the shim set the view.
     expected_devices: Option<usize>,
     announced: AtomicBool,
@@ -153,7 +153,7 @@ fn init() -> Option<&'static State> {
 /// Rust's default message and backtrace into the program's stderr. The hook is the shim's own:
 /// the library has its own copy of the standard library.
 fn quiet_panics() {
-    static ONCE: crate::once::ForkOnce<()> = crate::once::ForkOnce::new();
+    static ONCE: ForkOnce<()> = ForkOnce::new();
     ONCE.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
             let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
@@ -273,13 +273,13 @@ impl State {
         State {
             mode: Mode::Active,
             settings: Settings::default(),
-            cuda: OnceLock::new(),
-            nvml: OnceLock::new(),
-            inventory: OnceLock::new(),
-            view: OnceLock::new(),
-            cuda_ordinals: OnceLock::new(),
-            nvml_parts: OnceLock::new(),
-            split: OnceLock::new(),
+            cuda: ForkOnce::new(),
+            nvml: ForkOnce::new(),
+            inventory: ForkOnce::new(),
+            view: ForkOnce::new(),
+            cuda_ordinals: ForkOnce::new(),
+            nvml_parts: ForkOnce::new(),
+            split: ForkOnce::new(),
             expected_devices: None,
             announced: AtomicBool::new(false),
             budgets: crate::memory::Budgets::new(MAX_DEVICES),
@@ -600,7 +600,7 @@ impl State {
     fn start_publishing(&'static self, devices: &[(String, [u8; 16])]) {
         // (fork-aware: a child forked in the middle of the move runs it again, on its own
         // budgets, which its fork handler pointed back at their own figures)
-        static ONCE: crate::once::ForkOnce<()> = crate::once::ForkOnce::new();
+        static ONCE: ForkOnce<()> = ForkOnce::new();
         ONCE.call_once(|| {
             let publisher = self.publish_now(devices);
             // (the program's devices only: the others' budgets, if ever used, keep the gate)

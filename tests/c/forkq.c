@@ -47,6 +47,18 @@ static void *first_init(void *arg) {
     return NULL;
 }
 
+/* Reaps the children that have ended (without waiting): `left` down by each, `failed` up by
+ * each that did not exit with 0. Returns how many. */
+static int reap_ended(int *left, int *failed) {
+    int status, n = 0;
+    while (waitpid(-1, &status, WNOHANG) > 0) {
+        (*left)--;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) (*failed)++;
+        n++;
+    }
+    return n;
+}
+
 static int init_race(void) {
     enum { MAX = 256 };
     static pid_t kids[MAX];
@@ -70,25 +82,13 @@ static int init_race(void) {
         left++;
         if (done) after++;
         else during++;
-        /* reap what has ended, so that the children do not pile up */
-        int status;
-        pid_t ended;
-        while ((ended = waitpid(-1, &status, WNOHANG)) > 0) {
-            left--;
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-        }
+        reap_ended(&left, &failed); /* (so that the children do not pile up) */
     }
     pthread_join(t, NULL);
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     while (left > 0) {
-        int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid > 0) {
-            left--;
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-            continue;
-        }
+        if (reap_ended(&left, &failed) > 0) continue;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec - start.tv_sec >= 10) break;
         usleep(1000);
