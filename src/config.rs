@@ -458,6 +458,11 @@ impl Settings {
 /// Loads the settings from the process environment and the config file.
 #[inline(never)] // a start-up step scripts/bench.sh counts by name
 pub fn load() -> Result<Settings, ConfigError> {
+    if crate::secure::secure_execution() {
+        // (see `secure`: the system file alone, its paths absolute)
+        let settings = load_from(&|_| None, &[])?;
+        return require_absolute_paths(settings);
+    }
     const PREFIXES: [&str; 2] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT];
     let vars = env_vars_starting_with(&PREFIXES);
     let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
@@ -474,15 +479,45 @@ pub fn load() -> Result<Settings, ConfigError> {
     load_from(&env, &names)
 }
 
-/// The names of the environment variables that start with one of `prefixes` (and are UTF-8).
+/// In a secure-execution process (`secure`): every path setting must be absolute, since a
+/// relative one names a file in the caller's current directory.
+fn require_absolute_paths(settings: Settings) -> Result<Settings, ConfigError> {
+    let report = match &settings.report {
+        Some(ReportTarget::Path(p)) => Some(p),
+        _ => None,
+    };
+    let paths = [
+        ("log_file", settings.log_file.as_ref()),
+        ("report", report),
+        ("driver_path", settings.driver_path.as_ref()),
+        ("nvml_path", settings.nvml_path.as_ref()),
+        ("state_dir", settings.state_dir.as_ref()),
+    ];
+    for (key, path) in paths {
+        if let Some(path) = path.filter(|p| !p.is_absolute()) {
+            let place = match settings.source_of(key) {
+                Source::File(file) => format!("{key} (in {})", file.display()),
+                other => format!("{key} ({other})"),
+            };
+            return Err(ConfigError::new(
+                place,
+                path.to_string_lossy(),
+                "must be an absolute path in a set-user-ID, set-group-ID or file-capability program \
+                 (a relative one would name a file in the caller's current directory)",
+            ));
+        }
+    }
+    Ok(settings)
+}
+
+/// The names of the environment variables that start with one of `prefixes`.
 #[cfg(test)]
 fn env_names_starting_with(prefixes: &[&str]) -> Vec<String> {
     env_vars_starting_with(prefixes).into_iter().map(|(n, _)| n).collect()
 }
 
-/// The environment variables whose names start with one of `prefixes` (and are UTF-8), with
-/// their values (read lossily), in the environment's order, the first of duplicate names
-/// only. Reads the C library's `environ` in place, once: `std::env::vars_os` would copy every
+/// The environment variables whose names start with one of `prefixes`, with their names and
+/// values (read lossily), in the environment's order, the first of duplicate names only. Reads the C library's `environ` in place, once: `std::env::vars_os` would copy every
 /// variable of the process to keep a few (15,000 instructions in a small environment), and a
 /// `getenv` per setting would scan the whole environment ~20 times.
 fn env_vars_starting_with(prefixes: &[&str]) -> Vec<(String, String)> {
@@ -508,10 +543,10 @@ fn env_vars_starting_with(prefixes: &[&str]) -> Vec<(String, String)> {
                 // (an entry without '=' is no variable: getenv never matches it)
                 if let Some(eq) = bytes.iter().position(|&b| b == b'=') {
                     let (name, value) = (&bytes[..eq], &bytes[eq + 1..]);
-                    if let Ok(name) = std::str::from_utf8(name) {
-                        if !names.iter().any(|(n, _)| n == name) {
-                            names.push((name.to_owned(), String::from_utf8_lossy(value).into_owned()));
-                        }
+                    // (a name that is not UTF-8 is kept lossily: `malformed_name` refuses it)
+                    let name = String::from_utf8_lossy(name);
+                    if !names.iter().any(|(n, _)| *n == name) {
+                        names.push((name.into_owned(), String::from_utf8_lossy(value).into_owned()));
                     }
                 }
             }
@@ -539,6 +574,9 @@ fn load_with_default(
     let env_disable = env(ENV_DISABLE);
     if env_disable.as_deref().is_some_and(parse_disable) {
         return Ok(Settings::disabled_by(Source::Env(ENV_DISABLE.to_string())));
+    }
+    if let Some(e) = env_names.iter().find_map(|name| malformed_name(env, name)) {
+        return Err(e);
     }
     let mut merged = match config_file(env, default_path)? {
         Some(file) => parse_file(&file.text, &file.path).map_err(|e| file.annotate(e))?,
@@ -1015,17 +1053,35 @@ fn env_device_limits(
         let suffix = name.get(prefix.len()..).unwrap_or("");
         let Some(value) = env(name) else { continue };
         let Some(ordinal) = parse_ordinal_suffix(suffix) else {
+            // (escaped: the name may hold control characters; bytes that are not UTF-8 are
+            // U+FFFD here, see `env_vars_starting_with`)
             let reason = format!(
-                "\"{suffix}\" after {prefix} is not a device ordinal; name the device by the \
-                 ordinal the program sees, like {prefix}0"
+                "\"{}\" after {prefix} is not a device ordinal; name the device by the \
+                 ordinal the program sees, like {prefix}0",
+                suffix.escape_debug()
             );
-            return Err(ConfigError::new(name.as_str(), value, reason));
+            return Err(ConfigError::new(name.escape_debug().to_string(), value, reason));
         };
         if let Some(limit) = env_setting(env, name, parse_limit)? {
             out.insert(ordinal, limit);
         }
     }
     Ok(out)
+}
+
+/// A variable of the shim's namespace whose name holds anything but ASCII letters, digits and
+/// `_` (bytes that are not UTF-8 included, read as U+FFFD) is a configuration error: no setting
+/// has such a name, and one meant as a setting (`GPUSHIM_MEMORY_LIMIT_<bytes>`) must not be
+/// ignored. The name is shown escaped.
+/// (`<prefix><i>` names are left to [`env_device_limits`], whose error says what an ordinal is.)
+fn malformed_name(env: Env<'_>, name: &str) -> Option<ConfigError> {
+    let per_device = [ENV_MEMORY_LIMIT_PREFIX, ENV_ALIAS_MEMORY_LIMIT_PREFIX];
+    if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || per_device.iter().any(|p| name.starts_with(p)) {
+        return None;
+    }
+    let reason = "the variable's name holds characters no setting has (only A-Z, a-z, 0-9 and _; \
+                  bytes that are not UTF-8 are shown as \u{fffd}); rename or unset it";
+    Some(ConfigError::new(name.escape_debug().to_string(), env(name).unwrap_or_default(), reason))
 }
 
 fn unknown_env_warnings(names: &[String]) -> Vec<String> {
@@ -1656,6 +1712,74 @@ mod tests {
             "gpushim: GPUSHIM_MEMORY_LIMIT_X=\"4GiB\": \"X\" after GPUSHIM_MEMORY_LIMIT_ is not a device \
              ordinal; name the device by the ordinal the program sees, like GPUSHIM_MEMORY_LIMIT_0"
         );
+    }
+
+    #[test]
+    fn malformed_names_in_the_namespace_are_errors() {
+        // (a name that is not UTF-8 reaches here as the environment reader keeps it: lossily)
+        for var in ["GPUSHIM_MEMORY_LIMIT-0", "GPUSHIM_LOG ", "GPUSHIM_\u{fffd}", "GPUSHIM_\u{1b}[31m"] {
+            let e = err(&[(var, "4GiB")]);
+            assert_eq!(
+                e,
+                format!(
+                    "gpushim: {}=\"4GiB\": the variable's name holds characters no setting has (only A-Z, a-z, \
+                     0-9 and _; bytes that are not UTF-8 are shown as \u{fffd}); rename or unset it",
+                    var.escape_debug()
+                )
+            );
+            assert!(!e.contains('\u{1b}'), "escaped: {e}");
+        }
+        // a per-device name: not an ordinal, the suffix shown escaped
+        for (var, shown) in [
+            ("GPUSHIM_MEMORY_LIMIT_\u{fffd}", "\u{fffd}"),
+            ("GPUSHIM_MEMORY_LIMIT_0\u{fffd}", "0\u{fffd}"),
+            ("GPUSHIM_MEMORY_LIMIT_0 ", "0 "),
+            ("CUDA_DEVICE_MEMORY_LIMIT_\u{1b}[2J", "\\u{1b}[2J"),
+        ] {
+            let e = err(&[(var, "4GiB")]);
+            assert!(e.contains(&format!("=\"4GiB\": \"{shown}\" after ")), "{e}");
+            assert!(e.contains("is not a device ordinal"), "{e}");
+            assert!(!e.contains('\u{1b}'), "escaped: {e}");
+        }
+        // GPUSHIM_DISABLE still gets the program running
+        assert!(ok(&[("GPUSHIM_MEMORY_LIMIT_\u{fffd}", "1"), ("GPUSHIM_DISABLE", "1")]).disable);
+    }
+
+    #[test]
+    fn a_non_utf8_name_is_read_lossily_not_skipped() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(b"GPUSHIM_TEST_ENV_NAME_\xff");
+        std::env::set_var(name, "1");
+        let vars = env_vars_starting_with(&["GPUSHIM_TEST_ENV_NAME_"]);
+        std::env::remove_var(name);
+        assert_eq!(vars, vec![("GPUSHIM_TEST_ENV_NAME_\u{fffd}".to_string(), "1".to_string())]);
+    }
+
+    #[test]
+    fn secure_execution_wants_absolute_paths() {
+        let (_, s) = file_ok("log_file = \"/var/log/g.log\"\nreport = \"/var/log/r.json\"\nstate_dir = \"/run/g\"\n", &[]);
+        assert!(require_absolute_paths(s).is_ok());
+        for (key, value) in [
+            ("log_file", "g.log"),
+            ("report", "r.json"),
+            ("driver_path", "lib/libcuda.so.1"),
+            ("nvml_path", "./libnvidia-ml.so.1"),
+            ("state_dir", "state"),
+        ] {
+            let (path, s) = file_ok(&format!("{key} = \"{value}\"\n"), &[]);
+            let e = require_absolute_paths(s).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "gpushim: {key} (in {})=\"{value}\": must be an absolute path in a set-user-ID, set-group-ID \
+                     or file-capability program (a relative one would name a file in the caller's current directory)",
+                    path.display()
+                )
+            );
+        }
+        // the report to stderr names no file
+        let (_, s) = file_ok("report = \"stderr\"\n", &[]);
+        assert!(require_absolute_paths(s).is_ok());
     }
 
     #[test]

@@ -34,6 +34,7 @@ mod private;
 mod quota;
 mod report;
 mod reserve;
+mod secure;
 mod sharing;
 mod split;
 mod state;

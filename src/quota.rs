@@ -201,10 +201,20 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
     if let Some(d) = configured {
         return d.to_path_buf();
     }
-    if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
-        return Path::new(&d).join("gpushim");
+    // (not in a secure-execution process: the caller's variable, see `secure`)
+    if !crate::secure::secure_execution() {
+        if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
+            return Path::new(&d).join("gpushim");
+        }
     }
-    PathBuf::from(format!("/tmp/gpushim-{}", crate::sys::getuid()))
+    PathBuf::from(format!("/tmp/gpushim-{}", owner_uid()))
+}
+
+/// The user the shim's files belong to: the effective one, who creates them (the real one
+/// differs in a set-user-ID program, whose files must not land in the caller's directory).
+fn owner_uid() -> libc::uid_t {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 fn cpath(p: &Path) -> Result<CString, String> {
@@ -214,7 +224,7 @@ fn cpath(p: &Path) -> Result<CString, String> {
 /// `stat` of `fd` or `path` (not following a final link) must show the user's own object of
 /// the given type with no permission for group or others.
 fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> {
-    let uid = crate::sys::getuid();
+    let uid = owner_uid();
     let kind = st.st_mode & libc::S_IFMT;
     let want = if dir { libc::S_IFDIR } else { libc::S_IFREG };
     if kind != want {

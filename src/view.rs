@@ -269,8 +269,18 @@ pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, 
     }
 }
 
-/// Applies [`load_time_changes`] to the process environment.
+/// Applies [`load_time_changes`] to the process environment. In a secure-execution process
+/// (`secure`) no setting comes from the environment, so there is nothing to rewrite, and the
+/// markers a parent would pass are removed: the caller set them, not a parent under the shim.
 fn rewrite_environment() {
+    if crate::secure::secure_execution() {
+        for marker in [PENDING_MARKER, ORIGINAL_CVD, APPLIED_MARKER] {
+            if std::env::var_os(marker).is_some() {
+                std::env::remove_var(marker);
+            }
+        }
+        return;
+    }
     let changes = load_time_changes(env_lossy);
     apply_changes(&changes);
 }

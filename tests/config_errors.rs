@@ -232,3 +232,24 @@ fn bad_per_device_limit_in_the_config_file() {
         "`{line}`"
     );
 }
+
+/// A variable of the shim's namespace whose name is malformed fails closed, named escaped:
+/// `GPUSHIM_MEMORY_LIMIT_` followed by bytes that are not UTF-8 (it was ignored while `_00`
+/// was an error), a name with a control character, one with a `-`.
+#[test]
+fn malformed_variable_names_fail_closed() {
+    use std::os::unix::ffi::OsStringExt;
+    let cases: [(Vec<u8>, &str); 4] = [
+        (b"GPUSHIM_MEMORY_LIMIT_\xff".to_vec(), "gpushim: GPUSHIM_MEMORY_LIMIT_\u{fffd}=\"1GiB\": \"\u{fffd}\" after GPUSHIM_MEMORY_LIMIT_ is not a device ordinal"),
+        (b"CUDA_DEVICE_MEMORY_LIMIT_0\xc3".to_vec(), "gpushim: CUDA_DEVICE_MEMORY_LIMIT_0\u{fffd}=\"1GiB\": \"0\u{fffd}\" after CUDA_DEVICE_MEMORY_LIMIT_ is not a device ordinal"),
+        (b"GPUSHIM_LOG\x1b[2J".to_vec(), "gpushim: GPUSHIM_LOG\\u{1b}[2J=\"1GiB\": the variable's name holds characters no setting has"),
+        (b"GPUSHIM_MEMORY-LIMIT".to_vec(), "gpushim: GPUSHIM_MEMORY-LIMIT=\"1GiB\": the variable's name holds characters no setting has"),
+    ];
+    for p in [Program::Driver(DriverPath::Link), Program::Runtime { major: 12, ptsz: false }] {
+        for (name, start) in &cases {
+            let out = check_fails_closed(|| Run::program(p).env_os(std::ffi::OsString::from_vec(name.clone()), "1GiB"));
+            assert!(out.line.starts_with(start), "{:?}: {}", String::from_utf8_lossy(name), out.line);
+            assert!(!out.line.contains('\u{1b}'), "{}", out.line);
+        }
+    }
+}

@@ -570,7 +570,7 @@ fn is_controlled_var(name: &str) -> bool {
 pub struct Run {
     cmd: PathBuf,
     args: Vec<OsString>,
-    env: Vec<(String, OsString)>,
+    env: Vec<(OsString, OsString)>,
     shim: bool,
     with_sim: bool,
     shim_report: bool,
@@ -611,13 +611,19 @@ impl Run {
     }
 
     pub fn env(mut self, k: &str, v: impl Into<OsString>) -> Run {
-        self.env.push((k.to_string(), v.into()));
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// A variable whose name need not be UTF-8.
+    pub fn env_os(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Run {
+        self.env.push((k.into(), v.into()));
         self
     }
 
     pub fn envs<'a>(mut self, vars: impl IntoIterator<Item = &'a (&'a str, &'a str)>) -> Run {
         for (k, v) in vars {
-            self.env.push((k.to_string(), OsString::from(v)));
+            self.env.push((k.into(), OsString::from(v)));
         }
         self
     }
