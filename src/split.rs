@@ -84,7 +84,7 @@ impl State {
                     .iter()
                     .map(|&p| DriverDevice { uuid: inventory[p].uuid.clone(), pci: inventory[p].pci.clone(), total: inventory[p].total })
                     .collect();
-                let devices = match crate::devices::expand(&self.settings.virtual_devices, &driver) {
+                let devices = match self.expand_split(&driver) {
                     Ok(devices) => devices,
                     Err(reason) => {
                         // The error CUDA reports at initialisation: NVML refuses as CUDA does.
@@ -122,6 +122,16 @@ impl State {
         }
     }
 
+    /// The program's devices: `driver` split as configured. An empty view (a scheduler that gave
+    /// the process no GPU) has nothing to split: no devices, and no error for selectors that
+    /// name none.
+    fn expand_split(&self, driver: &[DriverDevice]) -> Result<Devices, String> {
+        if driver.is_empty() {
+            return Ok(Devices::default());
+        }
+        crate::devices::expand(&self.settings.virtual_devices, driver)
+    }
+
     /// The configuration error line for a `GPUSHIM_VIRTUAL_DEVICES` that cannot split the devices.
     fn virtual_devices_error(&self, reason: String) -> String {
         let (setting, value) = match self.settings.source_of("virtual_devices") {
@@ -154,7 +164,7 @@ impl State {
             })
             .collect();
         let list: Vec<DriverDevice> = driver.iter().map(|(d, _, _)| d.clone()).collect();
-        let devices = crate::devices::expand(&self.settings.virtual_devices, &list).map_err(|reason| self.virtual_devices_error(reason))?;
+        let devices = self.expand_split(&list).map_err(|reason| self.virtual_devices_error(reason))?;
         let facts = devices
             .list
             .iter()

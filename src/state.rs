@@ -220,10 +220,9 @@ fn build() -> Box<State> {
         Err(e) => state.fail(e),
     }
     log::configure(state.settings.log_level, state.settings.log_file.as_deref());
-    if state.mode == Mode::Disabled && std::env::var_os(view::PENDING_MARKER).is_some() {
-        // Disabled by the config file, which the load-time rewrite does not read: undo it.
-        view::apply_changes(&view::undo_pending(view::env_lossy(view::ORIGINAL_CVD)));
-    }
+    // What the driver must read: a split's load-time rewrite put back; disabled by the config
+    // file (which the load-time rewrite does not read), a pending rewrite undone.
+    view::apply_changes(&view::first_use_changes(view::env_lossy, state.mode == Mode::Disabled));
     if state.mode == Mode::Active {
         if let Err(e) = state.apply_view().and_then(|_| crate::sharing::join_quota(&state.settings)) {
             state.fail(e);

@@ -16,6 +16,11 @@
 //! `GPUSHIM_VIEW_APPLIED` to the same value, and a shim that finds the two equal knows the view is
 //! already applied and does not apply `GPUSHIM_VISIBLE_DEVICES` a second time. A child started
 //! with the original environment (neither variable changed) applies it afresh, to the same result.
+//!
+//! The program itself starts with a `CUDA_VISIBLE_DEVICES` that indexes the list NVML shows it
+//! (`0,…,m-1`, also the parts of split devices), for programs that count devices through NVML
+//! (PyTorch); what the driver must read is kept in markers and put back at first CUDA or NVML use
+//! ([`load_time_changes`], [`first_use_changes`]).
 
 use crate::config::Selector;
 
@@ -191,61 +196,184 @@ fn indices(n: usize) -> String {
     (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
+/// How many entries a comma-separated list has.
+fn count(list: &str) -> usize {
+    list.split(',').filter(|e| !e.is_empty()).count()
+}
+
+/// How many devices splitting adds (`GPUSHIM_VIRTUAL_DEVICES` in the environment: a GPU split
+/// in `k` parts adds `k - 1`); `None`: nothing is split (unset, bad, or the shim disabled).
+fn split_extras(env: &impl Fn(&str) -> Option<String>) -> Option<usize> {
+    use crate::config::{parse_disable, parse_virtual_devices, ENV_DISABLE, ENV_VIRTUAL_DEVICES};
+    if env(ENV_DISABLE).as_deref().is_some_and(parse_disable) {
+        return None;
+    }
+    let splits = parse_virtual_devices(&env(ENV_VIRTUAL_DEVICES)?).ok()?;
+    Some(splits.iter().fold(0usize, |a, s| a.saturating_add(s.sizes.len().saturating_sub(1))))
+}
+
+/// The `CUDA_VISIBLE_DEVICES` a program reads for a view of `n` devices before splitting:
+/// `0,…,m-1`, one entry per device NVML shows it, `m` being `n` plus what splitting adds
+/// (nothing in an empty view; at most the shim's number of devices).
+fn written(n: usize, extras: Option<usize>) -> String {
+    let m = if n == 0 { 0 } else { n.saturating_add(extras.unwrap_or(0)) };
+    indices(m.min(crate::memory::MAX_DEVICES))
+}
+
+/// Whether `cvd` is what a rewrite wrote for a view of `n` devices: `0,…,k-1` with `k` at least
+/// `n` (`n` plus what splitting adds, in this process or its parent's). Within such a view
+/// these entries select all of it, as narrowing would.
+fn written_for(cvd: Option<&str>, n: usize) -> bool {
+    cvd.is_some_and(|c| {
+        let k = count(c);
+        k >= n && c == indices(k)
+    })
+}
+
+/// How many devices `CUDA_VISIBLE_DEVICES` shows at most, read without NVML: its entries up to
+/// the first malformed or repeated one (where the driver ends the list; it also ends it at an
+/// entry naming no device, which only NVML's inventory tells).
+pub fn entry_count(cvd: &str) -> usize {
+    let mut seen: Vec<&str> = Vec::new();
+    for e in cvd.split(',').map(str::trim) {
+        let mig = e.len() > 4 && e.as_bytes()[..4].eq_ignore_ascii_case(b"MIG-");
+        let well_formed = (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())) || uuid_rest(e).is_some() || mig;
+        if !well_formed || seen.contains(&e) {
+            break;
+        }
+        seen.push(e);
+    }
+    seen.len()
+}
+
+/// The variables of the load-time rewrite.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Vars {
+    original: Option<String>,
+    applied: Option<String>,
+    pending: Option<String>,
+    cvd: Option<String>,
+}
+
+impl Vars {
+    fn read(env: &impl Fn(&str) -> Option<String>) -> Vars {
+        Vars { original: env(ORIGINAL_CVD), applied: env(APPLIED_MARKER), pending: env(PENDING_MARKER), cvd: env(CUDA_VISIBLE_DEVICES) }
+    }
+
+    fn named(self) -> [(&'static str, Option<String>); 4] {
+        [(ORIGINAL_CVD, self.original), (APPLIED_MARKER, self.applied), (PENDING_MARKER, self.pending), (CUDA_VISIBLE_DEVICES, self.cvd)]
+    }
+
+    /// What to set or remove to go from `self` to `to`.
+    fn changes_to(self, to: Vars) -> Vec<(&'static str, Option<String>)> {
+        self.named().into_iter().zip(to.named()).filter(|(a, b)| a.1 != b.1).map(|(_, b)| b).collect()
+    }
+}
+
 /// What the load-time rewrite changes in the environment: `(name, Some(value))` to set,
 /// `(name, None)` to remove. `env` reads a variable. String work only (no driver, NVML or
 /// file): it runs in every process the library is loaded into.
 ///
 /// Programs that count devices through NVML themselves (PyTorch's `_device_count_nvml`) apply
 /// the `CUDA_VISIBLE_DEVICES` they read at start to NVML's list, which the shim narrows to the
-/// view. So when `GPUSHIM_VISIBLE_DEVICES` asks for a view, `CUDA_VISIBLE_DEVICES` is rewritten
-/// before the program starts to the entries that index the narrowed list (`0,…,n-1`, one per
-/// selector), the original is kept in [`ORIGINAL_CVD`] for the resolution at first CUDA or NVML
-/// use ([`resolve_pending`]), and [`PENDING_MARKER`] holds the view as indices into the list the
-/// selectors give. A child given its own `CUDA_VISIBLE_DEVICES` narrows its parent's view
-/// (pending or applied) here, so that it, too, starts with entries that match its NVML list.
+/// view and splits. So `CUDA_VISIBLE_DEVICES` is rewritten before the program starts to the
+/// entries that index NVML's list, `0,…,m-1` (one per selector, plus the parts splitting adds):
+///
+/// - when `GPUSHIM_VISIBLE_DEVICES` asks for a view: the original is kept in [`ORIGINAL_CVD`]
+///   for the resolution at first CUDA or NVML use ([`pending`]), and [`PENDING_MARKER`] holds
+///   the view as indices into the list the selectors give. A child given its own
+///   `CUDA_VISIBLE_DEVICES` narrows its parent's view (pending or applied) here, so that it,
+///   too, starts with entries that match its NVML list;
+/// - when `GPUSHIM_VIRTUAL_DEVICES` alone splits the scheduler's view: the scheduler's value is
+///   kept in [`ORIGINAL_CVD`] (no [`PENDING_MARKER`]); and under a split, a view a parent
+///   applied keeps its UUIDs in [`APPLIED_MARKER`]. [`first_use_changes`] puts back what the
+///   driver must read.
 pub fn load_time_changes(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, Option<String>)> {
     use crate::config::{parse_disable, parse_visible_devices, ENV_DISABLE, ENV_VISIBLE_DEVICES};
-    let cvd = env(CUDA_VISIBLE_DEVICES);
-    let pending = env(PENDING_MARKER);
-    let selectors = match env(ENV_VISIBLE_DEVICES) {
-        Some(s) if !env(ENV_DISABLE).as_deref().is_some_and(parse_disable) => parse_visible_devices(&s).ok(),
+    let now = Vars::read(&env);
+    let selected = match env(ENV_VISIBLE_DEVICES) {
+        Some(s) if !env(ENV_DISABLE).as_deref().is_some_and(parse_disable) => parse_visible_devices(&s).ok().map(|s| s.len()),
         _ => None,
     };
-    let Some(selectors) = selectors else {
-        // No view asked for (or a bad setting, reported at first use): undo a rewrite inherited
-        // from a parent, so the driver and the program read the original.
-        return match pending {
-            Some(_) => undo_pending(env(ORIGINAL_CVD)),
-            None => Vec::new(),
+    let to = load_time_view(&now, selected, split_extras(&env));
+    now.changes_to(to)
+}
+
+/// The scheduler's `CUDA_VISIBLE_DEVICES`: a split-only rewrite inherited from a parent undone.
+fn scheduler_value(now: &Vars) -> Option<String> {
+    match &now.original {
+        Some(o) if now.pending.is_none() && now.applied.is_none() && written_for(now.cvd.as_deref(), entry_count(o)) => {
+            Some(o.clone())
+        }
+        _ => now.cvd.clone(),
+    }
+}
+
+/// With a split and no view asked for: the scheduler's value `s` rewritten to index NVML's
+/// list, kept in [`ORIGINAL_CVD`]; else `s` as it is.
+fn split_only(s: Option<String>, split: Option<usize>) -> Vars {
+    match (s, split) {
+        (Some(s), Some(_)) if written(entry_count(&s), split) != s => {
+            Vars { cvd: Some(written(entry_count(&s), split)), original: Some(s), ..Vars::default() }
+        }
+        (s, _) => Vars { cvd: s, ..Vars::default() },
+    }
+}
+
+/// The variables [`load_time_changes`] leaves, for `selected` selectors (`None`: no view asked
+/// for, or a bad setting, reported at first use) and `split` ([`split_extras`]).
+fn load_time_view(now: &Vars, selected: Option<usize>, split: Option<usize>) -> Vars {
+    let c = now.cvd.as_deref();
+    // A view a parent applied (its UUIDs) as this process starts with it: a split rewrites it
+    // to index NVML's list (the UUIDs stay in the marker, put back at first use).
+    let applied_view = |a: String| Vars {
+        cvd: Some(if split.is_some() { written(count(&a), split) } else { a.clone() }),
+        applied: Some(a),
+        ..Vars::default()
+    };
+    let Some(n) = selected else {
+        // No view asked for: undo a pending rewrite inherited from a parent (the original
+        // back), keep a view a parent applied; a split alone rewrites the scheduler's value.
+        if now.pending.is_some() {
+            return split_only(now.original.clone(), split);
+        }
+        return match (&now.applied, c) {
+            (Some(a), Some(c)) if c == a || written_for(Some(c), count(a)) => applied_view(a.clone()),
+            (Some(_), Some(_)) if split.is_none() => now.clone(),
+            _ => split_only(scheduler_value(now), split),
         };
     };
-    match (pending, env(APPLIED_MARKER), cvd) {
-        // A parent's rewrite, still pending: the child's entries index it.
+    match (&now.pending, &now.applied, c) {
+        // A parent's rewrite, still pending: unchanged, or the child's entries index it.
         (Some(pick), _, Some(c)) => {
-            if c == indices(pick.split(',').filter(|e| !e.is_empty()).count()) {
-                return Vec::new();
-            }
-            let pick = narrow(&pick, &c);
-            vec![(PENDING_MARKER, Some(pick.join(","))), (CUDA_VISIBLE_DEVICES, Some(indices(pick.len())))]
+            let pick = if written_for(Some(c), count(pick)) { pick.clone() } else { narrow(pick, c).join(",") };
+            Vars { cvd: Some(written(count(&pick), split)), pending: Some(pick), ..now.clone() }
         }
-        // A parent applied the view (UUIDs): the program reads them, NVML shows them.
-        (None, Some(applied), Some(c)) => {
-            if applied == c {
-                return Vec::new();
-            }
-            let entries = narrow(&applied, &c).join(",");
-            vec![(CUDA_VISIBLE_DEVICES, Some(entries.clone())), (APPLIED_MARKER, Some(entries))]
+        // A parent applied the view (UUIDs): unchanged, or narrowed.
+        (None, Some(a), Some(c)) => {
+            let entries = if c == a || written_for(Some(c), count(a)) { a.clone() } else { narrow(a, c).join(",") };
+            applied_view(entries)
         }
-        // Afresh: the selectors index the devices the original CUDA_VISIBLE_DEVICES shows.
-        (_, _, cvd) => {
-            let written = indices(selectors.len());
-            vec![
-                (ORIGINAL_CVD, cvd),
-                (APPLIED_MARKER, None),
-                (PENDING_MARKER, Some(written.clone())),
-                (CUDA_VISIBLE_DEVICES, Some(written)),
-            ]
-        }
+        // Afresh: the selectors index the devices the scheduler's value shows (all devices
+        // when a child's environment dropped CUDA_VISIBLE_DEVICES).
+        _ => Vars { original: scheduler_value(now), applied: None, pending: Some(indices(n)), cvd: Some(written(n, split)) },
+    }
+}
+
+/// What to change at first CUDA or NVML use, before the view is resolved, so that the driver
+/// reads what it must: a split's rewrite of a view a parent applied, or of the scheduler's
+/// value, put back; with the shim disabled (`disabled`: by the config file, which the
+/// load-time rewrite does not read) a pending rewrite undone. A `CUDA_VISIBLE_DEVICES` the
+/// program set itself since is kept.
+pub fn first_use_changes(env: impl Fn(&str) -> Option<String>, disabled: bool) -> Vec<(&'static str, Option<String>)> {
+    let now = Vars::read(&env);
+    let c = now.cvd.as_deref();
+    match (&now.pending, &now.applied, &now.original) {
+        (Some(_), _, _) if disabled => undo_pending(now.original.clone()),
+        (Some(_), _, _) => Vec::new(),
+        (None, Some(a), _) if c != Some(a.as_str()) && written_for(c, count(a)) => vec![(CUDA_VISIBLE_DEVICES, Some(a.clone()))],
+        (None, None, Some(_)) => vec![(CUDA_VISIBLE_DEVICES, scheduler_value(&now)), (ORIGINAL_CVD, None)],
+        _ => Vec::new(),
     }
 }
 
@@ -262,9 +390,8 @@ pub fn undo_pending(original: Option<String>) -> Vec<(&'static str, Option<Strin
 /// started with it.
 pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, Option<String>)> {
     let pick = env(PENDING_MARKER)?;
-    let written = indices(pick.split(',').filter(|e| !e.is_empty()).count());
     match env(CUDA_VISIBLE_DEVICES) {
-        Some(c) if c == written => Some((env(ORIGINAL_CVD), Some(pick))),
+        Some(c) if written_for(Some(&c), count(&pick)) => Some((env(ORIGINAL_CVD), Some(pick))),
         other => Some((other, None)),
     }
 }
@@ -410,6 +537,10 @@ mod tests {
         (name, Some(v.to_string()))
     }
 
+    fn unset(name: &'static str) -> (&'static str, Option<String>) {
+        (name, None)
+    }
+
     #[test]
     fn load_time_rewrite() {
         let gvd = crate::config::ENV_VISIBLE_DEVICES;
@@ -421,12 +552,9 @@ mod tests {
         assert_eq!(changes(&[(gvd, "1,,2")]), vec![]);
         // Afresh: one entry per selector, the original kept (or its absence).
         let fresh = |orig: Option<&str>, written: &str| {
-            vec![
-                (ORIGINAL_CVD, orig.map(str::to_string)),
-                (APPLIED_MARKER, None),
-                set(PENDING_MARKER, written),
-                set(CUDA_VISIBLE_DEVICES, written),
-            ]
+            let mut v = orig.map(|o| vec![set(ORIGINAL_CVD, o)]).unwrap_or_default();
+            v.extend([set(PENDING_MARKER, written), set(CUDA_VISIBLE_DEVICES, written)]);
+            v
         };
         assert_eq!(changes(&[(gvd, "1"), ("CUDA_VISIBLE_DEVICES", "1,2")]), fresh(Some("1,2"), "0"));
         assert_eq!(changes(&[(gvd, "2, GPU-3")]), fresh(None, "0,1"));
@@ -441,19 +569,118 @@ mod tests {
         let grandchild = [(gvd, "2,0,1"), (PENDING_MARKER, "2,0"), (ORIGINAL_CVD, "1,2,3"), ("CUDA_VISIBLE_DEVICES", "1")];
         assert_eq!(changes(&grandchild), vec![set(PENDING_MARKER, "0"), set(CUDA_VISIBLE_DEVICES, "0")]);
         // CUDA_VISIBLE_DEVICES removed: afresh, against all devices.
-        assert_eq!(changes(&pending), fresh(None, "0,1,2"));
+        assert_eq!(changes(&pending), vec![unset(ORIGINAL_CVD), set(CUDA_VISIBLE_DEVICES, "0,1,2")]);
         // A child of a parent that applied the view (UUIDs): unchanged, or narrowed.
         let applied = [(gvd, "1,0"), (APPLIED_MARKER, "GPU-b,GPU-a")];
         assert_eq!(changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "GPU-b,GPU-a")]), vec![]);
         assert_eq!(
             changes(&[applied[0], applied[1], ("CUDA_VISIBLE_DEVICES", "1")]),
-            vec![set(CUDA_VISIBLE_DEVICES, "GPU-a"), set(APPLIED_MARKER, "GPU-a")]
+            vec![set(APPLIED_MARKER, "GPU-a"), set(CUDA_VISIBLE_DEVICES, "GPU-a")]
         );
         // The shim's setting removed under a pending parent: the original put back.
         assert_eq!(
             changes(&[(PENDING_MARKER, "0"), (ORIGINAL_CVD, "1,2"), ("CUDA_VISIBLE_DEVICES", "0")]),
-            undo_pending(Some("1,2".into()))
+            vec![unset(ORIGINAL_CVD), unset(PENDING_MARKER), set(CUDA_VISIBLE_DEVICES, "1,2")]
         );
+    }
+
+    #[test]
+    fn load_time_rewrite_of_a_split_view() {
+        let (gvd, virt) = (crate::config::ENV_VISIBLE_DEVICES, crate::config::ENV_VIRTUAL_DEVICES);
+        // One device selected, split in two: two entries, as NVML shows two devices.
+        assert_eq!(
+            changes(&[(gvd, "0"), (virt, "0:2x4GiB")]),
+            vec![set(PENDING_MARKER, "0"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        assert_eq!(
+            changes(&[(gvd, "1,0"), (virt, "0:2x4GiB;GPU-3:3x1GiB"), ("CUDA_VISIBLE_DEVICES", "GPU-3,2")]),
+            vec![set(ORIGINAL_CVD, "GPU-3,2"), set(PENDING_MARKER, "0,1"), set(CUDA_VISIBLE_DEVICES, "0,1,2,3,4")]
+        );
+        // Nothing to split in an empty view; disabled: nothing split.
+        assert_eq!(changes(&[(gvd, "none"), (virt, "0:2x4GiB")]), vec![set(PENDING_MARKER, ""), set(CUDA_VISIBLE_DEVICES, "")]);
+        assert_eq!(changes(&[(virt, "0:2x4GiB"), ("CUDA_VISIBLE_DEVICES", "1"), ("GPUSHIM_DISABLE", "yes")]), vec![]);
+        // A split alone: the scheduler's value rewritten and kept (upper bound of its devices:
+        // its well-formed entries); unset, or already of that form: left alone.
+        assert_eq!(
+            changes(&[(virt, "0:2x4GiB"), ("CUDA_VISIBLE_DEVICES", "2,0,x,1")]),
+            vec![set(ORIGINAL_CVD, "2,0,x,1"), set(CUDA_VISIBLE_DEVICES, "0,1,2")]
+        );
+        assert_eq!(changes(&[(virt, "0:2x4GiB"), ("CUDA_VISIBLE_DEVICES", "-1")]), vec![set(ORIGINAL_CVD, "-1"), set(CUDA_VISIBLE_DEVICES, "")]);
+        assert_eq!(changes(&[(virt, "0:2x4GiB")]), vec![]);
+        assert_eq!(changes(&[(virt, "0:4GiB"), ("CUDA_VISIBLE_DEVICES", "0,1")]), vec![]);
+        assert_eq!(changes(&[(virt, "0:2x4GiB"), ("CUDA_VISIBLE_DEVICES", "")]), vec![]);
+        // Its child: unchanged; given its own value, that one rewritten; without the split,
+        // the original back.
+        let parent = [(virt, "0:2x4GiB"), (ORIGINAL_CVD, "2,0"), ("CUDA_VISIBLE_DEVICES", "0,1,2")];
+        assert_eq!(changes(&parent), vec![]);
+        assert_eq!(
+            changes(&[parent[0], parent[1], ("CUDA_VISIBLE_DEVICES", "1")]),
+            vec![set(ORIGINAL_CVD, "1"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        assert_eq!(changes(&parent[1..]), vec![unset(ORIGINAL_CVD), set(CUDA_VISIBLE_DEVICES, "2,0")]);
+        // A child of a pending split view: unchanged (its parent's entries), or narrowed.
+        let pending = [(gvd, "2,0"), (virt, "0:2x4GiB"), (PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "1,2,3")];
+        assert_eq!(changes(&[pending[0], pending[1], pending[2], pending[3], ("CUDA_VISIBLE_DEVICES", "0,1,2")]), vec![]);
+        assert_eq!(
+            changes(&[pending[0], pending[1], pending[2], pending[3], ("CUDA_VISIBLE_DEVICES", "1")]),
+            vec![set(PENDING_MARKER, "1"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        // Without the split, the child's entries index the view unsplit.
+        assert_eq!(
+            changes(&[pending[0], pending[2], pending[3], ("CUDA_VISIBLE_DEVICES", "0,1,2")]),
+            vec![set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+        // A child of a parent that applied a split view (C environment: its UUIDs): rewritten
+        // to index NVML's list, the UUIDs kept in the marker; a grandchild: unchanged.
+        let applied = [(gvd, "1,0"), (virt, "0:2x4GiB"), (APPLIED_MARKER, "GPU-b,GPU-a")];
+        assert_eq!(
+            changes(&[applied[0], applied[1], applied[2], ("CUDA_VISIBLE_DEVICES", "GPU-b,GPU-a")]),
+            vec![set(CUDA_VISIBLE_DEVICES, "0,1,2")]
+        );
+        assert_eq!(changes(&[applied[0], applied[1], applied[2], ("CUDA_VISIBLE_DEVICES", "0,1,2")]), vec![]);
+        assert_eq!(changes(&[applied[1], applied[2], ("CUDA_VISIBLE_DEVICES", "0,1,2")]), vec![]);
+        assert_eq!(
+            changes(&[applied[0], applied[1], applied[2], ("CUDA_VISIBLE_DEVICES", "GPU-a")]),
+            vec![set(APPLIED_MARKER, "GPU-a"), set(CUDA_VISIBLE_DEVICES, "0,1")]
+        );
+    }
+
+    #[test]
+    fn first_use_puts_back_what_the_driver_reads() {
+        let first = |vars: &[(&str, &str)], disabled: bool| {
+            first_use_changes(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()), disabled)
+        };
+        // A split alone: the scheduler's value back, unless the program set its own.
+        assert_eq!(
+            first(&[(ORIGINAL_CVD, "2,0"), ("CUDA_VISIBLE_DEVICES", "0,1,2")], false),
+            vec![set(CUDA_VISIBLE_DEVICES, "2,0"), unset(ORIGINAL_CVD)]
+        );
+        assert_eq!(
+            first(&[(ORIGINAL_CVD, "2,0"), ("CUDA_VISIBLE_DEVICES", "1")], false),
+            vec![set(CUDA_VISIBLE_DEVICES, "1"), unset(ORIGINAL_CVD)]
+        );
+        // A split view a parent applied: its UUIDs back.
+        assert_eq!(
+            first(&[(APPLIED_MARKER, "GPU-b,GPU-a"), ("CUDA_VISIBLE_DEVICES", "0,1,2")], false),
+            vec![set(CUDA_VISIBLE_DEVICES, "GPU-b,GPU-a")]
+        );
+        assert_eq!(first(&[(APPLIED_MARKER, "GPU-b,GPU-a"), ("CUDA_VISIBLE_DEVICES", "GPU-b,GPU-a")], false), vec![]);
+        // Pending: resolved by the view; disabled, undone.
+        let pending = [(PENDING_MARKER, "0"), (ORIGINAL_CVD, "1,2"), ("CUDA_VISIBLE_DEVICES", "0")];
+        assert_eq!(first(&pending, false), vec![]);
+        assert_eq!(first(&pending, true), undo_pending(Some("1,2".into())));
+        assert_eq!(first(&[("CUDA_VISIBLE_DEVICES", "1")], false), vec![]);
+    }
+
+    #[test]
+    fn entries_counted_without_nvml() {
+        assert_eq!(entry_count(""), 0);
+        assert_eq!(entry_count("-1"), 0);
+        assert_eq!(entry_count("2, 0,1"), 3);
+        assert_eq!(entry_count("GPU-3031,gpu-10,MIG-1,5"), 4);
+        assert_eq!(entry_count("1,x,2"), 1);
+        assert_eq!(entry_count("1,1,2"), 1);
+        assert_eq!(entry_count("GPU-"), 0);
     }
 
     #[test]
@@ -473,5 +700,10 @@ mod tests {
             Some((Some("1,2".into()), None))
         );
         assert_eq!(get(&[(PENDING_MARKER, "0,1"), (ORIGINAL_CVD, "2,3")]), Some((None, None)));
+        // Split: the entries written for the parts are unchanged too.
+        assert_eq!(
+            get(&[(PENDING_MARKER, "1"), (ORIGINAL_CVD, "2,3"), ("CUDA_VISIBLE_DEVICES", "0,1")]),
+            Some((Some("2,3".into()), Some("1".into())))
+        );
     }
 }

@@ -1052,6 +1052,40 @@ fn split_after_visibility(programs: &[Program]) {
     }
 }
 
+/// The scheduler's `CUDA_VISIBLE_DEVICES=1` with `0:2x4GiB` alone: the driver still shows
+/// physical 1 only, and that GPU is split (the runtime and the driver API); the program starts
+/// with `CUDA_VISIBLE_DEVICES=0,1`, one entry per device NVML shows it (PyTorch's count:
+/// `tests/frameworks_view.rs`), and the scheduler's value is kept for the driver, which reads it
+/// back at first use. A process that never uses CUDA (`env`) gets the rewrite and prints nothing.
+#[test]
+fn split_under_the_schedulers_cuda_visible_devices() {
+    let env = [("CUDA_VISIBLE_DEVICES", "1"), SPLIT];
+    for p in [RUNTIME_12, Program::Driver(DriverPath::Link)] {
+        let w = what(p, false, &env);
+        let plain = run2(p, &env).arg("ids").run();
+        assert_started(&plain, 1, &w);
+        assert_ident(&plain, 0, 1, &phys_uuid(1), PHYSICAL, &w);
+        let w = what(p, true, &env);
+        let out = run2(p, &env).arg("ids").shim(true).run();
+        assert_started(&out, 2, &w);
+        for d in 0..2 {
+            let uuid = out.get(&format!("dev{d}.uuid")).to_string();
+            assert!(uuid.starts_with("GPU-20212223-2425-") && uuid != phys_uuid(1), "{w}: `{uuid}` is not a part of physical 1\n{}", out.dump());
+            assert_ident(&out, d, 1, &uuid, PART, &w);
+        }
+        assert_ne!(out.get("dev0.uuid"), out.get("dev1.uuid"), "{w}\n{}", out.dump());
+        assert!(out.gpushim_lines().is_empty(), "{w}\n{}", out.dump());
+    }
+    for shim in [false, true] {
+        let out = Run::new("env").arg("done=1").envs(&env).shim(shim).run();
+        out.assert_completed();
+        assert!(out.gpushim_lines().is_empty(), "{}", out.dump());
+        let (cvd, original) = if shim { ("0,1", Some("1")) } else { ("1", None) };
+        assert_eq!(out.get("CUDA_VISIBLE_DEVICES"), cvd, "shim={shim}\n{}", out.dump());
+        assert_eq!(out.kv.get("GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES").map(String::as_str), original, "shim={shim}\n{}", out.dump());
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. a per-device limit on a virtual ordinal
 // ---------------------------------------------------------------------------------------
