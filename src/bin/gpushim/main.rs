@@ -38,6 +38,7 @@ mod options;
 mod probe;
 mod ps;
 mod run;
+mod serve;
 mod top;
 
 use std::ffi::OsString;
