@@ -1,152 +1,17 @@
 //! Observability (issue 17): the live figures each process under the shim publishes in the
-//! state directory, and what `gpushim ps`, `gpushim metrics` (printed and over HTTP) and
-//! `gpushim top` make of them, against test programs holding known amounts on the simulated
-//! driver.
+//! state directory, and what `gpushim ps`, `gpushim metrics` (printed; over HTTP in
+//! tests/metrics_http.rs) and `gpushim top` make of them, against test programs holding known
+//! amounts on the simulated driver.
 
 mod common;
+mod observe;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-fn cli() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpushim"))
-}
-
-/// A fresh directory for one test: `state` is its GPUSHIM_STATE_DIR.
-struct Node {
-    dir: PathBuf,
-    state: PathBuf,
-}
-
-impl Node {
-    fn new(name: &str) -> Node {
-        let dir = fresh_dir(name);
-        Node { state: dir.join("state"), dir }
-    }
-
-    /// Starts the driver-API program under the shim on 2 simulated 16 GiB devices with `env`,
-    /// running `ops` then sleeping; returns once the operations are done.
-    fn start(&self, env: &[(&str, &str)], ops: &[&str]) -> Holder {
-        self.start_as(None, env, ops)
-    }
-
-    /// As [`Node::start`], as user `uid` (when given) with its own `GPUSHIM_STATE_DIR` in `env`
-    /// (or none: its default directory).
-    fn start_as(&self, uid: Option<u32>, env: &[(&str, &str)], ops: &[&str]) -> Holder {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let ready = self.dir.join(format!("ready-{n}"));
-        let mut cmd = Command::new(program(Program::Driver(DriverPath::Link)));
-        cmd.args(ops)
-            .arg(format!("touch={}", ready.display()))
-            .arg("sleep=60000")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path())
-            .env("GPUSIM_DEVICES", "2")
-            .env("GPUSIM_MEMORY", "16GiB")
-            .env("GPUSHIM_STATE_DIR", &self.state)
-            .current_dir("/");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        if let Some(uid) = uid {
-            use std::os::unix::process::CommandExt;
-            cmd.uid(uid).gid(uid);
-            if !env.iter().any(|(k, _)| *k == "GPUSHIM_STATE_DIR") {
-                cmd.env_remove("GPUSHIM_STATE_DIR");
-            }
-        }
-        let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
-    }
-
-    /// `gpushim ARGS…` reading this node's state directory.
-    fn gpushim(&self, args: &[&str]) -> RunOutput {
-        shim_path();
-        nvml_sim_library();
-        Run::new(cli()).args(args).env("GPUSIM_DEVICES", "2").env("GPUSIM_MEMORY", "16GiB").env("GPUSHIM_STATE_DIR", &self.state).run()
-    }
-
-    /// The published files, as `proc-PID` (their names end in `-NONCE`, checked here).
-    fn published(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.state)
-            .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().filter(|n| n.starts_with("proc-")).map(without_nonce)).collect())
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-}
-
-/// A program holding memory in the background; killed with SIGKILL when dropped.
-struct Holder(Child);
-
-impl Holder {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One sample of the exposition: metric name, labels, value.
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses the text exposition format (checking every line is a comment or a sample).
-fn parse_exposition(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.is_empty() {
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
-        let (name, labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or_else(|| panic!("bad labels in {line:?}"))),
-            None => (series, ""),
-        };
-        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
-        let mut map = BTreeMap::new();
-        // (the test's label values hold no `",` sequence)
-        for pair in labels.split("\",").filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label {pair:?} in {line:?}"));
-            map.insert(k.to_string(), v.trim_end_matches('"').to_string());
-        }
-        out.push(Sample { name: name.to_string(), labels: map, value });
-    }
-    out
-}
-
-/// The value of `name` whose labels include all of `want`; panics unless exactly one matches.
-fn value(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
-    let found: Vec<&Sample> = samples.iter().filter(|s| s.name == name && want.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))).collect();
-    assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");
-    found[0].value
-}
-
-fn count(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> usize {
-    samples.iter().filter(|s| s.name == name && want.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))).count()
-}
+use observe::*;
 
 /// Two programs under the shim: one with a 64 MiB limit holding 10 MiB on device 0 and 3 MiB
 /// on device 1 after one refused request; one seeing only GPU 1, in a shared quota, holding
@@ -257,229 +122,6 @@ fn nothing_without_cuda() {
     assert!(!node.state.exists());
 }
 
-/// Waits for `path` (a file a background command writes) to have content.
-#[allow(dead_code)]
-fn wait_for(path: &Path, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            if !t.is_empty() {
-                return t;
-            }
-        }
-        assert!(Instant::now() < deadline, "{what}: nothing in {}", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A background command killed with SIGKILL when dropped; its stderr is read line by line.
-struct Server {
-    child: Child,
-    #[allow(dead_code)] // (kept open: the server must not get SIGPIPE)
-    stderr: std::io::BufReader<std::process::ChildStderr>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `gpushim metrics --listen 127.0.0.1:0` on `node`; returns it and the port it listens on.
-fn serve_metrics(node: &Node) -> (Server, u16) {
-    use std::io::BufRead;
-    shim_path();
-    nvml_sim_library();
-    let mut child = Command::new(cli())
-        .args(["metrics", "--listen", "127.0.0.1:0"])
-        .env("GPUSHIM_STATE_DIR", &node.state)
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env("GPUSIM_DEVICES", "2")
-        .env("GPUSIM_MEMORY", "16GiB")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start gpushim metrics --listen");
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let port = line
-        .trim()
-        .strip_prefix("gpushim metrics: serving http://127.0.0.1:")
-        .and_then(|r| r.strip_suffix("/metrics"))
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    (Server { child, stderr }, port)
-}
-
-/// A plain HTTP/1.0 GET: (status code, body).
-fn http_get(port: u16, target: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(s, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, body.to_string())
-}
-
-/// `/metrics` over HTTP: the same exact figures; other paths 404.
-#[test]
-fn metrics_over_http() {
-    let node = Node::new("obs-http");
-    let h = node.start(&[("GPUSHIM_MEMORY_LIMIT", "1GiB")], &[&format!("alloc=mem:{}", 12 * MIB)]);
-    let (_server, port) = serve_metrics(&node);
-    let (code, body) = http_get(port, "/metrics");
-    assert_eq!(code, 200, "{body}");
-    let s = parse_exposition(&body);
-    let pid = h.pid().to_string();
-    assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "0"), ("gpu_uuid", &phys_uuid(0))]), (12 * MIB) as f64);
-    assert_eq!(value(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "0")]), GIB as f64);
-    assert_eq!(http_get(port, "/nothing").0, 404);
-    // a second scrape sees a change at once: the program is gone
-    drop(h);
-    let s = parse_exposition(&http_get(port, "/metrics").1);
-    assert_eq!(value(&s, "gpushim_process_alive", &[("pid", &pid)]), 0.0);
-}
-
-/// A client trickling its request a byte a second holds the one-at-a-time server for at most
-/// 5 s: a scrape behind it is answered (before, each byte renewed a 5 s timeout, up to 16 KiB).
-#[test]
-fn a_slow_client_cannot_hold_the_metrics_endpoint() {
-    use std::io::Write;
-    let node = Node::new("obs-slow");
-    let (_server, port) = serve_metrics(&node);
-    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..15 {
-            if slow.write_all(b"G").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    });
-    std::thread::sleep(Duration::from_millis(300)); // the slow client is being served
-    let start = Instant::now();
-    let (code, _) = http_get(port, "/metrics");
-    let waited = start.elapsed();
-    assert_eq!(code, 200);
-    assert!(waited < Duration::from_secs(9), "the scrape waited {waited:?} behind the slow client");
-    trickle.join().unwrap();
-}
-
-fn prometheus_binary() -> PathBuf {
-    let p = workspace_root().join(".deps/prometheus/bin/prometheus");
-    assert!(p.is_file(), "{}: run `bash scripts/fetch-prometheus.sh`", p.display());
-    p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"_-.".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
-}
-
-/// A real Prometheus server (Debian's package, `scripts/fetch-prometheus.sh`) scrapes
-/// `gpushim metrics --listen` every second; its query API returns exactly what the programs
-/// hold, and sees a killed program as dead.
-#[test]
-fn prometheus_scrapes_the_endpoint() {
-    let started = Instant::now();
-    let prom = prometheus_binary();
-    let node = Node::new("obs-prometheus");
-    let a = node.start(&[("GPUSHIM_MEMORY_LIMIT", "256MiB")], &["dev=1", &format!("alloc=mem:{}", 24 * MIB), &format!("alloc=mem:{}", 300 * MIB)]);
-    let b = node.start(&[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_SHARED_QUOTA", "job")], &[&format!("alloc=mem:{}", 6 * MIB)]);
-    let (_server, port) = serve_metrics(&node);
-    let pport = free_port();
-    let config = node.dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpushim\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
-    )
-    .unwrap();
-    let log = std::fs::File::create(node.dir.join("prometheus.log")).unwrap();
-    let _prometheus = Server::wrap(
-        Command::new(prom)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", node.dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus"),
-    );
-    let query = |q: &str| -> Vec<(BTreeMap<String, String>, String)> {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", pport)) else { return vec![] };
-        use std::io::{Read, Write};
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let _ = write!(s, "GET /api/v1/query?query={} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", urlencode(q));
-        let mut resp = String::new();
-        let _ = s.read_to_string(&mut resp);
-        let Some((_, body)) = resp.split_once("\r\n\r\n") else { return vec![] };
-        let Ok(j) = serde_json::from_str::<serde_json::Value>(body) else { return vec![] };
-        j["data"]["result"]
-            .as_array()
-            .map(|r| {
-                r.iter()
-                    .map(|x| {
-                        let labels = x["metric"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect();
-                        (labels, x["value"][1].as_str().unwrap().to_string())
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let wait = |q: &str, want: &str| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let r = query(q);
-            if r.len() == 1 && r[0].1 == want {
-                return r[0].0.clone();
-            }
-            assert!(Instant::now() < deadline, "prometheus: {q} never gave {want}: {r:?}\n{}", std::fs::read_to_string(node.dir.join("prometheus.log")).unwrap_or_default());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
-    let labels = wait(&format!("gpushim_memory_used_bytes{{pid=\"{pa}\",device=\"1\"}}"), &(24 * MIB).to_string());
-    let first = started.elapsed();
-    assert_eq!(labels.get("gpu_uuid"), Some(&phys_uuid(1)));
-    assert_eq!(labels.get("job").map(String::as_str), Some("gpushim"));
-    assert_eq!(labels.get("user").map(String::as_str), Some("root"));
-    wait(&format!("gpushim_allocations_refused_total{{pid=\"{pa}\",device=\"1\"}}"), "1");
-    wait(&format!("gpushim_memory_limit_bytes{{pid=\"{pa}\",device=\"1\"}}"), &(256 * MIB).to_string());
-    wait(&format!("gpushim_memory_used_bytes{{pid=\"{pb}\",quota=\"job\",device=\"0\"}}"), &(6 * MIB).to_string());
-    wait(&format!("gpushim_quota_used_bytes{{quota=\"job\",gpu_uuid=\"{}\"}}", phys_uuid(0)), &(6 * MIB).to_string());
-    // an alert-style expression: the program near its limit
-    wait("count(gpushim_memory_used_bytes / gpushim_memory_limit_bytes > 0.05)", "2");
-    drop(a);
-    wait(&format!("gpushim_process_alive{{pid=\"{pa}\"}}"), "0");
-    eprintln!("prometheus: first figures after {first:?}, all checks after {:?}", started.elapsed());
-}
-
-impl Server {
-    fn wrap(mut child: Child) -> Server {
-        let stderr = child.stderr.take();
-        match stderr {
-            Some(e) => Server { child, stderr: std::io::BufReader::new(e) },
-            None => {
-                // (no pipe: a reader over an empty pipe of our own)
-                let mut empty = Command::new("true").stderr(Stdio::piped()).spawn().unwrap();
-                let e = empty.stderr.take().unwrap();
-                let _ = empty.wait();
-                Server { child, stderr: std::io::BufReader::new(e) }
-            }
-        }
-    }
-}
 
 /// `gpushim top` in a real terminal (tmux): the program's row with its figures under its GPU,
 /// `s` changes the order, `q` quits; not on a terminal it prints the `ps` snapshot.
@@ -720,19 +362,134 @@ fn a_process_without_limits_is_listed() {
     assert_eq!(count(&s, "gpushim_memory_limit_bytes", &[("pid", &pid), ("device", "1")]), 0, "device 1 never used: not resolved yet");
 }
 
-/// `proc-PID-NONCE` as `proc-PID`, checking the nonce's form (8 hex digits).
-fn without_nonce(name: &str) -> String {
-    let (head, nonce) = name.rsplit_once('-').unwrap_or((name, ""));
-    assert!(nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit()), "{name}: no nonce");
-    head.to_string()
+
+/// Checks that `out` (what a command printed) is valid UTF-8 with no control character but
+/// new lines: no C0 control (escape, bell, carriage return...), no DEL, no C1 control.
+fn assert_printable(what: &str, out: &[u8]) {
+    let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("{what}: not UTF-8 ({e}): {out:?}"));
+    let bad: Vec<char> = text.chars().filter(|&c| c.is_control() && c != '\n').collect();
+    assert!(bad.is_empty(), "{what}: control characters {bad:?} in\n{text:?}");
 }
 
-/// The file process `pid` published in `dir` (panics unless exactly one).
-fn published_file(dir: &Path, pid: &str) -> PathBuf {
-    let prefix = format!("proc-{pid}-");
-    let found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert_eq!(found.len(), 1, "{prefix}* in {}: {found:?}", dir.display());
-    found.into_iter().next().unwrap()
+/// The first occurrence of `old` in `file` replaced by `new` NUL-padded to its length (the
+/// string fields of the published files are NUL-padded): what a process can do to its own file.
+fn overwrite(file: &Path, old: &[u8], new: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let data = std::fs::read(file).unwrap();
+    let at = data.windows(old.len()).position(|w| w == old).unwrap_or_else(|| panic!("{old:?} not in {}", file.display()));
+    assert!(new.len() <= old.len());
+    let mut padded = new.to_vec();
+    padded.resize(old.len(), 0);
+    std::fs::OpenOptions::new().write(true).open(file).unwrap().write_all_at(&padded, at as u64).unwrap();
+}
+
+/// Names and UUIDs come from files that processes write: a process named (by the link it was
+/// started through) with an OSC title sequence, a bell, a C1 CSI, a byte that is not UTF-8, a
+/// quote, a backslash, a new line and DEL, whose published GPU UUID and quota name it rewrote
+/// with CSI sequences, shows in `ps`, `metrics` and `top` with `?` for each control character
+/// (U+FFFD for the byte that is not UTF-8) and nothing else changed; the exposition escapes
+/// the quote and the backslash; a quota file named with escapes is named harmlessly in `ps`'s
+/// error. (Before, ps printed them raw: the terminal took the title, the colours, the new line.)
+#[test]
+fn names_from_files_reach_no_terminal_raw() {
+    use std::os::unix::ffi::OsStrExt;
+    let node = Node::new("obs-escapes");
+    std::fs::create_dir_all(&node.dir).unwrap();
+    let name: &[u8] = b"\x1b]0;pw\x07\xc2\x9bJ\x9b\"\\\n\x7f"; // 15 bytes: all of a process name
+    let shown = "?]0;pw??J\u{FFFD}\"\\??";
+    let link = node.dir.join(std::ffi::OsStr::from_bytes(name));
+    std::os::unix::fs::symlink(program(Program::Driver(DriverPath::Link)), &link).unwrap();
+    let a = node.start_program(&link, None, &[("GPUSHIM_MEMORY_LIMIT", "64MiB")], &[&format!("alloc=mem:{}", 4 * MIB)]);
+    let b = node.start_program(&link, None, &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_SHARED_QUOTA", "evilq")], &[&format!("alloc=mem:{}", 2 * MIB)]);
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    overwrite(&published_file(&node.state, &pa), phys_uuid(0).as_bytes(), b"GPU-\x1b[2J\x1b[31m\x9b\xc2\x85x");
+    let uuid = "GPU-?[2J?[31m\u{FFFD}?x";
+    overwrite(&published_file(&node.state, &pb), b"evilq", b"\x1b[5mq");
+    // ps
+    let ps = node.gpushim(&["ps"]);
+    assert!(ps.status.success(), "{}", ps.dump());
+    assert_printable("gpushim ps", &ps.stdout);
+    let text = ps.stdout_text();
+    for line in [
+        format!("  pid {pa} {shown} (root): 2 devices"),
+        format!("    device 0 {uuid}: 4 MiB in use (peak 4 MiB)"),
+        format!("  pid {pb} {shown} (root, shared quota ?[5mq): 2 devices"),
+        format!("  pid {pa} {shown}: {} limit 64 MiB", phys_uuid(0)), // (the registry's)
+        format!("  pid {pb} {shown}: {} 2 MiB of 64 MiB", phys_uuid(0)), // (the quota's)
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(&line)), "no line {line:?} in\n{text}");
+    }
+    // metrics: the same, the quote and backslash escaped as the format wants
+    let m = node.gpushim(&["metrics", "--no-gpus"]);
+    assert!(m.status.success(), "{}", m.dump());
+    assert_printable("gpushim metrics", &m.stdout);
+    let text = m.stdout_text();
+    let comm = "?]0;pw??J\u{FFFD}\\\"\\\\??";
+    for want in [
+        format!("gpushim_memory_used_bytes{{pid=\"{pa}\",user=\"root\",comm=\"{comm}\",quota=\"\",device=\"0\",gpu_uuid=\"{uuid}\",part=\"\"}} {}", 4 * MIB),
+        format!("gpushim_process_alive{{pid=\"{pb}\",user=\"root\",comm=\"{comm}\",quota=\"?[5mq\"}} 1"),
+    ] {
+        assert!(text.lines().any(|l| l == want), "no line {want:?} in\n{text}");
+    }
+    // top, in a terminal: what it wrote (tmux's pipe-pane) holds none of the sequences
+    top_writes_no_escapes(&node, &pa, shown);
+    // a quota file whose name holds escapes: ps names it in its error, harmlessly
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(node.state.join(std::ffi::OsStr::from_bytes(b"quota-\x1b]0;q\x07"))).unwrap();
+    }
+    let ps = node.gpushim(&["ps"]);
+    assert_eq!(ps.status.code(), Some(1), "{}", ps.dump());
+    assert_printable("gpushim ps's errors", &ps.stderr);
+    assert!(ps.stderr_text().contains("quota-?]0;q? is not a gpushim quota file"), "{}", ps.dump());
+    drop((a, b));
+}
+
+/// `gpushim top` on `node` in tmux, its output recorded raw: the row of `pid` shows `shown`,
+/// and nothing but top's own sequences reached the terminal (the pane's title is unchanged).
+fn top_writes_no_escapes(node: &Node, pid: &str, shown: &str) {
+    let socket = format!("gpushim-esc-{}", std::process::id());
+    let tmux = |args: &[&str]| Command::new("tmux").arg("-L").arg(&socket).args(args).output().expect("tmux");
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
+        }
+    }
+    let _cleanup = Kill(socket.clone());
+    let raw = node.dir.join("top.raw");
+    // (top starts after a second: the recording is set up by then)
+    let cmd = format!(
+        "sleep 1; exec env -u LD_PRELOAD GPUSHIM_STATE_DIR={} LD_LIBRARY_PATH={} GPUSIM_DEVICES=2 GPUSIM_MEMORY=16GiB {} top --interval 0.3",
+        node.state.display(),
+        sim_dir().display(),
+        cli().display()
+    );
+    let o = tmux(&["new-session", "-d", "-s", "esc", "-x", "200", "-y", "40", &cmd]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let title = String::from_utf8_lossy(&tmux(&["display-message", "-p", "-t", "esc", "#{pane_title}"]).stdout).trim().to_string();
+    let o = tmux(&["pipe-pane", "-t", "esc", "-o", &format!("cat >> {}", raw.display())]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "esc"]).stdout).into_owned();
+        if screen.lines().any(|l| l.trim_start().starts_with(&format!("{pid} root     {}", &shown[..9]))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "top never showed {pid}:\n{screen}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(700)); // two more screens
+    let now = String::from_utf8_lossy(&tmux(&["display-message", "-p", "-t", "esc", "#{pane_title}"]).stdout).trim().to_string();
+    tmux(&["send-keys", "-t", "esc", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux(&["has-session", "-t", "esc"]).status.success() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = std::fs::read(&raw).unwrap();
+    assert!(out.len() > 1000, "top wrote {} bytes", out.len());
+    for bad in [&b"\x1b]"[..], b"\x07", b"\x7f", b"\xc2\x9b", b"\xc2\x85", b"\x1b[31m", b"\x1b[5m"] {
+        assert!(!out.windows(bad.len()).any(|w| w == bad), "top wrote {bad:?}: {:?}", String::from_utf8_lossy(&out));
+    }
+    assert_eq!(now, title, "the pane's title changed");
 }

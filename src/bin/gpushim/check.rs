@@ -295,7 +295,8 @@ fn print_devices(s: &Settings, physical: &BTreeMap<String, String>, seen: &BTree
 fn print_table<const N: usize>(rows: &[[String; N]]) {
     let widths: Vec<usize> = (0..N).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, &w)| format!("{cell:w$}")).collect();
+        // (names and UUIDs as the driver gives them: printable, like every figure shown)
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, &w)| format!("{:w$}", crate::figures::printable(cell))).collect();
         println!("{}", line.join("  ").trim_end());
     }
 }

@@ -1,6 +1,7 @@
 //! What `gpushim ps`, `top` and `metrics` show: the processes under the shim (their published
 //! files, `live`), the shared quotas, and the physical GPUs (NVML, through `gpushim __probe`
-//! with the shim disabled).
+//! with the shim disabled). Every string read is made printable here ([`printable`]): the
+//! files are written by the processes they describe, and root's terminal shows them.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -71,7 +72,43 @@ pub fn collect(with_gpus: bool) -> Result<Figures, String> {
             Err(e) => f.nvml_error = Some(e),
         }
     }
+    make_printable(&mut f);
     Ok(f)
+}
+
+/// Every string of `f` made [`printable`].
+fn make_printable(f: &mut Figures) {
+    let fix = |s: &mut String| *s = printable(s);
+    for p in &mut f.processes {
+        fix(&mut p.comm);
+        if let Some(q) = &mut p.quota {
+            fix(q);
+        }
+        for d in &mut p.devices {
+            fix(&mut d.uuid);
+            if let Some((_, _, u)) = &mut d.part {
+                fix(u);
+            }
+        }
+    }
+    for q in &mut f.quotas {
+        fix(&mut q.quota);
+        fix(&mut q.uuid);
+    }
+    for g in &mut f.gpus {
+        fix(&mut g.name);
+        fix(&mut g.uuid);
+    }
+    if let Some(e) = &mut f.nvml_error {
+        fix(e);
+    }
+}
+
+/// `s` as it may be shown on a terminal: every control character (C0 controls, DEL and C1
+/// controls U+0080–U+009F: escape sequences, bells, new lines, carriage returns, backspaces)
+/// replaced by `?`, as procps' `ps` does. (Bytes that are not UTF-8 were read as U+FFFD.)
+pub fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
 fn owner_of(dir: &std::path::Path) -> Option<u32> {
@@ -112,7 +149,7 @@ pub fn user_name(uid: u32) -> String {
         let mut buf = vec![0 as libc::c_char; 4096];
         let mut result: *mut libc::passwd = std::ptr::null_mut();
         if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut result) == 0 && !result.is_null() && !pw.pw_name.is_null() {
-            return std::ffi::CStr::from_ptr(pw.pw_name).to_string_lossy().into_owned();
+            return printable(&std::ffi::CStr::from_ptr(pw.pw_name).to_string_lossy());
         }
     }
     uid.to_string()

@@ -101,7 +101,9 @@ SYNOPSIS
 
 DESCRIPTION
     Prints the figures in the Prometheus text exposition format (for node-exporter's textfile
-    collector), or, with --listen, serves them over HTTP on /metrics (one request at a time).
+    collector), or, with --listen, serves them over HTTP on /metrics (GET or HEAD) to many
+    clients at once: at most 64 connections, a request's head within 2 s, an answer within
+    10 s. SIGTERM or SIGINT stops the server.
     Metrics: gpushim_memory_used_bytes, gpushim_memory_reserved_bytes,
     gpushim_memory_peak_used_bytes, gpushim_memory_peak_reserved_bytes,
     gpushim_memory_limit_bytes, gpushim_allocations_refused_total (labels pid, user, comm,

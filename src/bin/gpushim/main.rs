@@ -42,6 +42,7 @@ mod options;
 mod probe;
 mod ps;
 mod run;
+mod serve;
 mod top;
 
 use std::ffi::OsString;

@@ -1,12 +1,13 @@
 //! `gpushim metrics [--listen ADDR:PORT] [--no-gpus]`: the figures of `gpushim ps` in the
 //! Prometheus text exposition format (version 0.0.4), printed once (for node-exporter's
-//! textfile collector) or served on `/metrics` over HTTP.
+//! textfile collector) or served on `/metrics` over HTTP (`serve.rs`).
+//!
+//! The exposition is written here, not by the prometheus-client crate: that crate writes
+//! OpenMetrics text (a `# EOF` line, counters typed without their `_total`, HELP texts ending
+//! in a period), which would change the output that users' rules and scrapers rely on.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
 
 use crate::figures::{self, Figures};
 use crate::Failure;
@@ -44,56 +45,15 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
 }
 
 fn serve(addr: &str, with_gpus: bool) -> Result<(), Failure> {
-    let listener = TcpListener::bind(addr).map_err(|e| Failure::setup("metrics", format!("cannot listen on {addr}: {e}")))?;
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
-    eprintln!("gpushim metrics: serving http://{local}/metrics");
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        // one request at a time: a scrape is a few file reads
-        let _ = answer(stream, with_gpus);
-    }
-    Ok(())
-}
-
-fn answer(mut s: TcpStream, with_gpus: bool) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    // The whole request within 5 s: a client trickling bytes cannot hold the (one-at-a-time)
-    // server longer than that.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") && req.len() < 16384 {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request too slow"));
+    let collect = std::sync::Arc::new(move || figures::collect(with_gpus).map(|f| exposition(&f)));
+    let on_listening = |local: std::net::SocketAddr| eprintln!("gpushim metrics: serving http://{local}/metrics");
+    match crate::serve::serve(addr, collect, on_listening) {
+        Ok(signal) => {
+            eprintln!("gpushim metrics: stopped by {signal}");
+            Ok(())
         }
-        s.set_read_timeout(Some(left))?;
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        req.extend_from_slice(&buf[..n]);
+        Err(e) => Err(Failure::setup("metrics", e.to_string())),
     }
-    let line = String::from_utf8_lossy(&req);
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status, body, ctype) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => match figures::collect(with_gpus) {
-            Ok(f) => ("200 OK", exposition(&f), "text/plain; version=0.0.4; charset=utf-8"),
-            Err(e) => ("500 Internal Server Error", format!("gpushim metrics: {e}\n"), "text/plain; charset=utf-8"),
-        },
-        ("GET" | "HEAD", "/") => ("200 OK", "gpushim metrics: see /metrics\n".to_string(), "text/plain; charset=utf-8"),
-        ("GET" | "HEAD", _) => ("404 Not Found", "not found; see /metrics\n".to_string(), "text/plain; charset=utf-8"),
-        _ => ("405 Method Not Allowed", "GET /metrics\n".to_string(), "text/plain; charset=utf-8"),
-    };
-    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    s.write_all(head.as_bytes())?;
-    if method != "HEAD" {
-        s.write_all(body.as_bytes())?;
-    }
-    s.flush()
 }
 
 /// A label value, escaped as the format wants (`\\`, `\"`, `\n`).

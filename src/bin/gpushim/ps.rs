@@ -1,5 +1,6 @@
 //! `gpushim ps [--quota NAME]`: the shared quotas of this user, their budgets per device and
-//! the processes in them. Reads the quota files without joining or changing them.
+//! the processes in them. Reads the quota files without joining or changing them; what they
+//! hold (names, UUIDs) is printed through `figures::printable`.
 
 use std::ffi::OsString;
 
@@ -40,7 +41,7 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
     // the registry of processes with limits of their own (absent until one runs)
     let registry = if only.is_none() { Quota::open_registry(&dir, false).ok() } else { None };
     if names.is_empty() {
-        println!("no shared quota in {}", dir.display());
+        println!("no shared quota in {}", printable(&dir.display().to_string()));
     }
     if let Some(r) = &registry {
         print_registry(r);
@@ -50,7 +51,7 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
         match Quota::open(&dir, &name, false) {
             Ok(q) => print_quota(&q),
             Err(e) => {
-                eprintln!("gpushim ps: {e}");
+                eprintln!("gpushim ps: {}", printable(&e.to_string()));
                 failed = true;
             }
         }
@@ -64,12 +65,12 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
 fn print_quota(q: &Quota) {
     let (devices, members) = q.snapshot();
     let live = members.iter().filter(|m| m.alive).count();
-    println!("shared quota {} ({}): {live} processes", q.name, q.path.display());
+    println!("shared quota {} ({}): {live} processes", printable(&q.name), printable(&q.path.display().to_string()));
     for (d, dev) in devices.iter().enumerate() {
         let limit = members.iter().filter(|m| m.alive).filter_map(|m| m.devices.iter().find(|x| x.0 == d)).map(|x| x.1).max();
         println!(
             "  {}: {} held (peak {}), limit {}, device memory {}",
-            dev.uuid,
+            printable(&dev.uuid),
             human(dev.reserved),
             human(dev.peak),
             limit.map_or("-".to_string(), human),
@@ -82,11 +83,11 @@ fn print_quota(q: &Quota) {
             .iter()
             .map(|&(d, limit, used)| {
                 let uuid = devices.get(d).map_or("?", |x| x.uuid.as_str());
-                format!("{uuid} {} of {}", human(used), human(limit))
+                format!("{} {} of {}", printable(uuid), human(used), human(limit))
             })
             .collect();
         let state = if m.alive { "" } else { " (exited: given back when another process next needs room)" };
-        println!("  pid {} {}{state}: {}", m.pid, m.comm, if usage.is_empty() { "no device yet".into() } else { usage.join(", ") });
+        println!("  pid {} {}{state}: {}", m.pid, printable(&m.comm), if usage.is_empty() { "no device yet".into() } else { usage.join(", ") });
     }
 }
 
@@ -97,14 +98,14 @@ fn print_registry(r: &Quota) {
     if live.is_empty() {
         return;
     }
-    println!("processes with limits of their own ({}): {}", r.path.display(), live.len());
+    println!("processes with limits of their own ({}): {}", printable(&r.path.display().to_string()), live.len());
     for m in live {
         let limits: Vec<String> = m
             .devices
             .iter()
-            .map(|&(d, limit, _)| format!("{} limit {}", devices.get(d).map_or("?", |x| x.uuid.as_str()), human(limit)))
+            .map(|&(d, limit, _)| format!("{} limit {}", printable(devices.get(d).map_or("?", |x| x.uuid.as_str())), human(limit)))
             .collect();
-        println!("  pid {} {}: {}", m.pid, m.comm, if limits.is_empty() { "no device yet".into() } else { limits.join(", ") });
+        println!("  pid {} {}: {}", m.pid, printable(&m.comm), if limits.is_empty() { "no device yet".into() } else { limits.join(", ") });
     }
 }
 
@@ -116,7 +117,7 @@ pub fn processes_text(f: &crate::figures::Figures) -> String {
     if f.processes.is_empty() {
         return out; // (like the registry's section: absent when empty)
     }
-    let dirs: Vec<String> = f.dirs.iter().filter(|d| d.exists()).map(|d| d.display().to_string()).collect();
+    let dirs: Vec<String> = f.dirs.iter().filter(|d| d.exists()).map(|d| printable(&d.display().to_string())).collect();
     let live = f.processes.iter().filter(|p| p.alive).count();
     let _ = writeln!(out, "processes under gpushim ({}): {live}", if dirs.is_empty() { "no state directory yet".into() } else { dirs.join(", ") });
     for p in &f.processes {
@@ -145,4 +146,4 @@ pub fn processes_text(f: &crate::figures::Figures) -> String {
     out
 }
 
-use crate::figures::human;
+use crate::figures::{human, printable};

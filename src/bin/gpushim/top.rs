@@ -76,7 +76,7 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
         let (cols, rows) = size();
         let screen = match figures::collect(true) {
             Ok(f) => render(&f, order, cols, rows, interval),
-            Err(e) => format!("gpushim top: {e}\r\n"),
+            Err(e) => format!("gpushim top: {}\r\n", figures::printable(&e)),
         };
         let _ = out.write_all(format!("\x1b[H\x1b[2J{screen}").as_bytes());
         let _ = out.flush();
