@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches Debian's `prometheus` package (the server, for tests/observability.rs, which scrapes
+# Fetches Debian's `prometheus` package (the server, for tests/metrics_http.rs, which scrapes
 # `gpushim metrics --listen` with it) into .deps/prometheus/bin without installing it: `apt-get
 # download` + `dpkg-deb -x`, like scripts/fetch-drivers.sh. Idempotent; about 19 MB to
 # download, 2 s on a fast link.

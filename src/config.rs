@@ -459,9 +459,13 @@ impl Settings {
 #[inline(never)] // a start-up step scripts/bench.sh counts by name
 pub fn load() -> Result<Settings, ConfigError> {
     if crate::secure::secure_execution() {
-        // (see `secure`: the system file alone, its paths absolute)
-        let settings = load_from(&|_| None, &[])?;
-        return require_absolute_paths(settings);
+        // (see `secure`: the system file alone, its paths absolute, no log or report file)
+        let mut settings = require_absolute_paths(load_from(&|_| None, &[])?)?;
+        settings.log_file = None;
+        if matches!(settings.report, Some(ReportTarget::Path(_))) {
+            settings.report = None;
+        }
+        return Ok(settings);
     }
     const PREFIXES: [&str; 2] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT];
     let vars = env_vars_starting_with(&PREFIXES);

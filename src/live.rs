@@ -474,7 +474,8 @@ pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
     if configured.is_some() || crate::sys::getuid() != 0 {
         return out;
     }
-    let mut more = Vec::new();
+    // (set-user-ID root programs publish in /run/gpushim: see `secure`)
+    let mut more = vec![PathBuf::from(crate::quota::SECURE_ROOT_DIR)];
     if let Ok(rd) = std::fs::read_dir("/run/user") {
         more.extend(rd.flatten().map(|e| e.path().join("gpushim")));
     }

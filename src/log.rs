@@ -19,7 +19,7 @@ pub fn configure(level: Level, file: Option<&std::path::Path>) {
     let Some(path) = file else { return };
     use std::os::unix::ffi::OsStrExt;
     let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return };
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | crate::secure::no_follow();
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
     // SAFETY: `cpath` is a valid NUL-terminated string; open(2) has no other preconditions.
     let fd = unsafe { libc::open(cpath.as_ptr(), flags, 0o644) };
     if fd >= 0 {

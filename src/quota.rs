@@ -201,14 +201,20 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
     if let Some(d) = configured {
         return d.to_path_buf();
     }
-    // (not in a secure-execution process: the caller's variable, see `secure`)
-    if !crate::secure::secure_execution() {
-        if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
-            return Path::new(&d).join("gpushim");
+    // (not in a secure-execution process: the caller's variable; and root's directory is not
+    // one a user can make first in /tmp: see `secure`)
+    if crate::secure::secure_execution() {
+        if owner_uid() == 0 {
+            return PathBuf::from(SECURE_ROOT_DIR);
         }
+    } else if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
+        return Path::new(&d).join("gpushim");
     }
     PathBuf::from(format!("/tmp/gpushim-{}", owner_uid()))
 }
+
+/// The default state directory of a set-user-ID root program (see `secure`).
+pub const SECURE_ROOT_DIR: &str = "/run/gpushim";
 
 /// The user the shim's files belong to: the effective one, who creates them (the real one
 /// differs in a set-user-ID program, whose files must not land in the caller's directory).
@@ -243,7 +249,12 @@ fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> 
 /// another directory.
 /// Checked on every call: the directory may have been removed or replaced since.
 pub fn private_dir(dir: &Path) -> Result<(), String> {
-    private_dir_checked(dir).map_err(|e| format!("{e}; set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"))
+    let hint = if crate::secure::secure_execution() {
+        "set state_dir in /etc/gpushim/gpushim.toml to a directory of the program's owner (mode 0700)"
+    } else {
+        "set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"
+    };
+    private_dir_checked(dir).map_err(|e| format!("{e}; {hint}"))
 }
 
 fn private_dir_checked(dir: &Path) -> Result<(), String> {

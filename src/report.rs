@@ -60,14 +60,7 @@ extern "C" fn write_at_exit() {
                 } else {
                     text(&rows) + &placement_text
                 };
-                use std::os::unix::fs::OpenOptionsExt;
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .custom_flags(crate::secure::no_follow())
-                    .open(path);
-                if let Err(e) = file.and_then(|mut f| std::io::Write::write_all(&mut f, body.as_bytes())) {
+                if let Err(e) = std::fs::write(path, body) {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
             }

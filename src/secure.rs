@@ -9,19 +9,25 @@
 //!   is ignored, `GPUSHIM_CONFIG` included, so only the system config file
 //!   (`/etc/gpushim/gpushim.toml`, written by the administrator) applies; `GPUSHIM_DISABLE`
 //!   cannot lift its limits either;
-//! * the markers the shim passes to its own children (`GPUSHIM_VIEW_APPLIED`,
-//!   `GPUSHIM_VIEW_PENDING`, `GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES`) are removed when the
-//!   library is loaded, as the loader removes its unsafe variables, so the caller cannot forge
-//!   a parent's device view;
-//! * `XDG_RUNTIME_DIR` is not consulted: the default state directory is
-//!   `/tmp/gpushim-<effective uid>`, and the shim's files must belong to the effective user;
+//! * [`scrub_environment`]: the markers the shim passes to its own children
+//!   (`GPUSHIM_VIEW_APPLIED`, `GPUSHIM_VIEW_PENDING`, `GPUSHIM_ORIGINAL_CUDA_VISIBLE_DEVICES`)
+//!   and the caller's `CUDA_VISIBLE_DEVICES` are removed, when the library is loaded and again
+//!   before the first CUDA or NVML call is served (a library's constructor may call CUDA before
+//!   the shim's runs), so the caller can neither forge a parent's device view nor re-aim the
+//!   system file's ordinals (`memory_limits.0`, `visible_devices = [0]`) at another GPU;
+//! * `XDG_RUNTIME_DIR` is not consulted: the default state directory is `/run/gpushim` for root
+//!   and `/tmp/gpushim-<effective uid>` for another user, and the shim's files must belong to the
+//!   effective user;
+//! * where the effective user is the caller (set-group-ID, file capabilities), the state
+//!   directory and its files would be the caller's to rewrite (the budget's figures live in the
+//!   published file, the quota files hold a process-shared mutex): [`caller_owns_state`] — the
+//!   process' figures are not published, it joins no registry, and a shared quota is a
+//!   configuration error;
 //! * a path in the system file (log file, report, driver, NVML, state directory) must be
-//!   absolute (a relative one would name a file in the caller's current directory): otherwise
-//!   CUDA initialisation fails with a configuration error; the log file and the report are
-//!   opened without following a final symbolic link.
-//!
-//! `CUDA_VISIBLE_DEVICES` is still read: the driver reads it too, and it can only narrow and
-//! reorder what the system file shows.
+//!   absolute (a relative one would name a file in the caller's current directory), and no log
+//!   file or report file is written at all (the log goes to stderr; `report = "stderr"` works):
+//!   a file opened as the program's owner in a directory the caller can reach could be a FIFO
+//!   that blocks, a link, or another user's file.
 
 /// Whether the process runs with secure execution (`getauxval(AT_SECURE)`, as glibc decides).
 pub fn secure_execution() -> bool {
@@ -29,12 +35,28 @@ pub fn secure_execution() -> bool {
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
-/// `O_NOFOLLOW` in a secure-execution process, else nothing: the flag the shim adds when it
-/// opens a file the configuration names for writing (the log file, the report).
-pub fn no_follow() -> libc::c_int {
-    if secure_execution() {
-        libc::O_NOFOLLOW
-    } else {
-        0
+/// In a secure-execution process whose effective user is the caller (set-group-ID, file
+/// capabilities): the shim's shared files would belong to the caller (see the module docs).
+pub fn caller_owns_state() -> bool {
+    // SAFETY: getuid and geteuid cannot fail.
+    secure_execution() && unsafe { libc::geteuid() == libc::getuid() }
+}
+
+/// In a secure-execution process, removes what the caller's environment could use to re-aim
+/// the view (see the module docs); elsewhere nothing. Idempotent.
+pub fn scrub_environment() {
+    if !secure_execution() {
+        return;
+    }
+    const CALLERS: [&str; 4] = [
+        "CUDA_VISIBLE_DEVICES",
+        crate::config::ENV_VIEW_APPLIED,
+        crate::config::ENV_VIEW_PENDING,
+        crate::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
+    ];
+    for name in CALLERS {
+        if std::env::var_os(name).is_some() {
+            std::env::remove_var(name);
+        }
     }
 }

@@ -35,6 +35,10 @@ static PUBLISHER: ForkOnce<Option<Publisher>> = ForkOnce::new();
 pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
     PUBLISHER
         .get_or_init(|| {
+            if crate::secure::caller_owns_state() {
+                log!(Level::Debug, "not publishing this process' figures: set-group-ID or file capabilities (see secure)");
+                return None;
+            }
             let dir = quota::state_dir(s.state_dir.as_deref());
             match Publisher::start(&dir, quota().map(|q| q.name.as_str()), view) {
                 Ok(p) => {
@@ -98,6 +102,11 @@ pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
         config::Source::Env(var) => var.clone(),
         other => format!("shared_quota ({other})"),
     };
+    if crate::secure::caller_owns_state() {
+        let reason = "a shared quota cannot be used by a set-group-ID or file-capability program: its files would \
+                      belong to the user who runs it, who could rewrite the budget";
+        return Err(config::ConfigError::new(setting, name.clone(), reason));
+    }
     let q = Quota::open(&dir, name, true).map_err(|e| config::ConfigError::new(setting, name.clone(), e))?;
     log!(Level::Info, "shared quota {name}: {}", q.path.display());
     let _ = quota::ON_ERROR.set(|e| log!(Level::Warn, "{e}"));
@@ -110,6 +119,9 @@ pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
 fn registry(s: &Settings) -> Option<&'static Quota> {
     REGISTRY
         .get_or_init(|| {
+            if crate::secure::caller_owns_state() {
+                return None;
+            }
             let dir = quota::state_dir(s.state_dir.as_deref());
             match Quota::open_registry(&dir, true) {
                 Ok(r) => {
@@ -160,7 +172,8 @@ fn warn_oversubscribed(dir: &Path, dev: CUdevice, uuid: &str, size: u64) {
     let promised = quota::commitments_on(dir, uuid, REGISTRY.get().and_then(Option::as_ref));
     let sum = promised.iter().map(|p| p.1).fold(0u64, u64::saturating_add);
     if promised.len() > 1 && sum > size {
-        let each: Vec<String> = promised.iter().map(|(who, b)| format!("{who}: {b}")).collect();
+        // (escaped: other processes' names, the user's to choose)
+        let each: Vec<String> = promised.iter().map(|(who, b)| format!("{}: {b}", who.escape_debug())).collect();
         log!(
             Level::Warn,
             "device {dev} ({uuid}) is oversubscribed: the limits of this user's processes on it add up to {sum} bytes ({}), more than its {size} bytes; they may run out of memory below their limits",

@@ -211,6 +211,8 @@ fn wait_for_start_up() -> Option<&'static State> {
 }
 
 fn build() -> Box<State> {
+    // (again: a library's constructor may reach CUDA before the shim's own ran)
+    crate::secure::scrub_environment();
     let mut state = Box::new(State::empty());
     match config::load() {
         Ok(s) => {

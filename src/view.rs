@@ -97,7 +97,7 @@ fn unique(inventory: &[Physical], pred: impl Fn(&Physical) -> bool) -> Result<us
 pub fn select(selectors: &[Selector], cvd: Option<&str>, inventory: &[Physical]) -> Result<View, String> {
     let visible = driver_view(cvd, inventory);
     let hidden_note = |uuid: &str| match cvd {
-        Some(c) => format!("{uuid} is hidden by CUDA_VISIBLE_DEVICES={c}"),
+        Some(c) => format!("{uuid} is hidden by CUDA_VISIBLE_DEVICES={}", c.escape_debug()),
         None => format!("{uuid} is not visible to this process"),
     };
     let mut devices = Vec::with_capacity(selectors.len());
@@ -107,7 +107,7 @@ pub fn select(selectors: &[Selector], cvd: Option<&str>, inventory: &[Physical])
                 let n = visible.devices.len();
                 let devs = if n == 1 { "device is" } else { "devices are" };
                 match cvd {
-                    Some(c) => format!("there is no device {i}: {n} {devs} visible (CUDA_VISIBLE_DEVICES={c})"),
+                    Some(c) => format!("there is no device {i}: {n} {devs} visible (CUDA_VISIBLE_DEVICES={})", c.escape_debug()),
                     None => format!("there is no device {i}: {n} {devs} visible"),
                 }
             })?,
@@ -140,7 +140,7 @@ pub fn select_without_inventory(selectors: &[Selector], cvd: Option<&str>) -> Re
     for sel in selectors {
         let entry = match (sel, &base) {
             (Selector::Ordinal(i), Some(base)) => base.get(*i as usize).map(|e| e.to_string()).ok_or_else(|| {
-                format!("there is no device {i}: {} visible (CUDA_VISIBLE_DEVICES={})", base.len(), cvd.unwrap_or(""))
+                format!("there is no device {i}: {} visible (CUDA_VISIBLE_DEVICES={})", base.len(), cvd.unwrap_or("").escape_debug())
             })?,
             (Selector::Ordinal(i), None) => i.to_string(),
             (Selector::Uuid(u), None) => u.clone(),
@@ -397,15 +397,11 @@ pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, 
 }
 
 /// Applies [`load_time_changes`] to the process environment. In a secure-execution process
-/// (`secure`) no setting comes from the environment, so there is nothing to rewrite, and the
-/// markers a parent would pass are removed: the caller set them, not a parent under the shim.
+/// (`secure`) no setting comes from the environment, so there is nothing to rewrite, and what
+/// the caller could re-aim the view with is removed ([`crate::secure::scrub_environment`]).
 fn rewrite_environment() {
     if crate::secure::secure_execution() {
-        for marker in [PENDING_MARKER, ORIGINAL_CVD, APPLIED_MARKER] {
-            if std::env::var_os(marker).is_some() {
-                std::env::remove_var(marker);
-            }
-        }
+        crate::secure::scrub_environment();
         return;
     }
     let changes = load_time_changes(env_lossy);

@@ -74,10 +74,11 @@ impl Sandbox {
         // The programs: set-user-ID root, and a plain copy.
         std::fs::create_dir_all(d("bin")).unwrap();
         for (src, name) in [(program(Program::Modes), "modes"), (program(Program::Nvml(NvmlPath::Link)), "nvml")] {
-            std::fs::copy(&src, d(&format!("bin/{name}-setuid"))).unwrap();
-            std::fs::copy(&src, d(&format!("bin/{name}"))).unwrap();
-            std::fs::set_permissions(d(&format!("bin/{name}-setuid")), std::fs::Permissions::from_mode(0o4755)).unwrap();
-            std::fs::set_permissions(d(&format!("bin/{name}")), std::fs::Permissions::from_mode(0o755)).unwrap();
+            for (suffix, mode) in [("-setuid", 0o4755), ("-setgid", 0o2755), ("", 0o755)] {
+                let to = d(&format!("bin/{name}{suffix}"));
+                std::fs::copy(&src, &to).unwrap();
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
         }
         // What a hostile caller points at: a library whose constructor leaves a mark, and
         // root's private files.
@@ -99,9 +100,16 @@ impl Sandbox {
         std::fs::set_permissions(d("root"), std::fs::Permissions::from_mode(0o700)).unwrap();
         std::fs::write(d("root/shadow"), "root's own text\n").unwrap();
         std::fs::write(d("root/secret.toml"), "SECRET-7f3a = [\n").unwrap();
-        // Two copies of /etc: with the shim in ld.so.preload, and without it.
+        // Copies of /etc: with the shim in ld.so.preload (system files: GPU 0 by UUID and 1 GiB;
+        // 1 GiB on ordinal 0; a shared quota), and without it.
         let uuid0 = phys_uuid(0);
-        for (etc, preload) in [("etc-shim", true), ("etc-plain", false)] {
+        let limited = format!("memory_limit = \"1GiB\"\nvisible_devices = [\"{uuid0}\"]\n");
+        for (etc, preload, toml) in [
+            ("etc-shim", true, limited.clone()),
+            ("etc-ordinal", true, "[memory_limits]\n0 = \"1GiB\"\n".to_string()),
+            ("etc-quota", true, "memory_limit = \"1GiB\"\nshared_quota = \"team\"\n".to_string()),
+            ("etc-plain", false, limited.clone()),
+        ] {
             let e = d(etc);
             sh(&format!("cp -a /etc {}", q(&e)));
             std::fs::write(e.join("ld.so.preload"), if preload { format!("{}\n", d("lib/libgpushim.so").display()) } else { String::new() })
@@ -110,11 +118,7 @@ impl Sandbox {
             let conf = std::fs::read_to_string(e.join("ld.so.conf")).unwrap_or_default();
             std::fs::write(e.join("ld.so.conf"), format!("{}\n{conf}", d("lib").display())).unwrap();
             std::fs::create_dir_all(e.join("gpushim")).unwrap();
-            std::fs::write(
-                e.join("gpushim/gpushim.toml"),
-                format!("memory_limit = \"1GiB\"\nvisible_devices = [\"{uuid0}\"]\n"),
-            )
-            .unwrap();
+            std::fs::write(e.join("gpushim/gpushim.toml"), toml).unwrap();
             // (-X: no links made in the system's library directories)
             sh(&format!("ldconfig -X -C {} -f {}", q(&e.join("ld.so.cache")), q(&e.join("ld.so.conf"))));
         }
@@ -126,8 +130,8 @@ impl Sandbox {
     }
 
     /// Runs `bin/<prog>` as `nobody` with exactly `env` (plus the simulator's own settings),
-    /// in a namespace whose `/etc` is `etc` and whose `/tmp` is empty; then lists, as root,
-    /// what the run left in that `/tmp` (`tmp.NAME=UID`).
+    /// in a namespace whose `/etc` is `etc` and whose `/tmp` and `/run` are empty; then lists,
+    /// as root, what the run left there (`left./tmp/NAME=UID`).
     fn run(&self, etc: &str, prog: &str, env: &[(&str, String)], args: &[&str]) -> RunOutput {
         let vars: Vec<String> = [("GPUSIM_DEVICES", "2".to_string()), ("GPUSIM_MEMORY", "16GiB".to_string())]
             .iter()
@@ -138,8 +142,9 @@ impl Sandbox {
             "set -e\n\
              mount --bind {etc} /etc\n\
              mount -t tmpfs tmpfs /tmp\n\
+             mount -t tmpfs tmpfs /run\n\
              setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups -- env -i PATH=/usr/bin:/bin {vars} {prog} {args} || echo exit={NOBODY}\n\
-             for f in /tmp/*; do [ -e \"$f\" ] && echo \"tmp.$(basename \"$f\")=$(stat -c %u \"$f\")\"; done; true\n",
+             for f in /tmp/* /run/*; do [ -e \"$f\" ] && echo \"left.$f=$(stat -c %u \"$f\")\"; done; true\n",
             etc = q(&self.path(etc)),
             vars = vars.join(" "),
             prog = q(&self.path(&format!("bin/{prog}"))),
@@ -184,13 +189,8 @@ fn a_set_user_id_program_takes_nothing_from_the_callers_environment() {
     for made in ["root/log", "root/state", "root/xdg"] {
         assert!(!sb.path(made).exists(), "{made} is not created\n{}", out.dump());
     }
-    // nothing of root's in the caller's default directory; root's own may exist
-    assert!(out.kv.get(&format!("tmp.gpushim-{NOBODY}")).is_none(), "{}", out.dump());
-    for (k, v) in &out.kv {
-        if k.starts_with("tmp.") {
-            assert_eq!((k.as_str(), v.as_str()), ("tmp.gpushim-0", "0"), "only root's own state directory\n{}", out.dump());
-        }
-    }
+    // nothing in /tmp (a user could make root's directory there first); root's own in /run
+    assert_eq!(left(&out), vec![("left./run/gpushim".to_string(), "0".to_string())], "{}", out.dump());
     assert_eq!(
         out.stderr_text(),
         "gpushim: warn: device 0: cuMemAlloc of 2147483648 bytes refused: 0 bytes in use, limit 1073741824 bytes\n",
@@ -207,24 +207,54 @@ fn a_set_user_id_program_takes_nothing_from_the_callers_environment() {
     let out = alloc_run(&sb, "etc-shim", "modes-setuid", &[("GPUSHIM_DISABLE", "1".to_string())]);
     assert_limited(&out, "GPUSHIM_DISABLE");
 
-    // A forged parent's view: the system file selects GPU 0 by UUID; the caller shows GPU 1
-    // and claims a parent applied that view. The selection runs and finds GPU 0 hidden:
-    // CUDA initialisation fails (closed), it never opens GPU 1.
+    // NVML in a set-user-ID program: the caller's NVML library is not loaded; a forged
+    // parent's view (GPU 1, "applied") is not taken: the system file's GPU 0 and limit are what
+    // it shows.
     let uuid1 = phys_uuid(1);
-    let out = alloc_run(
-        &sb,
-        "etc-shim",
-        "modes-setuid",
-        &[("CUDA_VISIBLE_DEVICES", uuid1.clone()), ("GPUSHIM_VIEW_APPLIED", uuid1.clone())],
-    );
-    assert_eq!(out.num("init.rc"), NOT_INITIALIZED, "a forged view is not taken\n{}", out.dump());
-
-    // NVML in a set-user-ID program: the caller's NVML library is not loaded; the system's
-    // view and limit are what it shows.
-    let out = sb.run("etc-shim", "nvml-setuid", &[("GPUSHIM_NVML_PATH", p("evil/libevil.so"))], &["list"]);
+    let forged = [
+        ("GPUSHIM_NVML_PATH", p("evil/libevil.so")),
+        ("CUDA_VISIBLE_DEVICES", uuid1.clone()),
+        ("GPUSHIM_VIEW_APPLIED", uuid1.clone()),
+    ];
+    let out = sb.run("etc-shim", "nvml-setuid", &forged, &["list"]);
     assert!(!sb.path("evil/loaded").exists(), "{}", out.dump());
     assert_eq!((out.num("init.rc"), out.num("count")), (0, 1), "{}", out.dump());
     assert_eq!((out.get("idx0.uuid"), out.u64("idx0.total")), (phys_uuid(0).as_str(), GIB), "{}", out.dump());
+    let out = alloc_run(&sb, "etc-shim", "modes-setuid", &forged[1..]);
+    assert_limited(&out, "a forged view");
+
+    // The caller's CUDA_VISIBLE_DEVICES cannot re-aim the system file's ordinals: 1 GiB on
+    // ordinal 0 stays on GPU 0 with `1,0` (where ordinal 0 would be GPU 1, unlimited).
+    let out = alloc_run(&sb, "etc-ordinal", "modes-setuid", &[("CUDA_VISIBLE_DEVICES", "1,0".to_string())]);
+    assert_limited(&out, "CUDA_VISIBLE_DEVICES=1,0");
+}
+
+/// What a run left in `/tmp` and `/run`, sorted.
+fn left(out: &RunOutput) -> Vec<(String, String)> {
+    out.kv.iter().filter(|(k, _)| k.starts_with("left.")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// A set-group-ID program's effective user is the caller, who owns the state directory and
+/// could rewrite what is in it (the budget's figures, a quota's mutex): nothing is published
+/// or registered there, and a shared quota in the system file is a configuration error.
+#[test]
+fn a_set_group_id_program_keeps_its_budget_out_of_the_callers_files() {
+    let Some(sb) = Sandbox::new() else { return };
+    let out = alloc_run(&sb, "etc-shim", "modes-setgid", &[("GPUSHIM_MEMORY_LIMIT", "unlimited".to_string())]);
+    assert_limited(&out, "set-group-ID");
+    assert_eq!(left(&out), vec![], "nothing in the caller's state directory\n{}", out.dump());
+    let out = alloc_run(&sb, "etc-quota", "modes-setgid", &[]);
+    assert_eq!(out.num("init.rc"), NOT_INITIALIZED, "{}", out.dump());
+    assert!(
+        out.stderr_text().starts_with("gpushim: shared_quota (config file /etc/gpushim/gpushim.toml)=\"team\": a shared quota cannot be used by a set-group-ID"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(left(&out), vec![], "{}", out.dump());
+    // set-user-ID root: the quota is root's, in /run/gpushim
+    let out = alloc_run(&sb, "etc-quota", "modes-setuid", &[]);
+    assert_limited(&out, "set-user-ID, shared quota");
+    assert_eq!(left(&out), vec![("left./run/gpushim".to_string(), "0".to_string())], "{}", out.dump());
 }
 
 #[test]
@@ -235,6 +265,10 @@ fn without_the_set_user_id_bit_or_the_shim_the_environment_and_the_driver_decide
     assert_eq!((out.num("init.rc"), out.num("op2.rc")), (0, 0), "{}", out.dump());
     let out = alloc_run(&sb, "etc-shim", "modes", &[]);
     assert_limited(&out, "the system file, not set-user-ID");
+    // Not set-user-ID, CUDA_VISIBLE_DEVICES=1,0: ordinal 0 is GPU 1, which the system file's
+    // `memory_limits.0` does not limit (the set-user-ID test can tell).
+    let out = alloc_run(&sb, "etc-ordinal", "modes", &[("CUDA_VISIBLE_DEVICES", "1,0".to_string())]);
+    assert_eq!((out.num("init.rc"), out.num("op2.rc")), (0, 0), "{}", out.dump());
     // Without the shim: the 2 GiB the limit refuses is granted (the test can tell).
     let out = alloc_run(&sb, "etc-plain", "modes-setuid", &[]);
     assert_eq!((out.num("init.rc"), out.num("op2.rc"), out.num("op3.rc")), (0, 0, 0), "{}", out.dump());
