@@ -224,9 +224,14 @@ fn a_set_user_id_program_takes_nothing_from_the_callers_environment() {
     assert_limited(&out, "a forged view");
 
     // The caller's CUDA_VISIBLE_DEVICES cannot re-aim the system file's ordinals: 1 GiB on
-    // ordinal 0 stays on GPU 0 with `1,0` (where ordinal 0 would be GPU 1, unlimited).
-    let out = alloc_run(&sb, "etc-ordinal", "modes-setuid", &[("CUDA_VISIBLE_DEVICES", "1,0".to_string())]);
+    // ordinal 0 stays on GPU 0 with `1,0` (which makes GPU 1 ordinal 0 and GPU 0, unlimited,
+    // ordinal 1): NVML (which lists GPUs in the driver's order) shows GPU 0 limited.
+    let cvd = [("CUDA_VISIBLE_DEVICES", "1,0".to_string())];
+    let out = alloc_run(&sb, "etc-ordinal", "modes-setuid", &cvd);
     assert_limited(&out, "CUDA_VISIBLE_DEVICES=1,0");
+    let out = sb.run("etc-ordinal", "nvml-setuid", &cvd, &["list"]);
+    assert_eq!((out.num("count"), out.get("idx0.uuid"), out.u64("idx0.total")), (2, phys_uuid(0).as_str(), GIB), "{}", out.dump());
+    assert_eq!(out.u64("idx1.total"), 16 * GIB, "{}", out.dump());
 }
 
 /// What a run left in `/tmp` and `/run`, sorted.
@@ -265,10 +270,11 @@ fn without_the_set_user_id_bit_or_the_shim_the_environment_and_the_driver_decide
     assert_eq!((out.num("init.rc"), out.num("op2.rc")), (0, 0), "{}", out.dump());
     let out = alloc_run(&sb, "etc-shim", "modes", &[]);
     assert_limited(&out, "the system file, not set-user-ID");
-    // Not set-user-ID, CUDA_VISIBLE_DEVICES=1,0: ordinal 0 is GPU 1, which the system file's
-    // `memory_limits.0` does not limit (the set-user-ID test can tell).
-    let out = alloc_run(&sb, "etc-ordinal", "modes", &[("CUDA_VISIBLE_DEVICES", "1,0".to_string())]);
-    assert_eq!((out.num("init.rc"), out.num("op2.rc")), (0, 0), "{}", out.dump());
+    // Not set-user-ID, CUDA_VISIBLE_DEVICES=1,0: ordinal 0 is GPU 1, which takes the system
+    // file's `memory_limits.0`, and GPU 0 is unlimited (the set-user-ID test can tell).
+    let out = sb.run("etc-ordinal", "nvml", &[("CUDA_VISIBLE_DEVICES", "1,0".to_string())], &["list"]);
+    assert_eq!((out.num("count"), out.get("idx0.uuid"), out.u64("idx0.total")), (2, phys_uuid(0).as_str(), 16 * GIB), "{}", out.dump());
+    assert_eq!(out.u64("idx1.total"), GIB, "{}", out.dump());
     // Without the shim: the 2 GiB the limit refuses is granted (the test can tell).
     let out = alloc_run(&sb, "etc-plain", "modes-setuid", &[]);
     assert_eq!((out.num("init.rc"), out.num("op2.rc"), out.num("op3.rc")), (0, 0, 0), "{}", out.dump());
