@@ -29,6 +29,10 @@ mod sys;
 #[path = "../../once.rs"]
 mod once;
 
+#[allow(dead_code)]
+#[path = "../../bounded.rs"]
+mod bounded;
+
 mod check;
 mod figures;
 mod help;
