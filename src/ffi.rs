@@ -25,6 +25,9 @@ pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// What a call other than an allocation answers when gpushim refuses it because a wait of its
+/// own gave up (`bounded`).
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 

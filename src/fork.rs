@@ -20,8 +20,8 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::Release;
-use std::sync::Mutex;
 
+use crate::bounded::Bounded;
 use crate::once::ForkOnce;
 
 thread_local! {
@@ -42,10 +42,16 @@ pub fn register() {
     });
 }
 
-/// Takes `m` for the fork (see the module documentation).
-pub fn hold<T: 'static>(m: &'static Mutex<T>) {
-    let guard = m.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
+/// Takes `m` for the fork (see the module documentation). Bounded (`bounded`): a lock this
+/// thread holds itself (a fork from a signal handler that interrupted the shim) or that is not
+/// free within the bound is not taken, with one line; the child resets it whatever its state.
+pub fn hold<T: 'static>(m: &'static Bounded<T>) {
+    match m.lock() {
+        Ok(guard) => {
+            let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
+        }
+        Err(stuck) => crate::log::stuck("fork's hold of gpushim's locks", stuck),
+    }
 }
 
 fn release_all() {
@@ -73,9 +79,4 @@ extern "C" fn in_child() {
         crate::report::disarm();
         crate::state::after_fork_in_child();
     });
-}
-
-/// Empties `m` in a forked child (its lock is free there: see the module documentation).
-pub fn reset<T>(m: &Mutex<T>, fresh: impl FnOnce() -> T) {
-    *m.lock().unwrap_or_else(|e| e.into_inner()) = fresh();
 }

@@ -17,11 +17,16 @@
 //!
 //! When the figures cannot be read, the whole of the graph's bytes is reserved (fail closed).
 //! The hooks are handed out whenever a limit applies (`limit` in the hook table).
+//!
+//! The table of executable graphs is behind a bounded lock (`bounded`): an instantiation that
+//! cannot be recorded is undone and refused, a launch whose graph cannot be looked up is
+//! refused, and a settlement that cannot mark the graphs to check again credits nothing.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+
+use crate::bounded::{Bounded, Guard, Stuck};
 
 use crate::ffi::*;
 use crate::memory::MAX_DEVICES;
@@ -56,7 +61,7 @@ struct ExecMemory {
 }
 
 pub struct Graphs {
-    execs: Mutex<HashMap<usize, ExecMemory>>,
+    execs: Bounded<HashMap<usize, ExecMemory>>,
     /// What the shim counts for each device's graph pool.
     /// One per device, on the heap (see `State::budgets`).
     counted: Box<[AtomicU64]>,
@@ -64,7 +69,7 @@ pub struct Graphs {
 
 impl Graphs {
     pub fn new() -> Self {
-        Graphs { execs: Mutex::new(HashMap::new()), counted: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect() }
+        Graphs { execs: Bounded::new("gpushim's table of graph memory", HashMap::new()), counted: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect() }
     }
 
     pub fn hold_for_fork(&'static self) {
@@ -73,14 +78,14 @@ impl Graphs {
 
     /// A forked child holds nothing (`fork`).
     pub fn reset_after_fork(&self) {
-        crate::fork::reset(&self.execs, HashMap::new);
+        self.execs.reset_after_fork(HashMap::new());
         for c in &self.counted {
             c.store(0, Relaxed);
         }
     }
 
-    fn execs(&self) -> std::sync::MutexGuard<'_, HashMap<usize, ExecMemory>> {
-        self.execs.lock().unwrap_or_else(|e| e.into_inner())
+    fn execs(&self) -> Result<Guard<'_, HashMap<usize, ExecMemory>>, Stuck> {
+        self.execs.lock()
     }
 }
 
@@ -100,21 +105,23 @@ impl State {
     }
 
     /// `graph` was instantiated into `exec`: records its allocation nodes' bytes per device.
-    pub fn graph_instantiated(&self, exec: usize, graph: *mut c_void) {
+    /// `Err`: not recorded (the caller undoes the instantiation: launches of a graph the shim
+    /// does not know would not be counted).
+    pub fn graph_instantiated(&self, exec: usize, graph: *mut c_void) -> Result<(), Stuck> {
         let api = self.api();
         let (Some(get_nodes), Some(get_type), Some(get_params)) = (api.graph_get_nodes, api.graph_node_get_type, api.graph_mem_alloc_node_get_params) else {
-            return;
+            return Ok(());
         };
         let mut count = 0usize;
         // SAFETY: NULL nodes asks the count only; valid out-pointer.
         if unsafe { get_nodes(graph, std::ptr::null_mut(), &mut count) } != CUDA_SUCCESS || count == 0 {
-            return;
+            return Ok(());
         }
         let mut nodes = vec![std::ptr::null_mut::<c_void>(); count.min(MAX_NODES)];
         let mut n = nodes.len();
         // SAFETY: room for `n` handles; the driver writes at most `n` and says how many.
         if unsafe { get_nodes(graph, nodes.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
-            return;
+            return Ok(());
         }
         let mut memory = ExecMemory::default();
         for &node in nodes.iter().take(n.min(nodes.len())) {
@@ -141,8 +148,9 @@ impl State {
             }
         }
         if !memory.needs.is_empty() {
-            self.graphs.execs().insert(exec, memory);
+            self.graphs.execs()?.insert(exec, memory);
         }
+        Ok(())
     }
 
     /// The driver's (used, reserved) graph-pool figures of program device `dev`.
@@ -161,7 +169,10 @@ impl State {
     /// Runs a launch or upload of `exec`: reserves what its first one makes the graph pools
     /// grow by, refusing it past a limit, then settles on the driver's figures.
     pub fn graph_launch(&self, what: &str, exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
-        let memory = self.graphs.execs().get(&exec).cloned();
+        let memory = match self.graphs.execs() {
+            Ok(execs) => execs.get(&exec).cloned(),
+            Err(stuck) => return crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY),
+        };
         let Some(memory) = memory.filter(|m| !m.launched) else { return launch() };
         let mut reserved: Vec<(CUdevice, u64)> = Vec::new();
         for &(dev, need) in &memory.needs {
@@ -198,7 +209,8 @@ impl State {
             self.budgets_of(dev as usize).take(grow);
             self.graphs.counted[dev as usize].fetch_add(grow, Relaxed);
         }
-        if let Some(m) = self.graphs.execs().get_mut(&exec) {
+        // (not marked if the table cannot be had: the next launch is checked like a first one)
+        if let Some(m) = self.graphs.execs().ok().as_mut().and_then(|e| e.get_mut(&exec)) {
             m.launched = true;
         }
         for &(dev, _) in &memory.needs {
@@ -209,7 +221,9 @@ impl State {
 
     /// `exec` was destroyed: forgets it and settles its devices' graph pools.
     pub fn graph_destroyed(&self, exec: usize) {
-        let memory = self.graphs.execs().remove(&exec);
+        // (if the table cannot be had the entry stays: a handle the driver hands out again
+        // replaces it at its instantiation)
+        let memory = self.graphs.execs().ok().and_then(|mut e| e.remove(&exec));
         for (dev, _) in memory.map(|m| m.needs).unwrap_or_default() {
             self.settle_graph_pool(dev);
         }
@@ -218,12 +232,15 @@ impl State {
     /// Counts exactly what the driver's graph pool of `dev` holds (`RESERVED_MEM_CURRENT`).
     pub fn settle_graph_pool(&self, dev: CUdevice) {
         let (Some(budget), Some((_, held))) = (self.budget(dev), self.graph_pool(dev)) else { return };
+        // (taken first: a settlement that could not mark the graphs to check again credits
+        // nothing, closed)
+        let Ok(mut execs) = self.graphs.execs() else { return };
         let counted = &self.graphs.counted[dev as usize];
         let before = counted.swap(held, Relaxed);
         if held < before {
             // The pool gave memory back (a trim): a graph launched before may need it again at
             // its next launch, which is then checked like a first one.
-            for m in self.graphs.execs().values_mut() {
+            for m in execs.values_mut() {
                 if m.needs.iter().any(|&(d, _)| d == dev) {
                     m.launched = false;
                 }

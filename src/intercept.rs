@@ -221,7 +221,13 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         }
         body(st, real)
     }))
-    .unwrap_or(unknown)
+    .unwrap_or_else(|payload| {
+        // (a one-time step's wait that gave up unwinds with why: `once`)
+        if let Some(&stuck) = payload.downcast_ref::<crate::bounded::Stuck>() {
+            crate::log::stuck(hook.name.trim_end_matches('\0'), stuck);
+        }
+        unknown
+    })
 }
 
 /// `keys`' indices in the order of the keys (a stable insertion sort, at compile time).

@@ -16,7 +16,10 @@
 //! figures not yet moved to the published file (never, once open: they move before).
 //! The rare outcomes after an effect (an entry that does not fit the table, one the driver
 //! freed behind the shim's back, a failed free, an entry of another kind) are handed to the
-//! state's own functions.
+//! state's own functions. The lane never waits for a bucket another writer is inside: a free
+//! declines (the general path waits, bounded by `bounded::WAIT_BOUND`, and refuses before the
+//! driver's free if it gives up), an allocation hands its entry to the state's `record` (which
+//! waits; if it gives up, the allocation goes back to the driver and is refused).
 //!
 //! **Why.** The general path costs ~360 instructions a pair (the hook's checks, the device
 //! and its budget looked up, entries built and copied); the lane ~150 (callgrind: the
@@ -31,7 +34,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 use crate::hooks::{Hook, REAL};
 
-use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
+use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
 use crate::state::State;
 
@@ -115,7 +118,7 @@ pub unsafe fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
     match Packed::of(&entry(bytes, id)).map(|p| lane.table.insert_packed(key, p)) {
         Some(Ok(None)) => {}
         Some(Ok(Some(stale))) => credit_stale(lane.state, stale),
-        _ => record(lane.state, key, bytes, id),
+        _ => return Some(record_new(lane, key, bytes, id)),
     }
     Some(CUDA_SUCCESS)
 }
@@ -146,7 +149,7 @@ pub unsafe fn free(dptr: CUdeviceptr) -> Option<CUresult> {
             None => lane.budget.freed(entry.bytes()),
         }
     } else {
-        record(lane.state, dptr, entry.bytes(), entry.id());
+        restore(lane.state, dptr, entry.bytes(), entry.id());
     }
     Some(result)
 }
@@ -161,8 +164,34 @@ fn entry(bytes: u64, id: u64) -> Live {
 /// fields passed rather than a `Live`, which would be built on the stack of the lane's frame.)
 #[cold]
 #[inline(never)]
-fn record(state: &'static State, key: u64, bytes: u64, id: u64) {
-    let _ = catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, entry(bytes, id))));
+fn record(state: &'static State, key: u64, bytes: u64, id: u64) -> Result<(), crate::bounded::Stuck> {
+    catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, entry(bytes, id)))).unwrap_or(Ok(()))
+}
+
+/// Restores the entry of a free the driver refused (if even that gives up, its bytes stay
+/// counted: closed).
+#[cold]
+#[inline(never)]
+fn restore(state: &'static State, key: u64, bytes: u64, id: u64) {
+    if let Err(stuck) = record(state, key, bytes, id) {
+        crate::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
+    }
+}
+
+/// Records a new allocation the table could not take here; if even the state's `record` gives
+/// up, the allocation goes back to the driver, uncounted, and is refused.
+#[cold]
+#[inline(never)]
+fn record_new(lane: &Lane, key: u64, bytes: u64, id: u64) -> CUresult {
+    let Err(stuck) = record(lane.state, key, bytes, id) else { return CUDA_SUCCESS };
+    // SAFETY: the driver's own cuMemFree_v2 of the pointer it just allocated.
+    unsafe { (lane.real_free)(key) };
+    match lane.budget.moved() {
+        Some(figures) => figures.freed(bytes),
+        None => lane.budget.freed(bytes),
+    }
+    lane.budget.count_refusal();
+    crate::log::refuse("cuMemAlloc", stuck, CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Credits an entry the driver freed behind the shim's back (its pointer was handed out again).

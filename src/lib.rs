@@ -7,6 +7,7 @@
 //! `grow` and `preallocate` memory modes serve allocations from a reserve (`modes`, `reserve`).
 
 mod api;
+mod bounded;
 mod config;
 mod devices;
 mod driver;

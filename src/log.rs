@@ -53,6 +53,28 @@ pub fn emit_plain(text: &str) {
     write_raw(line.as_bytes());
 }
 
+/// [`emit`] without allocating: the line formatted on the stack (cut at 511 bytes), for lines
+/// written where the thread may have been interrupted inside the allocator (`bounded`).
+pub fn emit_unallocated(level: Level, args: fmt::Arguments<'_>) {
+    struct Line {
+        buf: [u8; 512],
+        len: usize,
+    }
+    impl fmt::Write for Line {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let n = s.len().min(self.buf.len() - 1 - self.len);
+            self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+            self.len += n;
+            Ok(())
+        }
+    }
+    let mut line = Line { buf: [0; 512], len: 0 };
+    let _ = write!(line, "gpushim: {}: ", level.as_str());
+    let _ = line.write_fmt(args);
+    line.buf[line.len] = b'\n';
+    write_raw(&line.buf[..line.len + 1]);
+}
+
 fn write_raw(mut bytes: &[u8]) {
     let fd = FD.load(Relaxed);
     while !bytes.is_empty() {
@@ -112,4 +134,28 @@ fn coarse_seconds() -> u64 {
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64
+}
+
+/// Refuses `call` because a wait of the shim gave up (`bounded`): one line ([`stuck`]), and
+/// `result`, its answer (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation,
+/// `CUDA_ERROR_NOT_PERMITTED` for other calls).
+#[cold]
+pub fn refuse(call: &str, why: crate::bounded::Stuck, result: crate::ffi::CUresult) -> crate::ffi::CUresult {
+    stuck(call, why);
+    result
+}
+
+/// Says why `call` was refused or left undone because a wait gave up: one `warn` line,
+/// rate-limited, formatted without allocating (the thread may have been interrupted inside
+/// the C library's allocator).
+#[cold]
+pub fn stuck(call: &str, why: crate::bounded::Stuck) {
+    static LINES: RateLimit = RateLimit::new();
+    if enabled(Level::Warn) {
+        match LINES.admit() {
+            Some(0) => emit_unallocated(Level::Warn, format_args!("{call} refused: {why}")),
+            Some(n) => emit_unallocated(Level::Warn, format_args!("{call} refused: {why} ({n} similar lines suppressed)")),
+            None => {}
+        }
+    }
 }

@@ -19,9 +19,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
-use std::sync::Mutex;
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 
+use crate::bounded::{self, Backoff, BitWait, Bounded, Stuck};
 use crate::live::Figures;
 use crate::quota::Quota;
 
@@ -68,15 +68,21 @@ pub struct DeviceBudget {
 }
 
 /// The gate of updates to figures not yet moved ([`DeviceBudget::update`]), which the move
-/// ([`publish_budgets`]) closes: updates inside, and whether it is closed. An update inside
-/// only loads and stores atomics (it never waits for anything), so the move's wait is short.
-/// (A signal handler that updates a budget on a thread inside the gate or on the moving thread,
-/// before the move is done, would wait for itself, as with a live-map bucket's writer bit: the
-/// shim's hooks are not async-signal-safe, as CUDA's own functions are not.)
+/// ([`publish_budgets`]) closes: updates inside, whether it is closed, and by which thread. An
+/// update inside only loads and stores atomics (it never waits for anything), so the move's
+/// wait is short. Both waits are bounded (`bounded`): an update from a signal handler that
+/// interrupted the moving thread finds the gate closed by its own thread and does not wait
+/// ([`DeviceBudget::update_gated`]); a move from a signal handler that interrupted an update
+/// inside gives up after the bound (the figures then stay where they are, unpublished).
 struct Gate {
     inside: AtomicU64,
     closed: AtomicBool,
+    /// The closing thread's mark (`bounded::this_thread`; 0: none).
+    closer: AtomicUsize,
 }
+
+/// What the gate is called in messages.
+const GATE_WHAT: &str = "the move of the memory figures into the published file";
 
 /// The process' gate.
 static GATE: Gate = Gate::new();
@@ -87,21 +93,28 @@ struct Inside<'a>(&'a Gate);
 
 impl Gate {
     const fn new() -> Gate {
-        Gate { inside: AtomicU64::new(0), closed: AtomicBool::new(false) }
+        Gate { inside: AtomicU64::new(0), closed: AtomicBool::new(false), closer: AtomicUsize::new(0) }
     }
 
-    fn enter(&self) -> Inside<'_> {
-        let mut spins = 0u32;
+    /// Enters once the gate is open; refused at once if this thread closed it, and after the
+    /// bound (`bounded::WAIT_BOUND`) if it stays closed.
+    fn enter(&self) -> Result<Inside<'_>, Stuck> {
+        let mut backoff = Backoff::new();
         loop {
             // (SeqCst, with the move's: an update that entered is waited for, or sees the gate
             // closed and waits itself)
             self.inside.fetch_add(1, SeqCst);
             if !self.closed.load(SeqCst) {
-                return Inside(self);
+                return Ok(Inside(self));
             }
             self.inside.fetch_sub(1, SeqCst);
             while self.closed.load(SeqCst) {
-                spins = spin(spins);
+                if self.closer.load(SeqCst) == bounded::this_thread() {
+                    return Err(Stuck::Reentered(GATE_WHAT));
+                }
+                if !backoff.wait() {
+                    return Err(Stuck::TimedOut(GATE_WHAT));
+                }
             }
         }
     }
@@ -109,23 +122,38 @@ impl Gate {
     /// Closes the gate and waits until no update is inside; runs `f`; opens it again (also
     /// if `f` unwound: a gate left closed would hold every later update forever). One closer
     /// at a time: another waits until it is opened (or it would open it under the first).
-    fn closed_for<R>(&self, f: impl FnOnce() -> R) -> R {
+    /// Both waits are bounded: `Err` (and `f` not run) when one gave up.
+    fn closed_for<R>(&self, f: impl FnOnce() -> R) -> Result<R, Stuck> {
+        self.closed_for_within(bounded::WAIT_BOUND, f)
+    }
+
+    fn closed_for_within<R>(&self, bound: std::time::Duration, f: impl FnOnce() -> R) -> Result<R, Stuck> {
         struct Open<'a>(&'a Gate);
         impl Drop for Open<'_> {
             fn drop(&mut self) {
+                self.0.closer.store(0, SeqCst);
                 self.0.closed.store(false, SeqCst);
             }
         }
-        let mut spins = 0u32;
+        let me = bounded::this_thread();
+        let mut backoff = Backoff::within(bound);
         while self.closed.compare_exchange_weak(false, true, SeqCst, SeqCst).is_err() {
-            spins = spin(spins);
+            if self.closer.load(SeqCst) == me {
+                return Err(Stuck::Reentered(GATE_WHAT));
+            }
+            if !backoff.wait() {
+                return Err(Stuck::TimedOut(GATE_WHAT));
+            }
         }
+        self.closer.store(me, SeqCst);
         let _open = Open(self);
-        let mut spins = 0u32;
+        let mut backoff = Backoff::within(bound);
         while self.inside.load(SeqCst) != 0 {
-            spins = spin(spins);
+            if !backoff.wait() {
+                return Err(Stuck::TimedOut(GATE_WHAT));
+            }
         }
-        f()
+        Ok(f())
     }
 
     /// In a forked child: open and empty. The parent's threads that were inside, or closing
@@ -133,6 +161,7 @@ impl Gate {
     /// forever.
     fn reset_after_fork(&self) {
         self.inside.store(0, SeqCst);
+        self.closer.store(0, SeqCst);
         self.closed.store(false, SeqCst);
     }
 }
@@ -146,9 +175,10 @@ impl Drop for Inside<'_> {
 /// Moves each budget's figures to `place(i)`, budget `i`'s published entry (`None`: they stay
 /// its own): copied while the gate holds every update out, then pointed at. Once per process,
 /// when it starts publishing (or finds it will not: every `place` `None`); later updates pass
-/// no gate.
+/// no gate. If the gate cannot be closed within the bound (`bounded`), nothing moves: the
+/// figures stay the budgets' own (unpublished; limits hold on them as before), with one line.
 pub fn publish_budgets(budgets: &'static [DeviceBudget], place: impl Fn(usize) -> Option<&'static Figures>) {
-    GATE.closed_for(|| {
+    let moved = GATE.closed_for(|| {
         for (i, b) in budgets.iter().enumerate() {
             if !b.figures.load(Acquire).is_null() {
                 continue; // (moved already: never twice)
@@ -167,6 +197,9 @@ pub fn publish_budgets(budgets: &'static [DeviceBudget], place: impl Fn(usize) -
             b.figures.store(to as *const Figures as *mut Figures, Release);
         }
     });
+    if let Err(stuck) = moved {
+        crate::log::stuck("publishing the memory figures", stuck);
+    }
 }
 
 /// The budgets of `n` devices: all zero, as [`DeviceBudget::new`] makes them ([`Zeroed`]);
@@ -260,12 +293,38 @@ impl DeviceBudget {
         self.update_gated(op)
     }
 
+    /// [`DeviceBudget::update`] before the move. If the gate cannot be entered (a signal
+    /// handler that interrupted the move on its own thread, or a move stuck past the bound),
+    /// `op` runs on the figures where they are now. Only the reservation decides anything, and
+    /// it is refused instead ([`DeviceBudget::try_reserve`]); any other update lost to a copy
+    /// made meanwhile errs closed (a credit or a release not made leaves more counted; a `take`
+    /// not made shows less in use, while `reserved`, which the limit bounds, holds it).
     #[cold]
     #[inline(never)]
     fn update_gated<R>(&self, op: impl FnOnce(&Figures) -> R) -> R {
         let _inside = GATE.enter();
         // (moved meanwhile, before the gate closed behind us: there)
         op(self.figures())
+    }
+
+    /// [`DeviceBudget::update`], refused (`Err`) where `update_gated` would go on without
+    /// the gate.
+    #[inline(always)]
+    fn try_update<R>(&self, op: impl FnOnce(&Figures) -> R) -> Result<R, Stuck> {
+        let p = self.figures.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: as in `figures`.
+            return Ok(op(unsafe { &*p }));
+        }
+        let _inside = GATE.enter()?;
+        Ok(op(self.figures()))
+    }
+
+    /// Whether an update now would pass the gate: `Err` when it cannot be entered (checked
+    /// before a shared quota's reservation, whose own update comes after it).
+    #[inline]
+    fn gate_passable(&self) -> Result<(), Stuck> {
+        self.try_update(|_| ())
     }
 
     /// Makes reservations on this device count in `quota`'s device `index`.
@@ -339,12 +398,18 @@ impl DeviceBudget {
 
     /// Adds `bytes` to what is reserved if that stays within `limit` (not counted as a
     /// refusal: the caller decides whether the program's request is refused).
+    /// Before the figures moved, a reservation whose gate cannot be entered (`update_gated`)
+    /// is refused too, with one line saying why.
     #[inline]
     pub fn try_reserve(&self, bytes: u64, limit: u64) -> Result<(), Refused> {
-        if let Some((quota, d)) = self.shared() {
-            return self.try_reserve_shared(quota, d, bytes, limit);
-        }
-        self.update(move |f| reserve_in(f, bytes, limit))
+        let checked = match self.shared() {
+            Some((quota, d)) => self.gate_passable().map(|()| self.try_reserve_shared(quota, d, bytes, limit)),
+            None => self.try_update(move |f| reserve_in(f, bytes, limit)),
+        };
+        checked.unwrap_or_else(|stuck| {
+            crate::log::stuck("a reservation", stuck);
+            Err(Refused { reserved: self.reserved(), limit })
+        })
     }
 
     /// [`DeviceBudget::try_reserve`] in a shared quota.
@@ -632,7 +697,11 @@ impl Hasher for FastHasher {
     }
 }
 
-type Shard = Mutex<HashMap<u64, Live, BuildHasherDefault<FastHasher>>>;
+type ShardMap = HashMap<u64, Live, BuildHasherDefault<FastHasher>>;
+type Shard = Bounded<ShardMap>;
+
+/// What the live map is called in messages.
+const LIVE_WHAT: &str = "gpushim's map of live allocations";
 
 /// The mutex map: `SHARDS` shards for each kind of key. Holds every entry of the kinds other
 /// than device pointers, and the device pointers the table has no room for ([`LiveMap`]).
@@ -645,7 +714,7 @@ struct Shards {
 
 impl Shards {
     fn new() -> Self {
-        Shards { shards: (0..SHARDS * KINDS).map(|_| Mutex::new(HashMap::default())).collect(), counts: [const { AtomicU64::new(0) }; KINDS] }
+        Shards { shards: (0..SHARDS * KINDS).map(|_| Bounded::new(LIVE_WHAT, HashMap::default())).collect(), counts: [const { AtomicU64::new(0) }; KINDS] }
     }
 
     /// One entry of `kind` more (under its shard's lock).
@@ -658,14 +727,15 @@ impl Shards {
         self.counts[kind as usize].fetch_sub(1, Relaxed);
     }
 
-    fn shard(&self, kind: Kind, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Live, BuildHasherDefault<FastHasher>>> {
+    /// The shard of `key`, locked (bounded: `Err` when it cannot be had).
+    fn shard(&self, kind: Kind, key: u64) -> Result<bounded::Guard<'_, ShardMap>, Stuck> {
         // Device pointers are at least 256-byte aligned: mix the bits that vary.
         let h = ((key >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
-        self.shards[kind as usize * SHARDS + h].lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[kind as usize * SHARDS + h].lock()
     }
 
-    fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
-        let mut shard = self.shard(kind, key);
+    /// Inserts into `shard` (`key`'s, locked).
+    fn insert_in(&self, shard: &mut ShardMap, kind: Kind, key: u64, live: Live) -> Option<Live> {
         let replaced = shard.insert(key, live);
         if replaced.is_none() {
             self.one_more(kind);
@@ -673,24 +743,11 @@ impl Shards {
         replaced
     }
 
-    fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
-        let mut shard = self.shard(kind, key);
-        if shard.get(&key) == Some(expected) {
-            let removed = shard.remove(&key);
-            if removed.is_some() {
-                self.one_fewer(kind);
-            }
-            return removed;
+    /// Removes `key` from `shard` (its, locked), if it holds `expected` when given.
+    fn remove_in(&self, shard: &mut ShardMap, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
+        if expected.is_some_and(|e| shard.get(&key) != Some(e)) {
+            return None;
         }
-        None
-    }
-
-    fn get(&self, kind: Kind, key: u64) -> Option<Live> {
-        self.shard(kind, key).get(&key).copied()
-    }
-
-    fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
-        let mut shard = self.shard(kind, key);
         let removed = shard.remove(&key);
         if removed.is_some() {
             self.one_fewer(kind);
@@ -698,14 +755,32 @@ impl Shards {
         removed
     }
 
-    fn entries_into(&self, kind: Kind, all: &mut Vec<(u64, Live)>) {
+    fn insert(&self, kind: Kind, key: u64, live: Live) -> Result<Option<Live>, Stuck> {
+        Ok(self.insert_in(&mut *self.shard(kind, key)?, kind, key, live))
+    }
+
+    fn get(&self, kind: Kind, key: u64) -> Result<Option<Live>, Stuck> {
+        Ok(self.shard(kind, key)?.get(&key).copied())
+    }
+
+    fn remove(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Result<Option<Live>, Stuck> {
+        Ok(self.remove_in(&mut *self.shard(kind, key)?, kind, key, expected))
+    }
+
+    /// Copies the entries of `kind` into `all`; a shard that cannot be locked is left out
+    /// (`Err` says so, after the others were copied).
+    fn entries_into(&self, kind: Kind, all: &mut Vec<(u64, Live)>) -> Result<(), Stuck> {
         if self.counts[kind as usize].load(Relaxed) == 0 {
-            return; // (an entry added meanwhile may be missed, as by the sweep below)
+            return Ok(()); // (an entry added meanwhile may be missed, as by the sweep below)
         }
+        let mut stuck = Ok(());
         for shard in &self.shards[kind as usize * SHARDS..(kind as usize + 1) * SHARDS] {
-            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            all.extend(shard.iter().map(|(&k, &v)| (k, v)));
+            match shard.lock() {
+                Ok(shard) => all.extend(shard.iter().map(|(&k, &v)| (k, v))),
+                Err(e) => stuck = Err(e),
+            }
         }
+        stuck
     }
 
     fn hold_for_fork(&'static self) {
@@ -716,7 +791,7 @@ impl Shards {
 
     fn reset_after_fork(&self) {
         for shard in self.shards.iter() {
-            crate::fork::reset(shard, HashMap::default);
+            shard.reset_after_fork(HashMap::default());
         }
         for c in &self.counts {
             c.store(0, Relaxed);
@@ -725,7 +800,7 @@ impl Shards {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len()).sum()
+        self.shards.iter().map(|s| s.lock().map_or(0, |m| m.len())).sum()
     }
 }
 
@@ -770,23 +845,54 @@ impl Bucket {
     /// inside writes it). A writer stays inside only for a few loads and stores (never across
     /// a driver call, an allocation or a lock other than the mutex map's), so this almost
     /// never waits. (One bit test-and-set and a load: a compare-and-swap would need the word
-    /// first and costs ~5 instructions more on the allocation path.)
-    #[inline]
-    fn enter(&self) -> u64 {
+    /// first and costs ~5 instructions more on the allocation path.) The wait is bounded
+    /// (`bounded::BitWait`: the writer bit cannot say whose it is, so a signal handler that
+    /// interrupted its own thread inside waits out the bound once): `None` when it gave up
+    /// (`Stuck::TimedOut`; an `Option`, returned in registers: the allocation pair's path
+    /// pays nothing for it).
+    #[inline(always)]
+    fn enter(&self) -> Option<u64> {
         if self.meta.fetch_or(BUSY, Acquire) & BUSY == 0 {
             // The data stores that follow are ordered after BUSY (see `read`).
             fence(Release);
-            return self.meta.load(Relaxed);
+            return Some(self.meta.load(Relaxed));
         }
-        self.enter_waiting()
+        // (tested here, before the paths meet: the path that did not wait tests nothing)
+        match self.enter_waiting() {
+            0 => None,
+            before => Some(before),
+        }
     }
 
+    /// [`Bucket::enter`] without waiting: `None` if another writer is inside (the fast lane
+    /// then declines, before any effect, or hands the entry to the state's `record`: the
+    /// general path waits, bounded; the lane's own path has no wait to bound).
+    #[inline(always)]
+    fn try_enter(&self) -> Option<u64> {
+        if self.meta.fetch_or(BUSY, Acquire) & BUSY == 0 {
+            // (as in `enter`)
+            fence(Release);
+            return Some(self.meta.load(Relaxed));
+        }
+        None
+    }
+
+    /// [`Bucket::enter`], its failure said (`?` in the general paths).
+    #[inline(always)]
+    fn enter_or_stuck(&self) -> Result<u64, Stuck> {
+        self.enter().ok_or(Stuck::TimedOut(LIVE_WHAT))
+    }
+
+    /// The wait of [`Bucket::enter`]: the word as entered (`BUSY` set: never 0), or 0 when it
+    /// gave up (a plain integer, returned in a register).
     #[cold]
     #[inline(never)]
     fn enter_waiting(&self) -> u64 {
-        let mut spins = 0u32;
+        let mut wait = BitWait::new(&self.meta, LIVE_WHAT);
         loop {
-            spins = spin(spins);
+            if wait.step().is_err() {
+                return 0;
+            }
             // (read until free, then try: trying writes the line, waiting only reads it)
             if self.meta.load(Relaxed) & BUSY == 0 && self.meta.fetch_or(BUSY, Acquire) & BUSY == 0 {
                 fence(Release);
@@ -865,7 +971,13 @@ impl Bucket {
     /// `LiveMap::insert_packed` in this bucket (its key's).
     #[inline(always)]
     fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
-        let before = self.enter();
+        let Some(before) = self.enter() else { return Err(entry) };
+        self.insert_entered(before, key, entry)
+    }
+
+    /// `insert_packed` once entered (`before`: the word as entered).
+    #[inline(always)]
+    fn insert_entered(&self, before: u64, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
         // nothing in the mutex map and a slot free: below "every slot occupied", SPILLED clear
         if before & (SPILLED | OCC_MASK) < OCC_MASK {
             let (j, replaced) = match self.find(before, key) {
@@ -890,7 +1002,13 @@ impl Bucket {
     /// `LiveMap::remove_packed` in this bucket (its key's).
     #[inline(always)]
     fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
-        let before = self.enter();
+        let Some(before) = self.enter() else { return Err(()) };
+        self.remove_entered(before, key)
+    }
+
+    /// `remove_packed` once entered (`before`: the word as entered).
+    #[inline(always)]
+    fn remove_entered(&self, before: u64, key: u64) -> Result<Option<Packed>, ()> {
         if let Some(j) = self.find(before, key) {
             let entry = self.load_packed(j);
             self.leave_slot(before, j, false);
@@ -905,10 +1023,10 @@ impl Bucket {
 
     /// Runs `f` on a consistent view of the bucket (the meta word it saw, and reads of the
     /// slots through it) and returns its result: retried while a writer is inside or wrote
-    /// meanwhile. `f` only loads.
+    /// meanwhile (bounded: `Err` when the wait gave up). `f` only loads.
     #[inline]
-    fn read<R>(&self, mut f: impl FnMut(u64) -> R) -> R {
-        let mut spins = 0u32;
+    fn read<R>(&self, mut f: impl FnMut(u64) -> R) -> Result<R, Stuck> {
+        let mut wait = BitWait::new(&self.meta, LIVE_WHAT);
         loop {
             let m = self.meta.load(Acquire);
             if m & BUSY == 0 {
@@ -917,24 +1035,12 @@ impl Bucket {
                 // writer that entered since, this load sees BUSY or a later sequence.
                 fence(Acquire);
                 if self.meta.load(Relaxed) == m {
-                    return r;
+                    return Ok(r);
                 }
             }
-            spins = spin(spins);
+            wait.step()?;
         }
     }
-}
-
-/// One step of waiting for a bucket's writer: spins a while, then yields the processor (the
-/// writer may have been preempted inside).
-#[cold]
-fn spin(spins: u32) -> u32 {
-    if spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    spins.saturating_add(1)
 }
 
 /// The packed form of `live`, if it fits a slot (no context, a device and a size in range).
@@ -1046,16 +1152,22 @@ impl PtrTable<'_> {
         unsafe { &*self.buckets.add(h as usize) }
     }
 
-    /// [`LiveMap::insert_packed`].
+    /// [`LiveMap::insert_packed`], except that a bucket another writer is inside is not
+    /// waited for (`Err`: the caller's general path records it, waiting there).
     #[inline(always)]
     pub fn insert_packed(&self, key: u64, entry: Packed) -> Result<Option<Packed>, Packed> {
-        self.bucket(key).insert_packed(key, entry)
+        let b = self.bucket(key);
+        let Some(before) = b.try_enter() else { return Err(entry) };
+        b.insert_entered(before, key, entry)
     }
 
-    /// [`LiveMap::remove_packed`].
+    /// [`LiveMap::remove_packed`], except that a bucket another writer is inside is not
+    /// waited for (`Err`: the caller takes the general path, which waits).
     #[inline(always)]
     pub fn remove_packed(&self, key: u64) -> Result<Option<Packed>, ()> {
-        self.bucket(key).remove_packed(key)
+        let b = self.bucket(key);
+        let Some(before) = b.try_enter() else { return Err(()) };
+        b.remove_entered(before, key)
     }
 }
 
@@ -1126,149 +1238,161 @@ impl LiveMap {
     /// Records `live` under `key`; returns the entry it replaces. The driver never hands out a
     /// pointer or handle that is still allocated, so a replaced entry is one the driver freed
     /// behind the shim's back (e.g. with a context the shim did not see destroyed): the caller
-    /// credits it.
+    /// credits it. `Err`: nothing recorded (a wait for the key's bucket or shard gave up).
     #[inline(always)]
-    pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Option<Live> {
+    pub fn insert(&self, kind: Kind, key: u64, live: Live) -> Result<Option<Live>, Stuck> {
         let mut replaced = None;
-        self.insert_then(kind, key, live, |old| replaced = Some(old));
-        replaced
+        self.insert_then(kind, key, live, |old| replaced = Some(old))?;
+        Ok(replaced)
     }
 
     /// [`LiveMap::insert`], the entry it replaces handed to `replaced` rather than returned
     /// (the allocation path: no `Option<Live>` built and copied in the common case).
     #[inline(always)]
-    pub fn insert_then(&self, kind: Kind, key: u64, live: Live, replaced: impl FnOnce(Live)) {
+    pub fn insert_then(&self, kind: Kind, key: u64, live: Live, replaced: impl FnOnce(Live)) -> Result<(), Stuck> {
         // The common case: a device pointer whose entry fits, its bucket with room and nothing
         // in the mutex map.
         if kind == Kind::DevicePtr {
             if let Some(packed) = Packed::of(&live) {
                 match self.insert_packed(key, packed) {
-                    Ok(None) => return,
-                    Ok(Some(old)) => return replaced(old.live()),
+                    Ok(None) => return Ok(()),
+                    Ok(Some(old)) => {
+                        replaced(old.live());
+                        return Ok(());
+                    }
                     Err(_) => {}
                 }
             }
         }
         let old = match self.bucket(kind, key) {
             Some(b) => {
-                let before = b.enter();
-                self.insert_spilling(b, before, kind, key, live)
+                let before = b.enter_or_stuck()?;
+                self.insert_spilling(b, before, kind, key, live)?
             }
-            None => self.shards.insert(kind, key, live),
+            None => self.shards.insert(kind, key, live)?,
         };
         if let Some(old) = old {
             replaced(old);
         }
+        Ok(())
     }
 
-    /// `insert` inside bucket `b` (entered: `before`) when the mutex map is involved.
+    /// `insert` inside bucket `b` (entered: `before`) when the mutex map is involved. The
+    /// key's shard is locked first when it is needed: if it cannot be had, the bucket is left
+    /// unchanged.
     #[cold]
     #[inline(never)]
-    fn insert_spilling(&self, b: &Bucket, before: u64, kind: Kind, key: u64, live: Live) -> Option<Live> {
+    fn insert_spilling(&self, b: &Bucket, before: u64, kind: Kind, key: u64, live: Live) -> Result<Option<Live>, Stuck> {
         let mut occ = before & OCC_MASK;
         let mut spilled = b.spilled.load(Relaxed);
         let found = b.find(before, key);
         let mut replaced = found.map(|j| b.load(j));
-        if replaced.is_none() && spilled != 0 {
-            if let Some(old) = self.shards.remove(kind, key) {
-                replaced = Some(old);
-                spilled -= 1;
-            }
-        }
         let free = found.or_else(|| {
             let empty = !occ & OCC_MASK;
             (empty != 0).then(|| (empty.trailing_zeros() - OCC_SHIFT) as usize)
         });
-        match (pack(&live), free) {
-            (Some(packed), Some(j)) => {
+        let packed = pack(&live);
+        let needs_shard = (replaced.is_none() && spilled != 0) || packed.is_none() || free.is_none();
+        let mut shard = match needs_shard.then(|| self.shards.shard(kind, key)).transpose() {
+            Ok(shard) => shard,
+            Err(stuck) => {
+                b.leave_unchanged(before);
+                return Err(stuck);
+            }
+        };
+        if let (None, true, Some(shard)) = (replaced, spilled != 0, shard.as_mut()) {
+            if let Some(old) = self.shards.remove_in(shard, kind, key, None) {
+                replaced = Some(old);
+                spilled -= 1;
+            }
+        }
+        match (packed, free, shard.as_mut()) {
+            (Some(packed), Some(j), _) => {
                 b.store(j, key, packed, live.id);
                 occ |= 1 << (j as u32 + OCC_SHIFT);
             }
-            _ => {
+            (_, _, Some(shard)) => {
                 if let Some(j) = found {
                     occ &= !(1 << (j as u32 + OCC_SHIFT));
                 }
-                match self.shards.insert(kind, key, live) {
+                match self.shards.insert_in(shard, kind, key, live) {
                     // (never: a key is in one place; kept exact if it were)
                     Some(old) => replaced = replaced.or(Some(old)),
                     None => spilled += 1,
                 }
             }
+            // (never: the shard is locked whenever the entry does not go into a slot)
+            (_, _, None) => {}
         }
+        drop(shard);
         b.spilled.store(spilled, Relaxed);
         b.leave(before, occ, spilled != 0);
-        replaced
+        Ok(replaced)
     }
 
     /// Removes `key` only if it still holds `expected` (not an entry recorded since).
-    pub fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Option<Live> {
+    pub fn remove_if(&self, kind: Kind, key: u64, expected: &Live) -> Result<Option<Live>, Stuck> {
         self.take(kind, key, Some(expected))
     }
 
     #[inline(always)]
-    pub fn remove(&self, kind: Kind, key: u64) -> Option<Live> {
+    pub fn remove(&self, kind: Kind, key: u64) -> Result<Option<Live>, Stuck> {
         self.take(kind, key, None)
     }
 
-    /// Removes `key` (if it holds `expected`, when given).
+    /// Removes `key` (if it holds `expected`, when given). `Err`: nothing removed.
     #[inline(always)]
-    fn take(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
-        let Some(b) = self.bucket(kind, key) else { return self.take_unbucketed(kind, key, expected) };
-        let before = b.enter();
+    fn take(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Result<Option<Live>, Stuck> {
+        let Some(b) = self.bucket(kind, key) else { return self.shards.remove(kind, key, expected) };
+        let before = b.enter_or_stuck()?;
         if let Some(j) = b.find(before, key) {
             let live = b.load(j);
             if expected.is_some_and(|e| *e != live) {
                 b.leave_unchanged(before);
-                return None;
+                return Ok(None);
             }
             b.leave(before, before & OCC_MASK & !(1 << (j as u32 + OCC_SHIFT)), before & SPILLED != 0);
-            return Some(live);
+            return Ok(Some(live));
         }
         if before & SPILLED == 0 {
             b.leave_unchanged(before);
-            return None;
+            return Ok(None);
         }
         self.take_spilled(b, before, kind, key, expected)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn take_unbucketed(&self, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
-        match expected {
-            Some(e) => self.shards.remove_if(kind, key, e),
-            None => self.shards.remove(kind, key),
-        }
     }
 
     /// `take` inside bucket `b` (entered: `before`) of a key not in the table, when some of
     /// the bucket's keys are in the mutex map.
     #[cold]
     #[inline(never)]
-    fn take_spilled(&self, b: &Bucket, before: u64, kind: Kind, key: u64, expected: Option<&Live>) -> Option<Live> {
-        let removed = self.take_unbucketed(kind, key, expected);
+    fn take_spilled(&self, b: &Bucket, before: u64, kind: Kind, key: u64, expected: Option<&Live>) -> Result<Option<Live>, Stuck> {
+        let removed = self.shards.remove(kind, key, expected);
         match removed {
-            Some(_) => {
+            Ok(Some(_)) => {
                 let spilled = b.spilled.load(Relaxed).saturating_sub(1);
                 b.spilled.store(spilled, Relaxed);
                 b.leave(before, before & OCC_MASK, spilled != 0);
             }
-            None => b.leave_unchanged(before),
+            _ => b.leave_unchanged(before),
         }
         removed
     }
 
     /// A copy of every entry of `kind` (slow: for context teardown, never on the allocation
     /// path). Each bucket is read consistently and each shard locked only while it is copied:
-    /// an entry present for the whole call is in the copy.
+    /// an entry present for the whole call is in the copy, unless a wait for its bucket or
+    /// shard gave up (`bounded`): the callers credit what they find, so an entry left out
+    /// stays counted (closed), and one line says so.
     pub fn entries(&self, kind: Kind) -> Vec<(u64, Live)> {
         let mut all = Vec::new();
+        let mut stuck = None;
         if kind == Kind::DevicePtr {
             let mut seen = [(0u64, 0u64, 0u64); SLOTS];
             for b in self.table.iter() {
                 if b.meta.load(Relaxed) & (OCC_MASK | BUSY) == 0 {
                     continue; // (an entry present since before the call would show here)
                 }
-                let n = b.read(|m| {
+                let read = b.read(|m| {
                     let mut n = 0;
                     let mut occ = (m & OCC_MASK) >> OCC_SHIFT;
                     while occ != 0 {
@@ -1279,22 +1403,30 @@ impl LiveMap {
                     }
                     n
                 });
-                all.extend(seen[..n].iter().map(|&(k, packed, id)| (k, unpack(packed, id))));
+                match read {
+                    Ok(n) => all.extend(seen[..n].iter().map(|&(k, packed, id)| (k, unpack(packed, id)))),
+                    Err(e) => stuck = Some(e),
+                }
             }
         }
-        self.shards.entries_into(kind, &mut all);
+        if let Err(e) = self.shards.entries_into(kind, &mut all) {
+            stuck = Some(e);
+        }
+        if let Some(e) = stuck {
+            crate::log::stuck("listing live allocations (some stay counted)", e);
+        }
         all
     }
 
-    pub fn get(&self, kind: Kind, key: u64) -> Option<Live> {
+    pub fn get(&self, kind: Kind, key: u64) -> Result<Option<Live>, Stuck> {
         let Some(b) = self.bucket(kind, key) else { return self.shards.get(kind, key) };
         // (the mutex map's look-up runs inside the bucket's consistent view: a writer moving
         // the key between the two in the meantime makes the read start again)
         b.read(|m| match b.find(m, key) {
-            Some(j) => Some(b.load(j)),
+            Some(j) => Ok(Some(b.load(j))),
             None if m & SPILLED != 0 => self.shards.get(kind, key),
-            None => None,
-        })
+            None => Ok(None),
+        })?
     }
 
     /// Takes every shard's lock for a fork (`fork`). The table needs nothing: the child
@@ -1321,7 +1453,7 @@ impl LiveMap {
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        let in_table: usize = self.table.iter().map(|b| b.read(|m| (m & OCC_MASK).count_ones() as usize)).sum();
+        let in_table: usize = self.table.iter().map(|b| b.read(|m| (m & OCC_MASK).count_ones() as usize).unwrap_or(0)).sum();
         in_table + self.shards.len()
     }
 }
@@ -1451,20 +1583,20 @@ mod tests {
         let map = LiveMap::new();
         let live = |bytes| Live { device: 0, bytes, served: false, pool: false, ctx: 7, id: entry_id() };
         assert!(map.entries(Kind::Array).is_empty());
-        assert_eq!(map.insert(Kind::Array, 0x1000, live(1)), None);
-        assert!(map.insert(Kind::Array, 0x1000, live(2)).is_some()); // replaced: still one
-        assert_eq!(map.insert(Kind::Array, 0x2000, live(3)), None);
+        assert_eq!(map.insert(Kind::Array, 0x1000, live(1)).unwrap(), None);
+        assert!(map.insert(Kind::Array, 0x1000, live(2)).unwrap().is_some()); // replaced: still one
+        assert_eq!(map.insert(Kind::Array, 0x2000, live(3)).unwrap(), None);
         // (a device pointer with a context recorded goes to the mutex map too)
-        assert_eq!(map.insert(Kind::DevicePtr, 0x3000, live(4)), None);
+        assert_eq!(map.insert(Kind::DevicePtr, 0x3000, live(4)).unwrap(), None);
         assert_eq!(map.shards.counts.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>(), [1, 0, 2, 0]);
         assert_eq!(map.entries(Kind::Array).len(), 2);
         assert!(map.entries(Kind::MipmappedArray).is_empty());
-        assert!(map.remove(Kind::Array, 0x1000).is_some());
-        assert!(map.remove(Kind::Array, 0x1000).is_none());
-        let e = map.get(Kind::Array, 0x2000).unwrap();
-        assert!(map.remove_if(Kind::Array, 0x2000, &live(9)).is_none()); // not that entry
-        assert!(map.remove_if(Kind::Array, 0x2000, &e).is_some());
-        assert!(map.remove(Kind::DevicePtr, 0x3000).is_some());
+        assert!(map.remove(Kind::Array, 0x1000).unwrap().is_some());
+        assert!(map.remove(Kind::Array, 0x1000).unwrap().is_none());
+        let e = map.get(Kind::Array, 0x2000).unwrap().unwrap();
+        assert!(map.remove_if(Kind::Array, 0x2000, &live(9)).unwrap().is_none()); // not that entry
+        assert!(map.remove_if(Kind::Array, 0x2000, &e).unwrap().is_some());
+        assert!(map.remove(Kind::DevicePtr, 0x3000).unwrap().is_some());
         assert_eq!(map.shards.counts.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>(), [0, 0, 0, 0]);
         assert!(map.entries(Kind::Array).is_empty());
     }
@@ -1660,11 +1792,11 @@ mod tests {
     #[test]
     fn the_gate_waits_for_updates_inside_and_reopens() {
         let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
-        let inside = gate.enter();
+        let inside = gate.enter().unwrap();
         let step = Arc::new(AtomicU64::new(0));
         let closer = {
             let step = step.clone();
-            std::thread::spawn(move || gate.closed_for(|| step.fetch_add(1, SeqCst)))
+            std::thread::spawn(move || gate.closed_for(|| step.fetch_add(1, SeqCst)).unwrap())
         };
         while !gate.closed.load(SeqCst) {
             std::hint::spin_loop();
@@ -1677,7 +1809,7 @@ mod tests {
             let (step, trying) = (step.clone(), trying.clone());
             std::thread::spawn(move || {
                 trying.store(true, SeqCst);
-                let _in = gate.enter();
+                let _in = gate.enter().unwrap();
                 step.fetch_add(10, SeqCst)
             })
         };
@@ -1699,7 +1831,7 @@ mod tests {
                 let (first_done, trying) = (first_done.clone(), trying.clone());
                 std::thread::spawn(move || {
                     trying.store(true, SeqCst);
-                    gate.closed_for(|| first_done.load(SeqCst))
+                    gate.closed_for(|| first_done.load(SeqCst)).unwrap()
                 })
             };
             while !trying.load(SeqCst) {
@@ -1708,20 +1840,43 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
             first_done.store(true, SeqCst);
             (other, trying)
-        });
+        })
+        .unwrap();
         assert!(trying.load(SeqCst));
         assert!(second.join().unwrap());
         assert!(!gate.closed.load(SeqCst));
         // unwound: open again
         assert!(std::panic::catch_unwind(|| gate.closed_for(|| panic!("unwinds"))).is_err());
         assert!(!gate.closed.load(SeqCst));
-        drop(gate.enter());
+        drop(gate.enter().unwrap());
         // left as a forked child finds it: open and empty
-        std::mem::forget(gate.enter());
+        std::mem::forget(gate.enter().unwrap());
         gate.closed.store(true, SeqCst);
         gate.reset_after_fork();
         assert_eq!((gate.inside.load(SeqCst), gate.closed.load(SeqCst)), (0, false));
-        gate.closed_for(|| ());
+        gate.closed_for(|| ()).unwrap();
+    }
+
+    /// The moving thread re-entered (as a signal handler that interrupted the move would,
+    /// here the move's own closure): an update or a second move finds the gate closed by its
+    /// own thread and is refused at once (it waited for ever); a reservation then is refused.
+    /// A move that waits for an update inside that never leaves gives up after the bound.
+    #[test]
+    fn the_gate_refuses_its_own_thread_at_once_and_bounds_the_move() {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let start = std::time::Instant::now();
+        let inner = gate.closed_for(|| (gate.enter().err(), gate.closed_for(|| ()).err())).unwrap();
+        assert_eq!(inner, (Some(Stuck::Reentered(GATE_WHAT)), Some(Stuck::Reentered(GATE_WHAT))));
+        let b: &'static [DeviceBudget] = Box::leak(vec![DeviceBudget::new()].into_boxed_slice());
+        let refused = GATE.closed_for(|| b[0].try_reserve(1, 10)).unwrap();
+        assert_eq!(refused, Err(Refused { reserved: 0, limit: 10 }));
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "{:?}", start.elapsed());
+        let inside = gate.enter().unwrap();
+        let short = std::time::Duration::from_millis(200);
+        assert_eq!(gate.closed_for_within(short, || ()).err(), Some(Stuck::TimedOut(GATE_WHAT)));
+        drop(inside);
+        assert!(!gate.closed.load(SeqCst));
+        gate.closed_for(|| ()).unwrap();
     }
 
     /// Limits set at once by several threads on moved figures: the figures show the limit in
@@ -1770,12 +1925,12 @@ mod tests {
     #[test]
     fn live_map_keys_are_per_kind() {
         let m = LiveMap::new();
-        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 });
-        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 });
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), Some(Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 }));
-        assert_eq!(m.remove(Kind::DevicePtr, 0x1000), None);
+        m.insert(Kind::DevicePtr, 0x1000, Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 }).unwrap();
+        m.insert(Kind::VmmHandle, 0x1000, Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 }).unwrap();
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000).unwrap(), Some(Live { device: 0, bytes: 5, served: false, pool: false, ctx: 0, id: 1 }));
+        assert_eq!(m.remove(Kind::DevicePtr, 0x1000).unwrap(), None);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.remove(Kind::VmmHandle, 0x1000), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 }));
+        assert_eq!(m.remove(Kind::VmmHandle, 0x1000).unwrap(), Some(Live { device: 1, bytes: 7, served: false, pool: false, ctx: 0, id: 2 }));
     }
 }
 
@@ -1819,7 +1974,7 @@ mod live_map_tests {
                 }
             }
         }
-        m.insert(Kind::DevicePtr, k, l)
+        m.insert(Kind::DevicePtr, k, l).unwrap()
     }
 
     /// `remove` of a device pointer as the free paths make it (`State::uncounted`, `lane`).
@@ -1834,7 +1989,7 @@ mod live_map_tests {
         };
         match packed {
             Ok(found) => found.map(Packed::live),
-            Err(()) => m.remove(Kind::DevicePtr, k),
+            Err(()) => m.remove(Kind::DevicePtr, k).unwrap(),
         }
     }
 
@@ -1894,11 +2049,11 @@ mod live_map_tests {
                 let lane = rng & (1 << 33) != 0;
                 match rng % 8 {
                     0..=2 => assert_eq!(insert_packed_via(&m, k, fresh, lane), model.insert(k, fresh), "{buckets} buckets, step {step}"),
-                    3 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
+                    3 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh).unwrap(), model.insert(k, fresh)),
                     4..=6 => assert_eq!(remove_packed_via(&m, k, lane), model.remove(&k), "{buckets} buckets, step {step}"),
-                    _ => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
+                    _ => assert_eq!(m.remove(Kind::DevicePtr, k).unwrap(), model.remove(&k)),
                 }
-                assert_eq!(m.get(Kind::DevicePtr, k), model.get(&k).copied());
+                assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), model.get(&k).copied());
             }
             assert_eq!(m.len(), model.len());
             let listed: Model<u64, Live> = m.entries(Kind::DevicePtr).into_iter().collect();
@@ -1906,7 +2061,7 @@ mod live_map_tests {
             // a key of a bucket with spilled keys is declined by the packed removal, not missed
             if buckets == 1 {
                 for i in 0..=SLOTS as u64 {
-                    m.insert(Kind::DevicePtr, 0x1000_0000 + i * 0x100, live(0, i, 1));
+                    m.insert(Kind::DevicePtr, 0x1000_0000 + i * 0x100, live(0, i, 1)).unwrap();
                 }
                 assert_eq!(m.remove_packed(0x2000_0000), Err(()));
                 let p = Packed::of(&live(0, 1, 1)).unwrap();
@@ -1930,18 +2085,18 @@ mod live_map_tests {
         for buckets in [BUCKETS, 1, 0] {
             let m = LiveMap::with_buckets(buckets);
             let k = 0x7f00_0000_1000;
-            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, 10, 1)), None);
-            assert_eq!(m.insert(Kind::DevicePtr, k, live(1, 20, 2)), Some(live(0, 10, 1))); // table -> table
-            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(0, 3)), Some(live(1, 20, 2))); // table -> mutex map
-            assert_eq!(m.get(Kind::DevicePtr, k), Some(unfit(0, 3)));
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, 10, 1)).unwrap(), None);
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(1, 20, 2)).unwrap(), Some(live(0, 10, 1))); // table -> table
+            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(0, 3)).unwrap(), Some(live(1, 20, 2))); // table -> mutex map
+            assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), Some(unfit(0, 3)));
             assert_eq!(m.len(), 1);
-            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(1, 4)), Some(unfit(0, 3))); // mutex map -> mutex map
-            assert_eq!(m.insert(Kind::DevicePtr, k, live(2, 30, 5)), Some(unfit(1, 4))); // mutex map -> table
+            assert_eq!(m.insert(Kind::DevicePtr, k, unfit(1, 4)).unwrap(), Some(unfit(0, 3))); // mutex map -> mutex map
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(2, 30, 5)).unwrap(), Some(unfit(1, 4))); // mutex map -> table
             assert_eq!(m.len(), 1);
-            assert_eq!(m.get(Kind::DevicePtr, k), Some(live(2, 30, 5)));
+            assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), Some(live(2, 30, 5)));
             assert_eq!(m.entries(Kind::DevicePtr), vec![(k, live(2, 30, 5))]);
-            assert_eq!(m.remove(Kind::DevicePtr, k), Some(live(2, 30, 5)));
-            assert_eq!((m.remove(Kind::DevicePtr, k), m.get(Kind::DevicePtr, k), m.len()), (None, None, 0));
+            assert_eq!(m.remove(Kind::DevicePtr, k).unwrap(), Some(live(2, 30, 5)));
+            assert_eq!((m.remove(Kind::DevicePtr, k).unwrap(), m.get(Kind::DevicePtr, k).unwrap(), m.len()), (None, None, 0));
             if let Some(b) = m.bucket(Kind::DevicePtr, k) {
                 assert_eq!((b.meta.load(SeqCst) & (BUSY | OCC_MASK | SPILLED), b.spilled.load(SeqCst)), (0, 0));
             }
@@ -1954,14 +2109,14 @@ mod live_map_tests {
             let m = LiveMap::with_buckets(buckets);
             let k = 0x7f00_0000_2000;
             let first = live(0, 10, 1);
-            m.insert(Kind::DevicePtr, k, first);
-            assert_eq!(m.insert(Kind::DevicePtr, k, second), Some(first));
+            m.insert(Kind::DevicePtr, k, first).unwrap();
+            assert_eq!(m.insert(Kind::DevicePtr, k, second).unwrap(), Some(first));
             // the same key, the same size and device: only the id differs
-            assert_eq!(m.remove_if(Kind::DevicePtr, k, &first), None);
-            assert_eq!(m.get(Kind::DevicePtr, k), Some(second));
-            assert_eq!(m.remove_if(Kind::DevicePtr, k + 0x100, &second), None);
-            assert_eq!(m.remove_if(Kind::DevicePtr, k, &second), Some(second));
-            assert_eq!((m.get(Kind::DevicePtr, k), m.len()), (None, 0));
+            assert_eq!(m.remove_if(Kind::DevicePtr, k, &first).unwrap(), None);
+            assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), Some(second));
+            assert_eq!(m.remove_if(Kind::DevicePtr, k + 0x100, &second).unwrap(), None);
+            assert_eq!(m.remove_if(Kind::DevicePtr, k, &second).unwrap(), Some(second));
+            assert_eq!((m.get(Kind::DevicePtr, k).unwrap(), m.len()), (None, 0));
         }
     }
 
@@ -1970,7 +2125,7 @@ mod live_map_tests {
         let m = LiveMap::with_buckets(1);
         let keys: Vec<u64> = (1..=3 * SLOTS as u64).map(|i| 0x7f00_0000_0000 + i * 0x1000).collect();
         for (i, &k) in keys.iter().enumerate() {
-            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, i as u64, i as u64)), None);
+            assert_eq!(m.insert(Kind::DevicePtr, k, live(0, i as u64, i as u64)).unwrap(), None);
         }
         let b = &m.table[0];
         assert_eq!((m.len(), m.shards.len(), b.spilled.load(SeqCst)), (keys.len(), 2 * SLOTS, 2 * SLOTS as u64));
@@ -1979,19 +2134,19 @@ mod live_map_tests {
         assert_eq!(all, keys.iter().enumerate().map(|(i, &k)| (k, live(0, i as u64, i as u64))).collect::<Vec<_>>());
         // free slots, then a spilled key comes back to the table when recorded again
         for &k in &keys[..3] {
-            assert!(m.remove(Kind::DevicePtr, k).is_some());
+            assert!(m.remove(Kind::DevicePtr, k).unwrap().is_some());
         }
         let last = *keys.last().unwrap();
-        assert_eq!(m.insert(Kind::DevicePtr, last, live(1, 1, 1000)), Some(live(0, keys.len() as u64 - 1, keys.len() as u64 - 1)));
+        assert_eq!(m.insert(Kind::DevicePtr, last, live(1, 1, 1000)).unwrap(), Some(live(0, keys.len() as u64 - 1, keys.len() as u64 - 1)));
         assert_eq!((m.shards.len(), b.spilled.load(SeqCst)), (2 * SLOTS - 1, 2 * SLOTS as u64 - 1));
         for (i, &k) in keys.iter().enumerate().skip(3).take(keys.len() - 4) {
-            assert_eq!(m.get(Kind::DevicePtr, k), Some(live(0, i as u64, i as u64)));
-            assert_eq!(m.remove(Kind::DevicePtr, k), Some(live(0, i as u64, i as u64)));
+            assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), Some(live(0, i as u64, i as u64)));
+            assert_eq!(m.remove(Kind::DevicePtr, k).unwrap(), Some(live(0, i as u64, i as u64)));
         }
-        assert_eq!(m.remove(Kind::DevicePtr, last), Some(live(1, 1, 1000)));
+        assert_eq!(m.remove(Kind::DevicePtr, last).unwrap(), Some(live(1, 1, 1000)));
         assert_eq!((m.len(), b.spilled.load(SeqCst), b.meta.load(SeqCst) & (BUSY | OCC_MASK | SPILLED)), (0, 0, 0));
         // other kinds never use the table
-        m.insert(Kind::VmmHandle, keys[0], live(0, 1, 1));
+        m.insert(Kind::VmmHandle, keys[0], live(0, 1, 1)).unwrap();
         assert_eq!((m.shards.len(), b.meta.load(SeqCst) & OCC_MASK), (1, 0));
     }
 
@@ -1999,16 +2154,16 @@ mod live_map_tests {
     fn a_forked_child_starts_with_an_empty_table_even_mid_write() {
         let m = LiveMap::new();
         for i in 0..1000u64 {
-            m.insert(Kind::DevicePtr, 0x7f00_0000_0000 + i * 0x200, live(0, i, i));
+            m.insert(Kind::DevicePtr, 0x7f00_0000_0000 + i * 0x200, live(0, i, i)).unwrap();
         }
-        m.insert(Kind::DevicePtr, 1, unfit(0, 1));
+        m.insert(Kind::DevicePtr, 1, unfit(0, 1)).unwrap();
         // a parent's writer was inside this bucket at the fork
         let b = m.bucket(Kind::DevicePtr, 0x7f00_0000_0000).unwrap();
-        b.enter();
+        b.enter().unwrap();
         m.reset_after_fork();
         assert_eq!((m.len(), m.entries(Kind::DevicePtr).len()), (0, 0));
-        assert_eq!(m.insert(Kind::DevicePtr, 0x7f00_0000_0000, live(0, 1, 1)), None);
-        assert_eq!(m.remove(Kind::DevicePtr, 0x7f00_0000_0000), Some(live(0, 1, 1)));
+        assert_eq!(m.insert(Kind::DevicePtr, 0x7f00_0000_0000, live(0, 1, 1)).unwrap(), None);
+        assert_eq!(m.remove(Kind::DevicePtr, 0x7f00_0000_0000).unwrap(), Some(live(0, 1, 1)));
     }
 
     /// 8 threads on small and full-size tables: each owns some keys (checked against its own
@@ -2023,7 +2178,7 @@ mod live_map_tests {
             let m = Arc::new(LiveMap::with_buckets(buckets));
             let fixed: Vec<(u64, Live)> = (0..16u64).map(|i| (0x5000_0000 + i * 0x100, if i % 4 == 0 { unfit(i, 1 << 40 | i) } else { live(7, i, 1 << 40 | i) })).collect();
             for &(k, l) in &fixed {
-                m.insert(Kind::DevicePtr, k, l);
+                m.insert(Kind::DevicePtr, k, l).unwrap();
             }
             let shared: Vec<u64> = (0..4u64).map(|i| 0x6000_0000 + i * 0x100).collect();
             let threads: Vec<_> = (0..THREADS)
@@ -2049,17 +2204,17 @@ mod live_map_tests {
                                     let k = 0x7000_0000 + (t * 24 + (r >> 32) % 24) * 0x100;
                                     match (r >> 12) % 4 {
                                         0 if r & (1 << 41) != 0 => assert_eq!(insert_packed_via(&m, k, fresh, r & (1 << 42) != 0), model.insert(k, fresh)),
-                                        0 | 1 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh), model.insert(k, fresh)),
+                                        0 | 1 => assert_eq!(m.insert(Kind::DevicePtr, k, fresh).unwrap(), model.insert(k, fresh)),
                                         2 if r & (1 << 41) != 0 => assert_eq!(remove_packed_via(&m, k, r & (1 << 42) != 0), model.remove(&k)),
-                                        2 => assert_eq!(m.remove(Kind::DevicePtr, k), model.remove(&k)),
+                                        2 => assert_eq!(m.remove(Kind::DevicePtr, k).unwrap(), model.remove(&k)),
                                         _ => {
                                             // remove_if with the current entry or a stale one
                                             let expected = if r & (1 << 40) != 0 { model.get(&k).copied().unwrap_or(fresh) } else { fresh };
                                             let want = (model.get(&k) == Some(&expected)).then(|| model.remove(&k)).flatten();
-                                            assert_eq!(m.remove_if(Kind::DevicePtr, k, &expected), want);
+                                            assert_eq!(m.remove_if(Kind::DevicePtr, k, &expected).unwrap(), want);
                                         }
                                     }
-                                    assert_eq!(m.get(Kind::DevicePtr, k), model.get(&k).copied());
+                                    assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), model.get(&k).copied());
                                 }
                                 6..=8 => {
                                     let k = shared[(r >> 32) as usize % shared.len()];
@@ -2068,19 +2223,19 @@ mod live_map_tests {
                                     let fresh = if r % 4 == 0 { Live { ctx: 0xC0, ..base } } else { base };
                                     let packed = r & (1 << 41) != 0;
                                     if r % 3 == 0 {
-                                        handed_back.extend(if packed { remove_packed_first(&m, k) } else { m.remove(Kind::DevicePtr, k) }.map(|l| l.id));
+                                        handed_back.extend(if packed { remove_packed_first(&m, k) } else { m.remove(Kind::DevicePtr, k).unwrap() }.map(|l| l.id));
                                     } else {
                                         recorded.push(id);
-                                        handed_back.extend(if packed { insert_packed_first(&m, k, fresh) } else { m.insert(Kind::DevicePtr, k, fresh) }.map(|l| l.id));
+                                        handed_back.extend(if packed { insert_packed_first(&m, k, fresh) } else { m.insert(Kind::DevicePtr, k, fresh).unwrap() }.map(|l| l.id));
                                     }
-                                    if let Some(l) = m.get(Kind::DevicePtr, k) {
+                                    if let Some(l) = m.get(Kind::DevicePtr, k).unwrap() {
                                         assert!(l.id >> 32 >= 1 && l.id >> 32 <= THREADS, "{l:?}");
                                         assert_eq!((l.device as u64, l.bytes, l.ctx == 0 || l.ctx == 0xC0), (l.id % 8, (l.id ^ k) & (PACK_BYTES - 1), true));
                                     }
                                 }
                                 _ => {
                                     let (k, l) = fixed[(r >> 32) as usize % fixed.len()];
-                                    assert_eq!(m.get(Kind::DevicePtr, k), Some(l));
+                                    assert_eq!(m.get(Kind::DevicePtr, k).unwrap(), Some(l));
                                 }
                             }
                         }
@@ -2097,7 +2252,7 @@ mod live_map_tests {
                 handed_back.extend(h);
             }
             for &k in &shared {
-                handed_back.extend(m.remove(Kind::DevicePtr, k).map(|l| l.id));
+                handed_back.extend(m.remove(Kind::DevicePtr, k).unwrap().map(|l| l.id));
             }
             recorded.sort_unstable();
             handed_back.sort_unstable();

@@ -13,12 +13,15 @@
 //! `passthrough` (see the README for why).
 //!
 //! No lock is held across a call into the driver: a chunk is reserved in the budget, allocated
-//! from the driver, and only then added to the arena under its lock.
+//! from the driver, and only then added to the arena under its lock. The arenas' locks are
+//! bounded (`bounded`): a request whose arena cannot be had is refused before anything is
+//! served; a chunk taken from the driver that cannot be added is given back to it; a free
+//! whose block cannot be given back is refused, the block still held and counted.
 
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+
+use crate::bounded::{Backoff, Bounded, Guard, Stuck};
 
 use crate::config::MemoryMode;
 use crate::ffi::*;
@@ -33,7 +36,7 @@ const MIB: u64 = 1 << 20;
 pub struct Reserves {
     /// One per device, on the heap, made at first use (only the `grow` and `preallocate`
     /// modes have reserves: start-up does not pay for 256 empty arenas).
-    arenas: crate::once::ForkOnce<Box<[Mutex<Arena>]>>,
+    arenas: crate::once::ForkOnce<Box<[Bounded<Arena>]>>,
     /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
     present: [AtomicU64; MAX_DEVICES / 64],
 }
@@ -43,27 +46,28 @@ impl Reserves {
         Reserves { arenas: crate::once::ForkOnce::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
     }
 
-    fn arenas(&self) -> &[Mutex<Arena>] {
-        self.arenas.get_or_init(|| (0..MAX_DEVICES).map(|_| Mutex::new(Arena::new())).collect())
+    fn arenas(&self) -> Result<&[Bounded<Arena>], Stuck> {
+        self.arenas.try_get_or_init(|| (0..MAX_DEVICES).map(|_| Bounded::new("gpushim's reserve", Arena::new())).collect()).map(|a| &a[..])
     }
 
-    fn arena(&self, dev: usize) -> MutexGuard<'_, Arena> {
-        self.arenas()[dev].lock().unwrap_or_else(|e| e.into_inner())
+    /// Device `dev`'s arena, locked (bounded).
+    fn arena(&self, dev: usize) -> Result<Guard<'_, Arena>, Stuck> {
+        self.arenas()?[dev].lock()
     }
 
     /// Takes every device's reserve lock for a fork (`fork`). (Made now if not yet: another
     /// thread making them and taking a lock after a look that found none would leave the child
     /// a lock held forever.)
     pub fn hold_for_fork(&'static self) {
-        for arena in self.arenas() {
+        for arena in self.arenas().unwrap_or_default() {
             crate::fork::hold(arena);
         }
     }
 
     /// A forked child holds nothing (`fork`): no chunk is its own.
     pub fn reset_after_fork(&self) {
-        for arena in self.arenas() {
-            crate::fork::reset(arena, Arena::new);
+        for arena in self.arenas().unwrap_or_default() {
+            arena.reset_after_fork(Arena::new());
         }
         for word in &self.present {
             word.store(0, Relaxed);
@@ -91,9 +95,6 @@ pub fn grow_chunk(size: u64, headroom: u64) -> Option<u64> {
     };
     Some(wanted.min(headroom).max(size))
 }
-
-/// How long a thread waits for another one's preallocation of the same context to land.
-const PREALLOCATION_WAIT: Duration = Duration::from_secs(30);
 
 impl State {
     /// Whether allocations are served from a reserve (`grow` or `preallocate`).
@@ -159,7 +160,13 @@ impl State {
         if self.preallocating() {
             self.preallocate(dev, ctx, id);
         }
-        let served = self.reserves.arena(index).alloc(id, size, requested);
+        let served = match self.reserves.arena(index) {
+            Ok(mut arena) => arena.alloc(id, size, requested),
+            Err(stuck) => {
+                budget.count_refusal();
+                return Some(Err(crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
+            }
+        };
         let ptr = match served {
             Some(p) => p,
             None if self.preallocating() => {
@@ -176,8 +183,16 @@ impl State {
                 }
             },
         };
+        // (recorded before it counts as in use: nobody else has the pointer yet)
+        if let Err(stuck) = self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::memory::entry_id() }) {
+            // back to the reserve (the lock was had a moment ago: it is not this thread's)
+            if let Ok(mut arena) = self.reserves.arena(index) {
+                arena.free(ptr);
+            }
+            budget.count_refusal();
+            return Some(Err(crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
+        }
         budget.take(size);
-        self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::memory::entry_id() });
         self.place_allocation(what, Some(dev), requested, None);
         Some(Ok(ptr))
     }
@@ -209,8 +224,9 @@ impl State {
     }
 
     /// Reserves `bytes` in the budget, allocates them from the driver in context `ctx` (current),
-    /// and adds them to the arena as a chunk; returns the arena, still locked.
-    fn take_chunk(&self, dev: CUdevice, ctx: CUcontext, id: u64, bytes: u64, limit: u64) -> Result<MutexGuard<'_, Arena>, CUresult> {
+    /// and adds them to the arena as a chunk; returns the arena, still locked. If the arena
+    /// cannot be had, the chunk goes back to the driver and the reservation with it.
+    fn take_chunk(&self, dev: CUdevice, ctx: CUcontext, id: u64, bytes: u64, limit: u64) -> Result<Guard<'_, Arena>, CUresult> {
         let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let alloc = self.api().mem_alloc.ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
         budget.try_reserve(bytes, limit).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -225,7 +241,14 @@ impl State {
         // less aligned than the granule, its first bytes are left unused (and stay counted).
         let base = ptr.next_multiple_of(GRANULE);
         let usable = (bytes - (base - ptr)) & !(GRANULE - 1);
-        let mut arena = self.reserves.arena(dev as usize);
+        let mut arena = match self.reserves.arena(dev as usize) {
+            Ok(arena) => arena,
+            Err(stuck) => {
+                crate::hooks::free_driver_ptr(ptr);
+                budget.release(bytes);
+                return Err(crate::log::refuse("a reserve's chunk", stuck, CUDA_ERROR_OUT_OF_MEMORY));
+            }
+        };
         // Memory of a destroyed context the shim has not yet forgotten (another thread is between
         // the driver's destroy and `forget_context_reserve`): the driver handing it out again
         // proves it is gone.
@@ -252,20 +275,21 @@ impl State {
         // The claim is read into a local first: a guard kept alive across the `match` (as a
         // temporary of its scrutinee) would still be held in the `Pending` arm, which locks
         // the same arena again while waiting: a deadlock for any two threads meeting here.
-        let claim = self.reserves.arena(index).claim_preallocation(id);
+        // (a claim that cannot be made leaves the request to the reserve as it is: `serve`)
+        let Ok(claim) = self.reserves.arena(index).map(|mut a| a.claim_preallocation(id)) else { return };
         match claim {
             Preallocation::Done => return,
             Preallocation::Pending => {
-                let start = Instant::now();
-                while !self.reserves.arena(index).preallocation_done(id) && start.elapsed() < PREALLOCATION_WAIT {
-                    std::thread::yield_now();
-                }
+                // (bounded: a claimer that never finishes, e.g. this thread interrupted by a
+                // signal handler, is waited for `bounded::WAIT_BOUND` at most)
+                let mut backoff = Backoff::new();
+                while self.reserves.arena(index).is_ok_and(|a| !a.preallocation_done(id)) && backoff.wait() {}
                 return;
             }
             Preallocation::Claimed => {}
         }
         let (Some(budget), Some(limit)) = (self.budget(dev), self.limit(dev)) else {
-            self.reserves.arena(index).finish_preallocation(id);
+            self.finish_preallocation(index, id);
             return;
         };
         let wanted = limit.saturating_sub(budget.held()) & !(GRANULE - 1);
@@ -289,7 +313,16 @@ impl State {
         if let Some(bytes) = taken {
             log!(Level::Info, "device {dev}: preallocated {bytes} bytes (limit {limit} bytes)");
         }
-        self.reserves.arena(index).finish_preallocation(id);
+        self.finish_preallocation(index, id);
+    }
+
+    /// Marks context `id`'s preallocation done (if its arena cannot be had, the others waiting
+    /// for it give up after the bound).
+    fn finish_preallocation(&self, index: usize, id: u64) {
+        match self.reserves.arena(index) {
+            Ok(mut arena) => arena.finish_preallocation(id),
+            Err(stuck) => crate::log::stuck("the end of a preallocation", stuck),
+        }
     }
 
     /// `preallocate` at context creation: `ctx` was just created (or retained) on `dev`.
@@ -314,10 +347,14 @@ impl State {
     /// out again at once, so no earlier work may still use it. If synchronising fails, the
     /// block is not given back: it stays held (and counted) until a later free succeeds or its
     /// context is destroyed.
+    ///
+    /// If the arena cannot be had (`bounded`), the free is refused (`CUDA_ERROR_NOT_PERMITTED`)
+    /// and the block stays the program's, recorded and counted, as before the call.
     pub fn release_served(&self, ptr: CUdeviceptr, live: Live, stream: Option<CUstream>) -> CUresult {
-        let found = match self.reserves.arena(live.device).lookup(ptr) {
-            Lookup::Live(f) => f,
-            _ => return CUDA_ERROR_INVALID_VALUE,
+        let found = match self.reserves.arena(live.device).map(|a| a.lookup(ptr)) {
+            Ok(Lookup::Live(f)) => f,
+            Ok(_) => return CUDA_ERROR_INVALID_VALUE,
+            Err(stuck) => return self.refuse_served_free(ptr, live, stuck),
         };
         let api = self.api();
         let synced = match (stream, api.stream_synchronize, api.ctx_synchronize) {
@@ -332,40 +369,62 @@ impl State {
             // handed out again. It stays the program's (and counted) until a later free
             // synchronises successfully or the context is destroyed; the error of that earlier
             // asynchronous work is reported, as the driver's free would.
-            self.live.insert(Kind::DevicePtr, ptr, live);
+            self.keep_served(ptr, live);
             log!(Level::Debug, "free of {ptr:#x}: synchronising failed ({synced}); the block stays held");
             return synced;
         }
-        if let Some(freed) = self.reserves.arena(live.device).free(ptr) {
-            self.budgets_of(live.device).give(freed.size);
+        match self.reserves.arena(live.device).map(|mut a| a.free(ptr)) {
+            Ok(Some(freed)) => self.budgets_of(live.device).give(freed.size),
+            Ok(None) => {}
+            Err(stuck) => return self.refuse_served_free(ptr, live, stuck),
         }
         CUDA_SUCCESS
     }
 
+    /// A served block whose free is not done stays the program's: its entry back in the live
+    /// map (whose bucket was had a moment ago; if not now, the entry is lost and the block stays
+    /// counted until its context goes: closed).
+    fn keep_served(&self, ptr: CUdeviceptr, live: Live) {
+        if let Err(stuck) = self.live.insert(Kind::DevicePtr, ptr, live) {
+            crate::log::stuck("restoring a block's record (it stays counted)", stuck);
+        }
+    }
+
+    #[cold]
+    fn refuse_served_free(&self, ptr: CUdeviceptr, live: Live, stuck: Stuck) -> CUresult {
+        self.keep_served(ptr, live);
+        crate::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)
+    }
+
     /// A free of `ptr` the live map does not know: inside a reserve it is an interior pointer or
     /// a double free (refused here: the driver would free a whole chunk); `None`: not ours.
+    /// When the reserves cannot be looked at (`bounded`) it is refused too, for the same reason.
     pub fn refuse_unknown_free(&self, ptr: CUdeviceptr) -> Option<CUresult> {
         if !self.pooled() || ptr == 0 {
             return None;
         }
-        match self.reserve_lookup(ptr)?.1 {
-            Lookup::Outside => None,
-            _ => Some(CUDA_ERROR_INVALID_VALUE),
+        match self.reserve_lookup(ptr) {
+            Ok(found) => match found?.1 {
+                Lookup::Outside => None,
+                _ => Some(CUDA_ERROR_INVALID_VALUE),
+            },
+            Err(stuck) => Some(crate::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)),
         }
     }
 
-    /// Where `ptr` lies among the reserves: (device, lookup); `None` when nothing is pooled.
-    pub fn reserve_lookup(&self, ptr: CUdeviceptr) -> Option<(usize, Lookup)> {
+    /// Where `ptr` lies among the reserves: (device, lookup); `None` when nothing is pooled;
+    /// `Err` when a reserve that may hold it cannot be had.
+    pub fn reserve_lookup(&self, ptr: CUdeviceptr) -> Result<Option<(usize, Lookup)>, Stuck> {
         if !self.pooled() {
-            return None;
+            return Ok(None);
         }
         for dev in self.reserves.devices() {
-            match self.reserves.arena(dev).lookup(ptr) {
+            match self.reserves.arena(dev)?.lookup(ptr) {
                 Lookup::Outside => continue,
-                found => return Some((dev, found)),
+                found => return Ok(Some((dev, found))),
             }
         }
-        Some((0, Lookup::Outside))
+        Ok(Some((0, Lookup::Outside)))
     }
 
     /// Context `id` was destroyed (the driver freed its memory): forgets its chunks, credits
@@ -375,7 +434,16 @@ impl State {
             return;
         }
         for dev in self.reserves.devices() {
-            let mut arena = self.reserves.arena(dev);
+            // (a reserve that cannot be had keeps the context's chunks, counted: closed; they are
+            // never served again, their context's id being gone, and a driver that hands their
+            // addresses out again credits them, `take_chunk`)
+            let mut arena = match self.reserves.arena(dev) {
+                Ok(arena) => arena,
+                Err(stuck) => {
+                    crate::log::stuck("forgetting a destroyed context's reserve (it stays counted)", stuck);
+                    continue;
+                }
+            };
             let dropped = arena.drop_context(id);
             if dropped.reserved == 0 && dropped.live.is_empty() {
                 continue;
@@ -393,8 +461,10 @@ impl State {
     fn credit_dropped(&self, dev: usize, dropped: &crate::reserve::Dropped) {
         let mut in_use = 0u64;
         for (ptr, size) in &dropped.live {
-            if self.live.get(Kind::DevicePtr, *ptr).is_some_and(|l| l.served) {
-                self.live.remove(Kind::DevicePtr, *ptr);
+            // (an entry whose bucket cannot be had stays: a free of it then finds no block,
+            // `CUDA_ERROR_INVALID_VALUE`, as for any block of a destroyed context)
+            if self.live.get(Kind::DevicePtr, *ptr).is_ok_and(|l| l.is_some_and(|l| l.served)) {
+                let _ = self.live.remove(Kind::DevicePtr, *ptr);
             }
             in_use = in_use.saturating_add(*size);
         }

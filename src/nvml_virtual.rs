@@ -324,9 +324,10 @@ pub fn lookup(_: *mut std::ffi::c_void, _: &CStr) -> usize {
 /// The slot of a function found through `dlsym` (one per address, assigned once).
 #[cfg(target_arch = "x86_64")]
 fn dynamic_slot(real: usize, name: &CStr) -> Option<usize> {
-    static DYNAMIC: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    static DYNAMIC: crate::bounded::Bounded<Vec<usize>> = crate::bounded::Bounded::new("gpushim's NVML trampolines", Vec::new());
     static EXHAUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let mut list = DYNAMIC.lock().unwrap_or_else(|e| e.into_inner());
+    // (not to be had, `bounded`: handed out untranslated, as when the pool is exhausted)
+    let mut list = DYNAMIC.lock().map_err(|stuck| crate::log::stuck("a trampoline for an NVML function", stuck)).ok()?;
     if let Some(i) = list.iter().position(|&r| r == real) {
         return Some(EXPORTED.len() + i);
     }

@@ -20,8 +20,19 @@
 //! are inherited, though: a lock on one outlives the parent while the child lives). A step
 //! inside a library (the driver's or NVML's `dlopen` and initialisation) runs again over that
 //! library's half-initialised state, as a program that forked in the middle of it would.
+//!
+//! The wait for another thread of this process is bounded (`bounded`): a thread that finds the
+//! step run by itself (a signal handler that interrupted the initialisation) gives up at once,
+//! any other after `bounded::WAIT_BOUND`. [`ForkOnce::try_get_or_init`] then answers `Err`;
+//! [`ForkOnce::get_or_init`], which must return a value, unwinds (without the panic message),
+//! and the hook's `catch_unwind` refuses the call (`CUDA_ERROR_UNKNOWN`) with one line.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+
+use crate::bounded::{self, Backoff, Stuck};
+
+/// What a one-time step is called in messages.
+const WHAT: &str = "a one-time step of gpushim's start-up";
 
 /// Forks this process has been through: the shim's `pthread_atfork` child handler adds one.
 /// (A forked child's shared-quota membership and its [`ForkOnce`]s' runners are told apart
@@ -46,6 +57,8 @@ pub struct ForkOnce<T> {
     state: AtomicU64,
     /// The value, once published: a box, set once from null.
     value: AtomicPtr<T>,
+    /// The running thread's mark (`bounded::this_thread`) while it runs, else 0.
+    thread: AtomicUsize,
 }
 
 // SAFETY: the value is a box published once by compare-and-swap from null (Release), read
@@ -62,7 +75,7 @@ impl<T> Default for ForkOnce<T> {
 
 impl<T> ForkOnce<T> {
     pub const fn new() -> Self {
-        ForkOnce { state: AtomicU64::new(NEW), value: AtomicPtr::new(std::ptr::null_mut()) }
+        ForkOnce { state: AtomicU64::new(NEW), value: AtomicPtr::new(std::ptr::null_mut()), thread: AtomicUsize::new(0) }
     }
 
     #[inline]
@@ -72,15 +85,27 @@ impl<T> ForkOnce<T> {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
+    /// The value, initialised by `f` if it is not yet. A wait for another thread's
+    /// initialisation that gives up (see the module documentation) unwinds.
     #[inline]
     pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
         match self.get() {
             Some(v) => v,
+            None => self.init(f).unwrap_or_else(|stuck| gave_up(stuck)),
+        }
+    }
+
+    /// [`ForkOnce::get_or_init`], `Err` where it would unwind.
+    #[inline]
+    pub fn try_get_or_init(&self, f: impl FnOnce() -> T) -> Result<&T, Stuck> {
+        match self.get() {
+            Some(v) => Ok(v),
             None => self.init(f),
         }
     }
 
-    /// Sets the value unless it was set (`Err`); waits while another thread sets it.
+    /// Sets the value unless it was set (`Err`); waits while another thread sets it (bounded:
+    /// `Err` also when that wait gave up).
     pub fn set(&self, value: T) -> Result<(), T> {
         let mut value = Some(value);
         let _ = self.init(|| value.take().expect("runs at most once"));
@@ -92,31 +117,37 @@ impl<T> ForkOnce<T> {
 
     #[cold]
     #[inline(never)]
-    fn init(&self, f: impl FnOnce() -> T) -> &T {
+    fn init(&self, f: impl FnOnce() -> T) -> Result<&T, Stuck> {
         let mut f = Some(f);
         let me = runner(crate::sys::getpid() as u32, FORK_GENERATION.load(Acquire));
-        let mut spins = 0u32;
+        let this_thread = bounded::this_thread();
+        let mut backoff = Backoff::new();
         loop {
             if let Some(v) = self.get() {
-                return v;
+                return Ok(v);
             }
             let now = self.state.load(Acquire);
             // new, or run by a process this one is a fork of (another pid or generation)
             let free = now == NEW || (now & RUNNING != 0 && now != me);
             if free && self.state.compare_exchange(now, me, Acquire, Acquire).is_ok() {
+                // (cleared before the state leaves "running by this thread", so a mark seen
+                // while it runs is the runner's own)
+                self.thread.store(this_thread, Relaxed);
                 /// Back to new if `f` unwinds (a later use runs it again, as `OnceLock`),
                 /// unless it was taken over meanwhile.
-                struct Unwound<'a>(&'a AtomicU64, u64);
+                struct Unwound<'a>(&'a AtomicU64, &'a AtomicUsize, u64);
                 impl Drop for Unwound<'_> {
                     fn drop(&mut self) {
-                        let _ = self.0.compare_exchange(self.1, NEW, Release, Acquire);
+                        self.1.store(0, Relaxed);
+                        let _ = self.0.compare_exchange(self.2, NEW, Release, Acquire);
                     }
                 }
-                let unwound = Unwound(&self.state, me);
+                let unwound = Unwound(&self.state, &self.thread, me);
                 // (run once: after it, a value is published, by this thread or another)
                 let Some(f) = f.take() else { continue };
                 let value = Box::into_raw(Box::new(f()));
                 std::mem::forget(unwound);
+                self.thread.store(0, Relaxed);
                 match self.value.compare_exchange(std::ptr::null_mut(), value, Release, Acquire) {
                     Ok(_) => self.state.store(DONE, Release),
                     // taken over and published meanwhile: that one stands
@@ -126,10 +157,23 @@ impl<T> ForkOnce<T> {
                 continue;
             }
             // run by another thread of this process: wait for it (start-up's steps take
-            // microseconds to milliseconds)
-            spins = wait(spins);
+            // microseconds to milliseconds), unless it is this one (a signal handler that
+            // interrupted it), and not for ever
+            if now & RUNNING != 0 && self.thread.load(Relaxed) == this_thread {
+                return Err(Stuck::Reentered(WHAT));
+            }
+            if !backoff.wait() {
+                return Err(Stuck::TimedOut(WHAT));
+            }
         }
     }
+}
+
+/// [`ForkOnce::get_or_init`] whose wait gave up: unwinds to the hook's `catch_unwind`, which
+/// says why in one line (`resume_unwind`: no panic message, this is not a bug).
+#[cold]
+fn gave_up(stuck: Stuck) -> ! {
+    std::panic::resume_unwind(Box::new(stuck))
 }
 
 impl<T> Drop for ForkOnce<T> {
@@ -148,15 +192,6 @@ impl ForkOnce<()> {
     pub fn call_once(&self, f: impl FnOnce()) {
         self.get_or_init(f);
     }
-}
-
-fn wait(spins: u32) -> u32 {
-    match spins {
-        0..64 => std::hint::spin_loop(),
-        64..256 => std::thread::yield_now(),
-        _ => std::thread::sleep(std::time::Duration::from_micros(50)),
-    }
-    spins.saturating_add(1)
 }
 
 #[cfg(test)]
@@ -202,6 +237,24 @@ mod tests {
         once.call_once(|| n += 1);
         once.call_once(|| n += 1);
         assert_eq!(n, 1);
+    }
+
+    /// Used from inside its own initialisation, as a signal handler that interrupted the
+    /// runner would: refused at once (it waited for ever); `get_or_init` unwinds with why. The
+    /// runner's value is published as usual.
+    #[test]
+    fn a_use_by_its_own_runner_is_refused_at_once() {
+        let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
+        let start = std::time::Instant::now();
+        let got = *cell.get_or_init(|| {
+            let unwound = std::panic::catch_unwind(|| *cell.get_or_init(|| 3));
+            assert!(unwound.is_err(), "the inner use returned");
+            assert_eq!(unwound.unwrap_err().downcast_ref::<Stuck>(), Some(&Stuck::Reentered(WHAT)));
+            assert_eq!(cell.try_get_or_init(|| 2).err(), Some(Stuck::Reentered(WHAT)));
+            1
+        });
+        assert_eq!((got, cell.get()), (1, Some(&1)));
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "{:?}", start.elapsed());
     }
 
     /// Left running by another process (a parent forked in the middle of it) or an earlier

@@ -13,11 +13,16 @@
 //!
 //! While it is off, none of this exists: the launch and lookup hooks are not handed out
 //! (`place` in the hook table) and the allocation paths test one `Option`.
+//!
+//! Its locks are bounded (`bounded`); a record whose lock cannot be had is left out (a count
+//! or a line missing from the log, never a call refused for it).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::bounded::{Bounded, Guard};
 
 use crate::ffi::*;
 use crate::state::State;
@@ -26,21 +31,21 @@ use crate::state::State;
 pub struct Placement {
     /// Kernel names by function or library-kernel handle, with the module or library that owns
     /// the handle (0: unknown), so that an unload retires its handles.
-    names: Mutex<HashMap<usize, (Arc<str>, usize)>>,
+    names: Bounded<HashMap<usize, (Arc<str>, usize)>>,
     /// Launches of handles retired by an unload (or of graphs destroyed), by (device, kernel
     /// name) and (device, graph): the handle may be reused by the driver for something else.
-    retired: Mutex<HashMap<(CUdevice, Arc<str>), u64>>,
-    retired_graphs: Mutex<Vec<(CUdevice, usize, u64)>>,
+    retired: Bounded<HashMap<(CUdevice, Arc<str>), u64>>,
+    retired_graphs: Bounded<Vec<(CUdevice, usize, u64)>>,
     /// Launches per (program device, what was launched): kernels by handle (their names are
     /// looked up once, at the first launch), graphs by executable graph.
-    launches: Mutex<HashMap<(CUdevice, Launched), u64, Fast>>,
+    launches: Bounded<HashMap<(CUdevice, Launched), u64, Fast>>,
     /// Allocations per (program device, API): how many, how many bytes.
-    allocations: Mutex<Allocations>,
+    allocations: Bounded<Allocations>,
     /// Where each device is, as printed (filled by the first line about it, read by the report).
-    places: Mutex<HashMap<CUdevice, Place>>,
+    places: Bounded<HashMap<CUdevice, Place>>,
     /// The (device, kernel name) pairs a line was printed for: handles of the same name (a
     /// module's function, a library's kernel, one per context) print one line.
-    printed: Mutex<std::collections::HashSet<(CUdevice, Arc<str>)>>,
+    printed: Bounded<std::collections::HashSet<(CUdevice, Arc<str>)>>,
 }
 
 /// What a launch ran, by handle.
@@ -100,20 +105,23 @@ type Fast = std::hash::BuildHasherDefault<crate::memory::FastHasher>;
 /// Allocations per (program device, API): how many, how many bytes.
 type Allocations = HashMap<(CUdevice, &'static str), (u64, u64), Fast>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// `m` locked; `None` (after one line) when it cannot be had: the record is left out.
+fn lock<T>(m: &Bounded<T>) -> Option<Guard<'_, T>> {
+    m.lock().map_err(|stuck| crate::log::stuck("a record of the placement log", stuck)).ok()
 }
+
+const WHAT: &str = "gpushim's placement log";
 
 impl Placement {
     pub fn new() -> Self {
         Placement {
-            names: Mutex::new(HashMap::new()),
-            retired: Mutex::new(HashMap::new()),
-            retired_graphs: Mutex::new(Vec::new()),
-            launches: Mutex::new(HashMap::default()),
-            allocations: Mutex::new(HashMap::default()),
-            places: Mutex::new(HashMap::new()),
-            printed: Mutex::new(std::collections::HashSet::new()),
+            names: Bounded::new(WHAT, HashMap::new()),
+            retired: Bounded::new(WHAT, HashMap::new()),
+            retired_graphs: Bounded::new(WHAT, Vec::new()),
+            launches: Bounded::new(WHAT, HashMap::default()),
+            allocations: Bounded::new(WHAT, HashMap::default()),
+            places: Bounded::new(WHAT, HashMap::new()),
+            printed: Bounded::new(WHAT, std::collections::HashSet::new()),
         }
     }
 
@@ -130,11 +138,11 @@ impl Placement {
 
     /// A forked child starts counting afresh (it writes no report); it keeps the names.
     pub fn reset_after_fork(&self) {
-        crate::fork::reset(&self.launches, HashMap::default);
-        crate::fork::reset(&self.retired, HashMap::new);
-        crate::fork::reset(&self.retired_graphs, Vec::new);
-        crate::fork::reset(&self.allocations, HashMap::default);
-        crate::fork::reset(&self.printed, std::collections::HashSet::new);
+        self.launches.reset_after_fork(HashMap::default());
+        self.retired.reset_after_fork(HashMap::new());
+        self.retired_graphs.reset_after_fork(Vec::new());
+        self.allocations.reset_after_fork(HashMap::default());
+        self.printed.reset_after_fork(std::collections::HashSet::new());
     }
 }
 
@@ -180,7 +188,9 @@ impl State {
         // SAFETY: per the contract.
         if let (false, Some(name)) = (handle.is_null(), unsafe { name_text(name) }) {
             self.retire(p, &[handle as usize]);
-            lock(&p.names).insert(handle as usize, (name, owner as usize));
+            if let Some(mut names) = lock(&p.names) {
+                names.insert(handle as usize, (name, owner as usize));
+            }
         }
     }
 
@@ -191,7 +201,9 @@ impl State {
         if owner.is_null() {
             return;
         }
-        let handles: Vec<usize> = lock(&p.names).iter().filter(|(_, (_, o))| *o == owner as usize).map(|(h, _)| *h).collect();
+        let Some(names) = lock(&p.names) else { return };
+        let handles: Vec<usize> = names.iter().filter(|(_, (_, o))| *o == owner as usize).map(|(h, _)| *h).collect();
+        drop(names);
         self.retire(p, &handles);
     }
 
@@ -199,11 +211,13 @@ impl State {
     pub fn forget_graph(&self, exec: *mut c_void) {
         let Some(p) = self.placement() else { return };
         let gone: Vec<(CUdevice, u64)> = {
-            let mut launches = lock(&p.launches);
+            let Some(mut launches) = lock(&p.launches) else { return };
             let keys: Vec<(CUdevice, Launched)> = launches.keys().filter(|(_, w)| *w == Launched::Graph(exec as usize)).copied().collect();
             keys.into_iter().filter_map(|k| launches.remove(&k).map(|n| (k.0, n))).collect()
         };
-        lock(&p.retired_graphs).extend(gone.into_iter().map(|(d, n)| (d, exec as usize, n)));
+        if let Some(mut retired) = lock(&p.retired_graphs) {
+            retired.extend(gone.into_iter().map(|(d, n)| (d, exec as usize, n)));
+        }
     }
 
     /// Moves the launches of kernel handles `handles` to their names' totals and forgets them.
@@ -212,11 +226,11 @@ impl State {
             return;
         }
         let named: Vec<(usize, Arc<str>)> = {
-            let mut names = lock(&p.names);
+            let Some(mut names) = lock(&p.names) else { return };
             handles.iter().filter_map(|h| names.remove(h).map(|(n, _)| (*h, n))).collect()
         };
         let moved: Vec<(CUdevice, Arc<str>, u64)> = {
-            let mut launches = lock(&p.launches);
+            let Some(mut launches) = lock(&p.launches) else { return };
             let keys: Vec<(CUdevice, Launched)> =
                 launches.keys().filter(|(_, w)| matches!(w, Launched::Kernel(h) if handles.contains(h))).copied().collect();
             keys.into_iter()
@@ -228,7 +242,7 @@ impl State {
                 })
                 .collect()
         };
-        let mut retired = lock(&p.retired);
+        let Some(mut retired) = lock(&p.retired) else { return };
         for (dev, name, n) in moved {
             *retired.entry((dev, name)).or_insert(0) += n;
         }
@@ -237,18 +251,20 @@ impl State {
     /// `function` was obtained from library kernel `kernel`: it has the kernel's name.
     pub fn remember_kernel_function(&self, function: *mut c_void, kernel: *mut c_void) {
         let Some(p) = self.placement() else { return };
-        let known = lock(&p.names).get(&(kernel as usize)).cloned();
+        let known = lock(&p.names).and_then(|names| names.get(&(kernel as usize)).cloned());
         if let Some(entry) = known {
             self.retire(p, &[function as usize]);
-            lock(&p.names).insert(function as usize, entry);
+            if let Some(mut names) = lock(&p.names) {
+                names.insert(function as usize, entry);
+            }
         }
     }
 
     /// The name of function (or library kernel) `f`: remembered, else asked of the driver
     /// (and remembered), else its handle.
     fn kernel_name(&self, p: &Placement, f: *mut c_void) -> Arc<str> {
-        if let Some((name, _)) = lock(&p.names).get(&(f as usize)) {
-            return name.clone();
+        if let Some((name, _)) = lock(&p.names).and_then(|names| names.get(&(f as usize)).cloned()) {
+            return name;
         }
         let api = self.api();
         let asked = [api.func_get_name, api.kernel_get_name].into_iter().flatten().find_map(|get| {
@@ -259,7 +275,9 @@ impl State {
         });
         // SAFETY: the driver's answer is NULL or a NUL-terminated string.
         let name = asked.and_then(|n| unsafe { name_text(n) }).unwrap_or_else(|| Arc::from(format!("function {:#x}", f as usize).as_str()));
-        lock(&p.names).insert(f as usize, (name.clone(), 0));
+        if let Some(mut names) = lock(&p.names) {
+            names.insert(f as usize, (name.clone(), 0));
+        }
         name
     }
 
@@ -282,12 +300,14 @@ impl State {
 
     /// The description of `dev` for a line, remembered for the report.
     fn describe_device(&self, p: &Placement, dev: CUdevice) -> String {
-        if let Some(place) = lock(&p.places).get(&dev) {
-            return place.describe(dev);
+        if let Some(text) = lock(&p.places).and_then(|places| Some(places.get(&dev)?.describe(dev))) {
+            return text;
         }
         let place = self.place_of(dev);
         let text = place.describe(dev);
-        lock(&p.places).insert(dev, place);
+        if let Some(mut places) = lock(&p.places) {
+            places.insert(dev, place);
+        }
         text
     }
 
@@ -311,7 +331,7 @@ impl State {
     fn count_launch(&self, p: &Placement, what: Launched, stream: CUstream, per_thread: bool) {
         let dev = self.stream_device(stream).unwrap_or(-1);
         let first = {
-            let mut launches = lock(&p.launches);
+            let Some(mut launches) = lock(&p.launches) else { return };
             let n = launches.entry((dev, what)).or_insert(0);
             *n += 1;
             *n == 1
@@ -320,7 +340,7 @@ impl State {
             let what = match what {
                 Launched::Kernel(f) => {
                     let name = self.kernel_name(p, f as *mut c_void);
-                    if !lock(&p.printed).insert((dev, name.clone())) {
+                    if !lock(&p.printed).is_some_and(|mut printed| printed.insert((dev, name.clone()))) {
                         return;
                     }
                     format!("kernel {name}")
@@ -344,7 +364,7 @@ impl State {
     fn count_allocation(&self, p: &Placement, what: &'static str, dev: Option<CUdevice>, bytes: u64, stream: Option<CUstream>) {
         let dev = dev.or_else(|| self.current_device()).unwrap_or(-1);
         let first = {
-            let mut allocations = lock(&p.allocations);
+            let Some(mut allocations) = lock(&p.allocations) else { return };
             let e = allocations.entry((dev, what)).or_insert((0, 0));
             e.0 += 1;
             e.1 = e.1.saturating_add(bytes);
@@ -360,7 +380,7 @@ impl State {
     pub fn placement_summary(&self) -> Option<Vec<DeviceSummary>> {
         let p = self.placement()?;
         let mut by_device: std::collections::BTreeMap<CUdevice, DeviceSummary> = std::collections::BTreeMap::new();
-        let places = lock(&p.places).clone();
+        let places = lock(&p.places).map(|g| g.clone()).unwrap_or_default();
         fn entry<'a>(m: &'a mut std::collections::BTreeMap<CUdevice, DeviceSummary>, places: &HashMap<CUdevice, Place>, dev: CUdevice) -> &'a mut DeviceSummary {
             m.entry(dev).or_insert_with(|| DeviceSummary {
                 ordinal: dev,
@@ -370,10 +390,10 @@ impl State {
                 allocations: Vec::new(),
             })
         }
-        let launches: Vec<((CUdevice, Launched), u64)> = lock(&p.launches).iter().map(|(k, n)| (*k, *n)).collect();
-        let names = lock(&p.names).clone();
-        let retired: Vec<((CUdevice, Arc<str>), u64)> = lock(&p.retired).iter().map(|(k, n)| (k.clone(), *n)).collect();
-        let retired_graphs = lock(&p.retired_graphs).clone();
+        let launches: Vec<((CUdevice, Launched), u64)> = lock(&p.launches).map(|l| l.iter().map(|(k, n)| (*k, *n)).collect()).unwrap_or_default();
+        let names = lock(&p.names).map(|g| g.clone()).unwrap_or_default();
+        let retired: Vec<((CUdevice, Arc<str>), u64)> = lock(&p.retired).map(|r| r.iter().map(|(k, n)| (k.clone(), *n)).collect()).unwrap_or_default();
+        let retired_graphs = lock(&p.retired_graphs).map(|g| g.clone()).unwrap_or_default();
         let by_name = launches
             .into_iter()
             .map(|((dev, what), n)| match what {
@@ -395,8 +415,8 @@ impl State {
                 Err(g) => entry(&mut by_device, &places, dev).graphs.push((g, n)),
             }
         }
-        for ((dev, what), (n, bytes)) in lock(&p.allocations).iter() {
-            entry(&mut by_device, &places, *dev).allocations.push((what, *n, *bytes));
+        for ((dev, what), (n, bytes)) in lock(&p.allocations).map(|a| a.clone()).unwrap_or_default() {
+            entry(&mut by_device, &places, dev).allocations.push((what, n, bytes));
         }
         let mut out: Vec<DeviceSummary> = by_device.into_values().collect();
         for d in &mut out {

@@ -25,17 +25,19 @@ const RESERVED_MEM_CURRENT: c_int = 5;
 const USED_MEM_CURRENT: c_int = 7;
 
 impl State {
-    /// The pools of program device `dev`, as the driver's handles (no duplicates).
-    fn device_pools(&self, dev: CUdevice) -> Vec<CUmemoryPool> {
+    /// The pools of program device `dev`, as the driver's handles (no duplicates); `None` when
+    /// the list of pools the program created cannot be had (`bounded`): then nothing is
+    /// credited (closed).
+    fn device_pools(&self, dev: CUdevice) -> Option<Vec<CUmemoryPool>> {
         let mut pools = self.device_pools_of_driver(dev);
-        let created = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let created = self.pools.lock().map_err(|stuck| crate::log::stuck("reading what memory pools keep", stuck)).ok()?;
         for &(pool, d) in created.iter() {
             let pool = pool as CUmemoryPool;
             if d == dev && !pools.contains(&pool) {
                 pools.push(pool);
             }
         }
-        pools
+        Some(pools)
     }
 
     /// The program device whose default or current pool `pool` is (asked of the driver).
@@ -92,7 +94,7 @@ impl State {
         if budget.pool_kept() == 0 {
             return;
         }
-        let pools = self.device_pools(dev);
+        let Some(pools) = self.device_pools(dev) else { return };
         self.settle_pools(budget, &pools);
     }
 
@@ -114,7 +116,7 @@ impl State {
     pub fn trim_pools(&self, dev: CUdevice) -> bool {
         let Some(budget) = self.budget(dev) else { return false };
         let before = budget.pool_kept();
-        let pools = self.device_pools(dev);
+        let Some(pools) = self.device_pools(dev) else { return false };
         if let Some(trim) = self.api().mem_pool_trim_to {
             for &pool in &pools {
                 // SAFETY: a pool handle the driver gave; trimming only releases unused memory.

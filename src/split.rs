@@ -23,7 +23,7 @@ pub(crate) struct Split {
     /// part uses it): created on first retain, kept for the life of the process.
     primaries: Vec<PartPrimary>,
     /// Contexts the program created on a part, with the part's ordinal.
-    contexts: std::sync::Mutex<Vec<(usize, CUdevice)>>,
+    contexts: crate::bounded::Bounded<Vec<(usize, CUdevice)>>,
 }
 
 impl Split {
@@ -33,7 +33,7 @@ impl Split {
 
     /// A forked child (`fork`): the parent's contexts do not survive the fork.
     pub(crate) fn reset_after_fork(&self) {
-        crate::fork::reset(&self.contexts, Vec::new);
+        self.contexts.reset_after_fork(Vec::new());
         for p in &self.primaries {
             p.ctx.store(0, std::sync::atomic::Ordering::Release);
             p.refs.store(0, std::sync::atomic::Ordering::Release);
@@ -175,7 +175,7 @@ impl State {
             })
             .collect();
         let primaries = devices.list.iter().map(|_| PartPrimary::default()).collect();
-        let _ = self.split.set(Split { devices, facts, primaries, contexts: std::sync::Mutex::new(Vec::new()) });
+        let _ = self.split.set(Split { devices, facts, primaries, contexts: crate::bounded::Bounded::new("gpushim's list of contexts on parts", Vec::new()) });
         Ok(())
     }
 
@@ -213,30 +213,40 @@ impl State {
     }
 
     /// The part a context belongs to: one the shim created for a part, or one the program
-    /// created on a part; `None` for the driver's own (primary) contexts.
-    pub fn part_of_context(&self, ctx: CUcontext) -> Option<CUdevice> {
-        let s = self.split.get()?;
+    /// created on a part; `None` for the driver's own (primary) contexts. `Err`: the list of
+    /// contexts cannot be had (`bounded`): the context's device is then unknown (its
+    /// allocations are refused while limits apply, `State::counted`).
+    pub fn part_of_context(&self, ctx: CUcontext) -> Result<Option<CUdevice>, crate::bounded::Stuck> {
+        let Some(s) = self.split.get() else { return Ok(None) };
         if let Some(i) = s.primaries.iter().position(|p| !ctx.is_null() && p.ctx.load(Ordering::Acquire) == ctx as usize) {
-            return Some(i as CUdevice);
+            return Ok(Some(i as CUdevice));
         }
-        let contexts = s.contexts.lock().unwrap_or_else(|e| e.into_inner());
-        contexts.iter().find(|(c, _)| *c == ctx as usize).map(|&(_, d)| d)
+        let contexts = s.contexts.lock()?;
+        Ok(contexts.iter().find(|(c, _)| *c == ctx as usize).map(|&(_, d)| d))
     }
 
     /// The program device an allocation starting at `ptr` was counted on.
     pub fn live_device(&self, ptr: crate::ffi::CUdeviceptr) -> Option<CUdevice> {
-        self.live.get(crate::memory::Kind::DevicePtr, ptr).map(|l| l.device as CUdevice)
+        self.live.get(crate::memory::Kind::DevicePtr, ptr).ok().flatten().map(|l| l.device as CUdevice)
     }
 
-    pub fn remember_context(&self, ctx: CUcontext, dev: CUdevice) {
+    /// Remembers `ctx` as a context on part `dev` (replacing what a handle the driver hands
+    /// out again was before). `Err`: not remembered (the caller undoes the creation).
+    pub fn remember_context(&self, ctx: CUcontext, dev: CUdevice) -> Result<(), crate::bounded::Stuck> {
         if let Some(s) = self.split.get() {
-            s.contexts.lock().unwrap_or_else(|e| e.into_inner()).push((ctx as usize, dev));
+            let mut contexts = s.contexts.lock()?;
+            contexts.retain(|(c, _)| *c != ctx as usize);
+            contexts.push((ctx as usize, dev));
         }
+        Ok(())
     }
 
+    /// (If the list cannot be had, the entry stays until the handle is remembered again.)
     pub fn forget_context(&self, ctx: CUcontext) {
         if let Some(s) = self.split.get() {
-            s.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|(c, _)| *c != ctx as usize);
+            if let Ok(mut contexts) = s.contexts.lock() {
+                contexts.retain(|(c, _)| *c != ctx as usize);
+            }
         }
     }
 
@@ -259,7 +269,7 @@ impl State {
 
     /// The program device of context `ctx`, which is current.
     fn context_device(&self, ctx: CUcontext) -> Option<CUdevice> {
-        self.part_of_context(ctx).or_else(|| Some(self.program_of(self.api().current_device()?)))
+        self.part_of_context(ctx).ok()?.or_else(|| Some(self.program_of(self.api().current_device()?)))
     }
 
     /// The program device a stream's work runs on.
@@ -279,7 +289,7 @@ impl State {
         if unsafe { get(stream, &mut ctx) } != CUDA_SUCCESS {
             return self.current_device();
         }
-        self.part_of_context(ctx).or_else(|| Some(self.program_of(self.api().stream_device(stream)?)))
+        self.part_of_context(ctx).ok()?.or_else(|| Some(self.program_of(self.api().stream_device(stream)?)))
     }
 
     /// Retains the primary context of program device `dev`: the driver's for a whole device and

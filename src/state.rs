@@ -55,7 +55,7 @@ pub struct State {
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
-    pub pools: std::sync::Mutex<Vec<(usize, CUdevice)>>,
+    pub pools: crate::bounded::Bounded<Vec<(usize, CUdevice)>>,
     /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
     pub(crate) reserves: crate::modes::Reserves,
     /// What CUDA graphs' memory nodes hold (`graphs`).
@@ -109,7 +109,7 @@ const NEEDS_KNOWN: u8 = 0x80;
 /// How long a thread waits for another one's start-up before it gives up (fail closed: its
 /// hooks refuse). Start-up takes milliseconds; this only bounds a pathological wait, e.g. on a
 /// loader lock the waiting thread itself holds.
-const START_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const START_UP_WAIT: std::time::Duration = crate::bounded::WAIT_BOUND;
 
 /// Whether this thread is building the state (its lookups are the start-up's own).
 pub fn initialising_here() -> bool {
@@ -286,7 +286,7 @@ impl State {
             budgets: crate::memory::Budgets::new(MAX_DEVICES),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
-            pools: std::sync::Mutex::new(Vec::new()),
+            pools: crate::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
             reserves: crate::modes::Reserves::new(),
             graphs: crate::graphs::Graphs::new(),
             teardowns: crate::teardown::Teardowns::new(),
@@ -352,7 +352,7 @@ impl State {
         if let Some(p) = &self.placement {
             p.reset_after_fork();
         }
-        crate::fork::reset(&self.pools, Vec::new);
+        self.pools.reset_after_fork(Vec::new());
         crate::vmm::reset_after_fork();
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
@@ -758,7 +758,9 @@ impl State {
             // (stream-ordered allocations come from a pool, which may keep them after the free)
             let pool = stream.is_some();
             let id = crate::memory::entry_id();
-            self.record(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id });
+            if let Err(stuck) = self.record(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id }) {
+                return self.unrecorded(what, kind, key, budget, bytes, pool, stuck);
+            }
             self.place_allocation(what, Some(dev), bytes, stream);
         } else {
             budget.release(bytes);
@@ -767,10 +769,10 @@ impl State {
     }
 
     /// Records a counted allocation in the live map, crediting an entry it replaces (one the
-    /// driver freed behind the shim's back).
+    /// driver freed behind the shim's back). `Err`: not recorded (`bounded`).
     #[inline]
-    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) {
-        self.live.insert_then(kind, key, live, |stale| self.credit_stale(stale));
+    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) -> Result<(), crate::bounded::Stuck> {
+        self.live.insert_then(kind, key, live, |stale| self.credit_stale(stale))
     }
 
     /// Whether any device of the program can have a limit: a memory limit (global or per
@@ -835,8 +837,10 @@ impl State {
             }
         }
         match self.live.remove(kind, key) {
-            Some(live) => self.free_taken(kind, key, live, stream, free),
-            None => self.free_unrecorded(kind, key, free),
+            Ok(Some(live)) => self.free_taken(kind, key, live, stream, free),
+            Ok(None) => self.free_unrecorded(kind, key, free),
+            // (before the driver's free: the memory stays the program's, recorded and counted)
+            Err(stuck) => crate::hooks::refuse_free(kind, stuck),
         }
     }
 
@@ -884,8 +888,8 @@ impl State {
         let result = free();
         if result == crate::ffi::CUDA_SUCCESS {
             self.credit_free(device, bytes, pool);
-        } else {
-            self.record(kind, key, entry());
+        } else if let Err(stuck) = self.record(kind, key, entry()) {
+            crate::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
         }
         result
     }

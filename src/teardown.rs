@@ -24,9 +24,14 @@
 //! teardown itself credits what it freed; either credit made while a teardown is under way is
 //! applied only once every teardown that was in flight at that moment has returned
 //! ([`Teardowns`]). Until then the bytes stay counted: the limit errs towards refusing.
+//!
+//! The lock of the teardowns is bounded (`bounded`): a teardown that cannot start is refused
+//! before the driver is called (`CUDA_ERROR_NOT_PERMITTED`, `stuck`); a credit that cannot be
+//! queued is not made (the bytes stay counted: closed), with one line.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
+
+use crate::bounded::{Bounded, Stuck};
 
 use crate::ffi::*;
 use crate::memory::{Kind, Live};
@@ -37,7 +42,7 @@ const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 
 /// Context teardowns under way, and the credits waiting for them (see the module
 /// documentation).
-pub struct Teardowns(Mutex<Pending>);
+pub struct Teardowns(Bounded<Pending>);
 
 #[derive(Default)]
 struct Pending {
@@ -59,11 +64,11 @@ pub struct Teardown<'a> {
 
 impl Teardowns {
     pub const fn new() -> Self {
-        Teardowns(Mutex::new(Pending { next: 0, in_flight: Vec::new(), credits: Vec::new() }))
+        Teardowns(Bounded::new("gpushim's list of context teardowns", Pending { next: 0, in_flight: Vec::new(), credits: Vec::new() }))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Result<crate::bounded::Guard<'_, Pending>, Stuck> {
+        self.0.lock()
     }
 
     /// Takes the lock for a fork (`fork`).
@@ -73,14 +78,18 @@ impl Teardowns {
 
     /// A forked child has no teardown under way and nothing to credit.
     pub fn reset_after_fork(&self) {
-        crate::fork::reset(&self.0, Pending::default);
+        self.0.reset_after_fork(Pending::default());
     }
 }
 
 impl Drop for Teardown<'_> {
+    /// (If the lock cannot be had, the teardown stays "under way": later credits wait for ever,
+    /// the bytes stay counted: closed. Only a thread stopped inside the lock for the whole
+    /// bound can cause it: a signal handler that interrupted its holder cannot have started
+    /// this teardown.)
     fn drop(&mut self) {
         let due: Vec<(u64, usize, u64, u64)> = {
-            let mut p = self.state.teardowns.lock();
+            let Ok(mut p) = self.state.teardowns.lock() else { return };
             p.in_flight.retain(|&n| n != self.number);
             let oldest = p.in_flight.iter().copied().min().unwrap_or(u64::MAX);
             let (due, waiting) = std::mem::take(&mut p.credits).into_iter().partition(|c| c.0 <= oldest);
@@ -98,13 +107,14 @@ pub struct Doomed(Vec<(Kind, u64, Live)>);
 
 impl State {
     /// Starts a teardown (before the driver's destroy, release or reset is called); it ends
-    /// when the returned guard is dropped, after its own credits were made.
-    pub fn teardown_begins(&self) -> Teardown<'_> {
-        let mut p = self.teardowns.lock();
+    /// when the returned guard is dropped, after its own credits were made. `Err`: not
+    /// started (the caller refuses its call before the driver's).
+    pub fn teardown_begins(&self) -> Result<Teardown<'_>, Stuck> {
+        let mut p = self.teardowns.lock()?;
         let number = p.next;
         p.next += 1;
         p.in_flight.push(number);
-        Teardown { state: self, number }
+        Ok(Teardown { state: self, number })
     }
 
     /// Credits memory the driver freed without a free call (a torn-down context's, or one whose
@@ -112,7 +122,10 @@ impl State {
     /// every teardown under way now has returned.
     pub fn credit_freed(&self, device: usize, reserved: u64, in_use: u64) {
         {
-            let mut p = self.teardowns.lock();
+            let mut p = match self.teardowns.lock() {
+                Ok(p) => p,
+                Err(stuck) => return crate::log::stuck("a credit of memory the driver freed (it stays counted)", stuck),
+            };
             if !p.in_flight.is_empty() {
                 let after = p.next;
                 p.credits.push((after, device, reserved, in_use));
@@ -168,7 +181,8 @@ impl State {
         }
         let mut credited = 0u64;
         for (kind, key, live) in gone {
-            if self.live.remove_if(kind, key, &live).is_some() {
+            // (an entry whose bucket or shard cannot be had stays counted: closed)
+            if self.live.remove_if(kind, key, &live).is_ok_and(|r| r.is_some()) {
                 self.credit_freed(live.device, live.bytes, live.bytes);
                 credited = credited.saturating_add(live.bytes);
             }
@@ -214,14 +228,14 @@ mod tests {
         st.credit_freed(3, 10, 10); // nothing under way: at once
         assert_eq!((budget.reserved(), budget.in_use()), (90, 90));
 
-        let a = st.teardown_begins();
+        let a = st.teardown_begins().unwrap();
         st.credit_freed(3, 20, 5); // waits for a
-        let b = st.teardown_begins();
+        let b = st.teardown_begins().unwrap();
         st.credit_freed(3, 30, 0); // waits for a and b
         assert_eq!(budget.reserved(), 90);
         drop(a);
         assert_eq!((budget.reserved(), budget.in_use()), (70, 85), "the first credit waited for a only");
-        let c = st.teardown_begins();
+        let c = st.teardown_begins().unwrap();
         drop(b);
         assert_eq!(budget.reserved(), 40, "c began after the second credit: it does not hold it back");
         st.credit_freed(3, 40, 0);

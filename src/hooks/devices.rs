@@ -155,7 +155,10 @@ pub unsafe fn primary_retain(st: &State, real: unsafe extern "C" fn(*mut CUconte
 fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -> CUresult) -> CUresult {
     on_driver(st, dev, |d| {
         // (begun before the state probe: its retain and release may be the last release)
-        let _teardown = (st.pooled() || st.limits_apply()).then(|| st.teardown_begins());
+        let _teardown = match (st.pooled() || st.limits_apply()).then(|| st.teardown_begins()).transpose() {
+            Ok(teardown) => teardown,
+            Err(stuck) => return crate::log::refuse("cuDevicePrimaryCtxRelease/Reset", stuck, CUDA_ERROR_NOT_PERMITTED),
+        };
         let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
         let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
         let doomed = primary.map(|c| st.context_allocations(c));
@@ -208,13 +211,21 @@ pub unsafe fn primary_set_flags(st: &State, real: unsafe extern "C" fn(CUdevice,
     }
 }
 
-/// A context the program creates on a part is remembered as that part's.
+/// A context the program creates on a part is remembered as that part's (if it cannot be, the
+/// context is destroyed again and the creation refused: its allocations would be counted on
+/// the wrong part).
 fn created(st: &State, result: CUresult, ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     if result == CUDA_SUCCESS && !ctx.is_null() {
         // SAFETY: the driver just wrote a context there.
         let ctx = unsafe { *ctx };
         if st.program_devices().is_some() {
-            st.remember_context(ctx, dev);
+            if let Err(stuck) = st.remember_context(ctx, dev) {
+                if let Some(destroy) = st.api().ctx_destroy {
+                    // SAFETY: the driver's cuCtxDestroy of the context it just created.
+                    unsafe { destroy(ctx) };
+                }
+                return crate::log::refuse("cuCtxCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+            }
         }
         st.context_created(dev, ctx);
     }
@@ -236,7 +247,10 @@ pub unsafe fn ctx_create_v4(st: &State, real: unsafe extern "C" fn(*mut CUcontex
 pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> CUresult, ctx: CUcontext) -> CUresult {
     let id = (st.pooled() && !ctx.is_null()).then(|| st.context_id(ctx));
     let doomed = st.context_allocations(ctx);
-    let _teardown = st.limits_apply().then(|| st.teardown_begins());
+    let _teardown = match st.limits_apply().then(|| st.teardown_begins()).transpose() {
+        Ok(teardown) => teardown,
+        Err(stuck) => return crate::log::refuse("cuCtxDestroy", stuck, CUDA_ERROR_NOT_PERMITTED),
+    };
     let result = real(ctx);
     if result == CUDA_SUCCESS {
         st.forget_context(ctx);
@@ -264,8 +278,9 @@ pub unsafe fn ctx_get_device_v2(st: &State, real: unsafe extern "C" fn(*mut CUde
     if result == CUDA_SUCCESS && !dev.is_null() && st.program_devices().is_some() {
         *dev = match (ctx.is_null(), st.part_of_context(ctx)) {
             (true, _) => st.current_device().unwrap_or(*dev),
-            (false, Some(d)) => d,
-            (false, None) => st.program_of(*dev),
+            (false, Ok(Some(d))) => d,
+            (false, Ok(None)) => st.program_of(*dev),
+            (false, Err(stuck)) => return crate::log::refuse("cuCtxGetDevice", stuck, CUDA_ERROR_NOT_PERMITTED),
         };
     }
     result

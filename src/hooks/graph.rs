@@ -11,9 +11,18 @@ use crate::state::State;
 type Graph = *mut c_void;
 type Exec = *mut c_void;
 
+/// An instantiation whose graph memory cannot be recorded (`bounded`) is undone and refused:
+/// its launches would not be counted.
 unsafe fn instantiated(st: &State, result: CUresult, exec: *mut Exec, graph: Graph) -> CUresult {
     if result == CUDA_SUCCESS && !exec.is_null() {
-        st.graph_instantiated(*exec as usize, graph);
+        if let Err(stuck) = st.graph_instantiated(*exec as usize, graph) {
+            let destroy = crate::hooks::REAL[crate::hooks::Hook::cuGraphExecDestroy as usize].load(std::sync::atomic::Ordering::Relaxed);
+            if destroy != 0 {
+                // SAFETY: the driver's cuGraphExecDestroy of the executable graph it just made.
+                std::mem::transmute::<usize, unsafe extern "C" fn(Exec) -> CUresult>(destroy)(*exec);
+            }
+            return crate::log::refuse("cuGraphInstantiate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+        }
     }
     result
 }

@@ -5,10 +5,17 @@
 //! the size of a `cuMemCreate` from create to release. Bodies reserve before calling the driver
 //! (`State::counted`) and credit after it freed (`State::uncounted`). A call whose out-pointers
 //! are NULL is passed straight to the driver, which rejects it.
+//!
+//! Where a wait of the shim's bookkeeping gives up (`bounded`: CUDA called from a signal
+//! handler that interrupted the shim), a call is refused before the driver's, or the driver's
+//! call undone where it has an exact inverse ([`undo_allocation`]); what cannot be undone (a
+//! release, an unmap) leaves the memory counted (closed).
 
 use std::ffi::c_uint;
 
+use crate::bounded::Stuck;
 use crate::ffi::*;
+use crate::hooks::{Hook, REAL};
 use crate::memory::Kind;
 use crate::state::State;
 
@@ -115,9 +122,11 @@ pub unsafe fn alloc_pitch_v1(
     result
 }
 
-/// Replaces the estimate recorded for a pitched allocation with its real size.
+/// Replaces the estimate recorded for a pitched allocation with its real size. (Its entry was
+/// recorded a moment ago, so its bucket is not this thread's: should the wait for it give up
+/// even so, the estimate stays.)
 fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64) -> CUresult {
-    let (Some(dev), Some(live)) = (dev, st.live.remove(Kind::DevicePtr, ptr)) else { return CUDA_SUCCESS };
+    let (Some(dev), Ok(Some(live))) = (dev, st.live.remove(Kind::DevicePtr, ptr)) else { return CUDA_SUCCESS };
     let Some(budget) = st.budget(dev) else { return CUDA_SUCCESS };
     if actual <= live.bytes {
         budget.release(live.bytes - actual);
@@ -131,15 +140,77 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     } else {
         budget.take(actual - live.bytes);
     }
-    st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live });
+    if let Err(stuck) = st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live }) {
+        undo_allocation(Kind::DevicePtr, ptr);
+        budget.release(actual);
+        budget.give(actual);
+        budget.count_refusal();
+        return crate::log::refuse("cuMemAllocPitch", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+    }
     CUDA_SUCCESS
 }
 
-fn free_driver_ptr(ptr: CUdeviceptr) {
-    let real = crate::hooks::REAL[crate::hooks::Hook::cuMemFree_v2 as usize].load(std::sync::atomic::Ordering::Relaxed);
+/// The driver's own function of `hook` (0: not resolved).
+fn real_of(hook: Hook) -> usize {
+    REAL[hook as usize].load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn free_driver_ptr(ptr: CUdeviceptr) {
+    let real = real_of(Hook::cuMemFree_v2);
     if real != 0 {
         // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
         unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(real)(ptr) };
+    }
+}
+
+/// Refuses a free whose entry cannot be taken out of the live map (`bounded`), before the
+/// driver frees anything: the memory stays the program's, recorded and counted, and a later
+/// free (outside the signal handler) frees it.
+#[cold]
+pub(crate) fn refuse_free(kind: Kind, stuck: Stuck) -> CUresult {
+    let call = match kind {
+        Kind::DevicePtr => "cuMemFree",
+        Kind::VmmHandle => "cuMemRelease",
+        Kind::Array => "cuArrayDestroy",
+        Kind::MipmappedArray => "cuMipmappedArrayDestroy",
+    };
+    crate::log::refuse(call, stuck, CUDA_ERROR_NOT_PERMITTED)
+}
+
+impl State {
+    /// An allocation the driver made whose record cannot be made (`bounded`): given back to
+    /// the driver, uncounted again (`bytes` were reserved and taken; a stream-ordered one's
+    /// pool may keep them: counted as kept), refused.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn unrecorded(&self, what: &str, kind: Kind, key: u64, budget: &crate::memory::DeviceBudget, bytes: u64, pool: bool, stuck: Stuck) -> CUresult {
+        undo_allocation(kind, key);
+        if pool {
+            budget.keep_in_pool(bytes);
+        } else {
+            budget.freed(bytes);
+        }
+        budget.count_refusal();
+        crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)
+    }
+}
+
+/// Gives back to the driver what it just allocated under `key` (an allocation whose record
+/// could not be made: refused rather than left uncounted). A device pointer (of any
+/// allocation function, stream-ordered ones included: `cuMemFree` frees them too), a VMM
+/// handle, an array or a mipmapped array.
+pub(crate) fn undo_allocation(kind: Kind, key: u64) {
+    let hook = match kind {
+        Kind::DevicePtr => return free_driver_ptr(key),
+        Kind::VmmHandle => Hook::cuMemRelease,
+        Kind::Array => Hook::cuArrayDestroy,
+        Kind::MipmappedArray => Hook::cuMipmappedArrayDestroy,
+    };
+    let real = real_of(hook);
+    if real != 0 {
+        // SAFETY: the slot holds the driver's function of that name, which takes the handle or
+        // array (a pointer-sized value) the driver just made.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> CUresult>(real)(key) };
     }
 }
 
@@ -174,11 +245,19 @@ pub unsafe fn alloc_from_pool_async(
     if dptr.is_null() || st.capturing(stream) {
         return real(dptr, bytes, pool, stream);
     }
-    let dev = pool_device(st, pool).or_else(|| {
-        let dev = st.stream_device(stream)?;
-        remember_pool(st, pool, dev);
-        Some(dev)
-    });
+    // (a pool whose device cannot be looked up, or remembered, is refused: what it keeps after
+    // frees would not be read)
+    let dev = match pool_device(st, pool) {
+        Ok(Some(dev)) => Some(dev),
+        Ok(None) => match st.stream_device(stream) {
+            Some(dev) => match remember_pool(st, pool, dev) {
+                Ok(()) => Some(dev),
+                Err(stuck) => return crate::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
+            },
+            None => None,
+        },
+        Err(stuck) => return crate::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
+    };
     let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, Some(stream), || (real(dptr, bytes, pool, stream), *dptr));
     refused_unserved(st, result, "cuMemAllocFromPoolAsync");
     result
@@ -190,25 +269,26 @@ pub unsafe fn free_async(st: &State, real: unsafe extern "C" fn(CUdeviceptr, CUs
 
 /// The program device a pool allocates on: a pool the program created, else a device's own
 /// (default or current) pool, asked of the driver once and remembered.
-fn pool_device(st: &State, pool: CUmemoryPool) -> Option<CUdevice> {
+fn pool_device(st: &State, pool: CUmemoryPool) -> Result<Option<CUdevice>, Stuck> {
     {
-        let pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let pools = st.pools.lock()?;
         if let Some(&(_, d)) = pools.iter().find(|(p, _)| *p == pool as usize) {
-            return Some(d);
+            return Ok(Some(d));
         }
     }
-    let dev = st.device_of_pool(pool)?;
-    remember_pool(st, pool, dev);
-    Some(dev)
+    let Some(dev) = st.device_of_pool(pool) else { return Ok(None) };
+    remember_pool(st, pool, dev)?;
+    Ok(Some(dev))
 }
 
 /// Records `pool` as allocating on `dev`, so that what it keeps after frees is read from it
 /// (`pools`); a pool no device owns is remembered on the device its allocations are counted on.
-fn remember_pool(st: &State, pool: CUmemoryPool, dev: CUdevice) {
-    let mut pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
+fn remember_pool(st: &State, pool: CUmemoryPool, dev: CUdevice) -> Result<(), Stuck> {
+    let mut pools = st.pools.lock()?;
     if !pools.iter().any(|(p, _)| *p == pool as usize) {
         pools.push((pool as usize, dev));
     }
+    Ok(())
 }
 
 pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsPrefix) -> CUresult, pool: *mut CUmemoryPool, props: *const CUmemPoolPropsPrefix) -> CUresult {
@@ -218,8 +298,15 @@ pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPo
         Ok(None) => real(pool, props),
     };
     if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() && (*props).location.type_ == MEM_LOCATION_TYPE_DEVICE {
-        let mut pools = st.pools.lock().unwrap_or_else(|e| e.into_inner());
-        pools.push((*pool as usize, (*props).location.id));
+        if let Err(stuck) = st.pools.lock().map(|mut pools| pools.push((*pool as usize, (*props).location.id))) {
+            // a pool the shim does not know would keep memory it cannot see: undone, refused
+            let destroy = real_of(Hook::cuMemPoolDestroy);
+            if destroy != 0 {
+                // SAFETY: the driver's cuMemPoolDestroy of the pool it just created.
+                std::mem::transmute::<usize, unsafe extern "C" fn(CUmemoryPool) -> CUresult>(destroy)(*pool);
+            }
+            return crate::log::refuse("cuMemPoolCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+        }
     }
     result
 }
@@ -244,7 +331,11 @@ unsafe fn on_driver_pool_props(st: &State, props: *const CUmemPoolPropsPrefix) -
 pub unsafe fn pool_destroy(st: &State, real: unsafe extern "C" fn(CUmemoryPool) -> CUresult, pool: CUmemoryPool) -> CUresult {
     let result = real(pool);
     if result == CUDA_SUCCESS {
-        st.pools.lock().unwrap_or_else(|e| e.into_inner()).retain(|(p, _)| *p != pool as usize);
+        // (if the list cannot be had the pool stays in it: its figures cannot be read, and
+        // nothing the device's pools keep is credited until then: closed)
+        if let Ok(mut pools) = st.pools.lock() {
+            pools.retain(|(p, _)| *p != pool as usize);
+        }
     }
     result
 }
@@ -268,7 +359,15 @@ pub unsafe fn vmm_create(
     on_driver.location.id = driver;
     let result = st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, None, || (real(handle, bytes, &on_driver, flags), *handle));
     if result == CUDA_SUCCESS {
-        crate::vmm::created(*handle);
+        if let Err(stuck) = crate::vmm::created(*handle) {
+            // (untracked, its release would be credited while it is still mapped: undone)
+            let entry = st.live.remove(Kind::VmmHandle, *handle);
+            undo_allocation(Kind::VmmHandle, *handle);
+            if let Ok(Some(live)) = entry {
+                st.credit_freed(live.device, live.bytes, live.bytes);
+            }
+            return crate::log::refuse("cuMemCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+        }
     }
     refused_unserved(st, result, "cuMemCreate");
     result
@@ -277,18 +376,28 @@ pub unsafe fn vmm_create(
 /// A handle the shim counted is credited once the driver freed it: released (every reference)
 /// and unmapped (`crate::vmm`). Unknown handles go to the driver as they are.
 pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
-    if !crate::vmm::known(handle) {
-        return st.uncounted(Kind::VmmHandle, handle, None, || real(handle));
+    let refuse = |stuck| crate::log::refuse("cuMemRelease", stuck, CUDA_ERROR_NOT_PERMITTED);
+    match crate::vmm::known(handle) {
+        Ok(true) => {}
+        Ok(false) => return st.uncounted(Kind::VmmHandle, handle, None, || real(handle)),
+        Err(stuck) => return refuse(stuck),
     }
     // The entry as it is before the driver frees anything: once the memory is free, the driver
     // may hand the same handle value to another thread's cuMemCreate at once, whose new entry
     // must not be taken for this one.
-    let entry = st.live.get(Kind::VmmHandle, handle);
+    let entry = match st.live.get(Kind::VmmHandle, handle) {
+        Ok(entry) => entry,
+        Err(stuck) => return refuse(stuck),
+    };
     // (another thread handed this handle's value or addresses meanwhile must not credit the
     // old memory before the driver's release has returned: `teardown`)
-    let _freeing = st.teardown_begins();
+    let _freeing = match st.teardown_begins() {
+        Ok(t) => t,
+        Err(stuck) => return refuse(stuck),
+    };
     let result = real(handle);
-    if result == CUDA_SUCCESS && crate::vmm::released(handle) {
+    // (a release whose bookkeeping cannot be done after the driver's leaves the handle counted)
+    if result == CUDA_SUCCESS && crate::vmm::released(handle).unwrap_or(false) {
         credit_vmm(st, handle, entry);
     }
     result
@@ -298,7 +407,7 @@ pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAll
 /// (the replacement credited it then).
 fn credit_vmm(st: &State, handle: CUmemGenericAllocationHandle, entry: Option<crate::memory::Live>) {
     if let Some(live) = entry {
-        if st.live.remove_if(Kind::VmmHandle, handle, &live).is_some() {
+        if st.live.remove_if(Kind::VmmHandle, handle, &live).is_ok_and(|r| r.is_some()) {
             st.credit_stale(live);
         }
     }
@@ -307,9 +416,18 @@ fn credit_vmm(st: &State, handle: CUmemGenericAllocationHandle, entry: Option<cr
 /// `cuMemExportToShareableHandle`: an exported handle's memory can be kept alive by whoever
 /// imports it, where the shim cannot see: it stays counted until the process exits.
 pub unsafe fn vmm_export(st: &State, real: unsafe extern "C" fn(*mut std::ffi::c_void, CUmemGenericAllocationHandle, std::ffi::c_int, u64) -> CUresult, shareable: *mut std::ffi::c_void, handle: CUmemGenericAllocationHandle, kind: std::ffi::c_int, flags: u64) -> CUresult {
+    // (checked first: an export the shim could not record would be credited at release while
+    // an importer may keep the memory)
+    if st.limits_apply() {
+        if let Err(stuck) = crate::vmm::known(handle) {
+            return crate::log::refuse("cuMemExportToShareableHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
+        }
+    }
     let result = real(shareable, handle, kind, flags);
     if result == CUDA_SUCCESS && st.limits_apply() {
-        crate::vmm::exported(handle);
+        if let Err(stuck) = crate::vmm::exported(handle) {
+            crate::log::stuck("recording an exported handle (it may be credited at its release)", stuck);
+        }
     }
     result
 }
@@ -325,21 +443,38 @@ pub unsafe fn vmm_map(
 ) -> CUresult {
     let result = real(ptr, size, offset, handle, flags);
     if result == CUDA_SUCCESS {
-        crate::vmm::mapped(ptr, size as u64, handle);
+        if let Err(stuck) = crate::vmm::mapped(ptr, size as u64, handle) {
+            // (unrecorded, its handle's release would be credited while mapped: undone)
+            let unmap = real_of(Hook::cuMemUnmap);
+            if unmap != 0 {
+                // SAFETY: the driver's cuMemUnmap of the range it just mapped.
+                std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult>(unmap)(ptr, size);
+            }
+            return crate::log::refuse("cuMemMap", stuck, CUDA_ERROR_NOT_PERMITTED);
+        }
     }
     result
 }
 
 pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     // (entries as they are before the driver frees anything: see `vmm_release`)
-    let entries: Vec<(u64, crate::memory::Live)> = crate::vmm::mapped_handles(ptr, size as u64)
-        .into_iter()
-        .filter_map(|h| Some((h, st.live.get(Kind::VmmHandle, h)?)))
-        .collect();
-    let _freeing = st.teardown_begins();
+    let entries = crate::vmm::mapped_handles(ptr, size as u64).and_then(|handles| {
+        let mut entries: Vec<(u64, crate::memory::Live)> = Vec::new();
+        for h in handles {
+            if let Some(live) = st.live.get(Kind::VmmHandle, h)? {
+                entries.push((h, live));
+            }
+        }
+        Ok(entries)
+    });
+    let (entries, _freeing) = match entries.and_then(|e| Ok((e, st.teardown_begins()?))) {
+        Ok(both) => both,
+        Err(stuck) => return crate::log::refuse("cuMemUnmap", stuck, CUDA_ERROR_NOT_PERMITTED),
+    };
     let result = real(ptr, size);
     if result == CUDA_SUCCESS {
-        for handle in crate::vmm::unmapped(ptr, size as u64) {
+        // (an unmap whose bookkeeping cannot be done after the driver's leaves its handles counted)
+        for handle in crate::vmm::unmapped(ptr, size as u64).unwrap_or_default() {
             credit_vmm(st, handle, entries.iter().find(|(h, _)| *h == handle).map(|&(_, l)| l));
         }
     }
@@ -354,7 +489,15 @@ pub unsafe fn vmm_retain(
 ) -> CUresult {
     let result = real(handle, addr);
     if result == CUDA_SUCCESS && !handle.is_null() {
-        crate::vmm::retained(*handle);
+        if let Err(stuck) = crate::vmm::retained(*handle) {
+            // (uncounted, the reference's release would credit the handle early: undone)
+            let release = real_of(Hook::cuMemRelease);
+            if release != 0 {
+                // SAFETY: the driver's cuMemRelease of the reference it just handed out.
+                std::mem::transmute::<usize, unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult>(release)(*handle);
+            }
+            return crate::log::refuse("cuMemRetainAllocationHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
+        }
     }
     result
 }

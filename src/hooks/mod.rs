@@ -27,6 +27,8 @@ use devices::CUmemAccessDesc;
 use launch::CUlaunchConfigHead;
 use nvml::{NvmlMemory, NvmlMemoryV2};
 
+pub(crate) use memory::{free_driver_ptr, refuse_free};
+
 hook_table! {
     // exported symbol        = base name               @ since  [ptsz] (C arguments)                                                          => body
     cuInit                    = "cuInit"                @ 2000  (flags: c_uint)                                                              => info::init;

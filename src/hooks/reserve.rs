@@ -17,7 +17,11 @@ const POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 /// `cuMemGetAddressRange_v2`: the sub-allocation containing `ptr` (start, bytes requested);
 /// `CUDA_ERROR_NOT_FOUND` for a reserve address no live sub-allocation covers.
 pub unsafe fn address_range(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult, base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult {
-    match st.reserve_lookup(ptr).map(|(_, l)| l) {
+    let found = match st.reserve_lookup(ptr) {
+        Ok(found) => found.map(|(_, l)| l),
+        Err(stuck) => return crate::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
+    };
+    match found {
         Some(Lookup::Live(f)) => {
             write(base, f.base);
             write(size, f.requested as usize);
@@ -30,7 +34,11 @@ pub unsafe fn address_range(st: &State, real: unsafe extern "C" fn(*mut CUdevice
 
 /// The 32-bit `cuMemGetAddressRange` (v1 ABI): as above, for addresses it can express.
 pub unsafe fn address_range_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, CUdeviceptr_v1) -> CUresult, base: *mut CUdeviceptr_v1, size: *mut c_uint, ptr: CUdeviceptr_v1) -> CUresult {
-    match st.reserve_lookup(ptr as u64).map(|(_, l)| l) {
+    let found = match st.reserve_lookup(ptr as u64) {
+        Ok(found) => found.map(|(_, l)| l),
+        Err(stuck) => return crate::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
+    };
+    match found {
         Some(Lookup::Live(f)) if f.base <= u32::MAX as u64 && f.requested <= u32::MAX as u64 => {
             write(base, f.base as CUdeviceptr_v1);
             write(size, f.requested as c_uint);
@@ -46,7 +54,11 @@ pub unsafe fn address_range_v1(st: &State, real: unsafe extern "C" fn(*mut CUdev
 /// opens it would see the chunk's start, not the sub-allocation: silently wrong offsets. So
 /// memory served from a reserve is refused with `CUDA_ERROR_NOT_SUPPORTED` and a warning.
 pub unsafe fn ipc_get_mem_handle(st: &State, real: unsafe extern "C" fn(*mut c_void, CUdeviceptr) -> CUresult, handle: *mut c_void, ptr: CUdeviceptr) -> CUresult {
-    match st.reserve_lookup(ptr).map(|(_, l)| l) {
+    let found = match st.reserve_lookup(ptr) {
+        Ok(found) => found.map(|(_, l)| l),
+        Err(stuck) => return crate::log::refuse("cuIpcGetMemHandle", stuck, CUDA_ERROR_NOT_PERMITTED),
+    };
+    match found {
         Some(Lookup::Outside) | None => real(handle, ptr),
         Some(_) => {
             log!(
@@ -68,7 +80,11 @@ pub unsafe fn patch_attribute(st: &State, attr: c_int, data: *mut c_void, ptr: C
     if data.is_null() || !matches!(attr, POINTER_ATTRIBUTE_BUFFER_ID | POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE | POINTER_ATTRIBUTE_RANGE_START_ADDR | POINTER_ATTRIBUTE_RANGE_SIZE) {
         return None;
     }
-    let found = match st.reserve_lookup(ptr)?.1 {
+    let looked = match st.reserve_lookup(ptr) {
+        Ok(looked) => looked,
+        Err(stuck) => return Some(crate::log::refuse("cuPointerGetAttribute", stuck, CUDA_ERROR_NOT_PERMITTED)),
+    };
+    let found = match looked?.1 {
         Lookup::Outside => return None,
         Lookup::Inside if strict => return Some(CUDA_ERROR_INVALID_VALUE),
         Lookup::Inside => None,

@@ -390,6 +390,8 @@ pub enum Program {
     Stress,
     /// `tests/c/teardown_race.c`: a torn-down context's addresses handed to another thread
     TeardownRace,
+    /// `tests/c/sighandler.c`: CUDA called from a signal handler that interrupted the shim
+    SigHandler,
     /// `tests/c/placement.c`: kernels (from PTX) and allocations on every device
     Placement,
     /// `tests/c/rtlaunch.c`: the CUDA runtime's own launch path (cudart 13)
@@ -429,6 +431,7 @@ impl Program {
             Program::Race => "race".into(),
             Program::Stress => "stress".into(),
             Program::TeardownRace => "teardown_race".into(),
+            Program::SigHandler => "sighandler".into(),
             Program::Placement => "placement".into(),
             Program::RtLaunch => "rtlaunch".into(),
             Program::RealDriver => "realdrv".into(),
@@ -485,12 +488,13 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race | Program::Stress | Program::TeardownRace | Program::Placement | Program::ForkQuota => {
+            Program::Race | Program::Stress | Program::TeardownRace | Program::Placement | Program::ForkQuota | Program::SigHandler => {
                 let file = match self {
                     Program::Race => "race.c",
                     Program::Placement => "placement.c",
                     Program::Stress => "stress.c",
                     Program::TeardownRace => "teardown_race.c",
+                    Program::SigHandler => "sighandler.c",
                     _ => "forkq.c",
                 };
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());

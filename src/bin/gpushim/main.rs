@@ -33,6 +33,10 @@ mod once;
 #[path = "../../secure.rs"]
 mod secure;
 
+#[allow(dead_code)]
+#[path = "../../bounded.rs"]
+mod bounded;
+
 mod check;
 mod figures;
 mod help;
