@@ -325,7 +325,7 @@ impl Quota {
             joined_in: AtomicU64::new(FORK_GENERATION.load(Acquire)),
             lock_fd: AtomicI32::new(fd),
         };
-        q.map()?;
+        q.map(join)?;
         if join {
             q.slot_index.store(q.claim_slot(fd)?, Relaxed);
         }
@@ -372,7 +372,8 @@ impl Quota {
         }
     }
 
-    fn map(&mut self) -> Result<(), String> {
+    /// Maps the file, checked; a member's (`join`) with all its blocks allocated.
+    fn map(&mut self, join: bool) -> Result<(), String> {
         let p = self.path.display();
         let way_out = "remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name";
         // SAFETY: `st` is written by fstat; `prefix` by pread (at most its size); the mapping
@@ -400,6 +401,12 @@ impl Quota {
             }
             if size < FILE_BYTES {
                 return Err(format!("{p} is truncated ({size} of {FILE_BYTES} bytes): {way_out}"));
+            }
+            // A member writes its place: the blocks must be there (a file of this build has
+            // them before it has its name; one sparse, as earlier builds made them, gets them
+            // now, or is refused: a SIGBUS otherwise on a full file system).
+            if join && (st.st_blocks.max(0) as u64).saturating_mul(512) < FILE_BYTES as u64 {
+                crate::sys::allocate(self.fd, FILE_BYTES as u64).map_err(|e| cannot_hold(&self.path, &e))?;
             }
             let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
             if m == libc::MAP_FAILED {
@@ -746,6 +753,35 @@ fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
     }
 }
 
+/// The error of a state file `path` that cannot be given its blocks: it names the state
+/// directory and what to do.
+fn cannot_hold(path: &Path, e: &crate::sys::Unallocated) -> String {
+    let (dir, file) = (path.parent().unwrap_or(Path::new("")), path.file_name().unwrap_or_default());
+    format!("the state directory {} cannot hold {}: {e}; {}", dir.display(), file.to_string_lossy(), e.advice())
+}
+
+/// The file `path` another process is building in `dir`, once it has its name: a directory
+/// with room for one quota file but not for one per process starting together refuses room
+/// to all but one, and they join the one built. Waits while a file is being built there (a
+/// temporary exists), 1 s at most.
+fn theirs_when_built(dir: &Path, path: &Path) -> Option<libc::c_int> {
+    let building = || {
+        let mut any = false;
+        let _ = cpath(dir).map(|d| crate::sys::each_name(&d, |n| any |= n.starts_with(b".quota-tmp-")));
+        any
+    };
+    for _ in 0..200 {
+        if let Ok(fd) = open_existing(path) {
+            return Some(fd);
+        }
+        if !building() {
+            return open_existing(path).ok();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
+}
+
 /// Builds an initialised quota file under a temporary name and links it to `path`; if another
 /// process linked first, opens theirs.
 fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
@@ -754,9 +790,9 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
     let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
     let ctmp = cpath(&tmp)?;
     let cpath_final = cpath(path)?;
-    // SAFETY: the path strings are NUL-terminated; the fresh file is sized to FILE_BYTES
-    // before it is mapped; the mutex is initialised in the mapping before anyone else can
-    // open the file (it has no public name yet).
+    // SAFETY: the path strings are NUL-terminated; the fresh file is given FILE_BYTES, its
+    // blocks allocated, before it is mapped; the mutex is initialised in the mapping before
+    // anyone else can open the file (it has no public name yet).
     unsafe {
         let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
         if fd < 0 {
@@ -768,8 +804,12 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
             crate::sys::unlink(ctmp.as_ptr());
             e
         };
-        if crate::sys::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
-            return Err(fail("cannot size"));
+        // (its blocks allocated before it is mapped, and before it has its public name, so
+        // that no member ever maps a page the file system cannot back: SIGBUS)
+        if let Err(e) = crate::sys::allocate(fd, FILE_BYTES as u64) {
+            crate::sys::close(fd);
+            crate::sys::unlink(ctmp.as_ptr());
+            return theirs_when_built(dir, path).ok_or_else(|| cannot_hold(path, &e));
         }
         let p = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         if p == libc::MAP_FAILED {
@@ -865,6 +905,32 @@ mod tests {
         b.leave();
         assert_eq!(a.reserved(da), 0);
         drop((a, b));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A member's file has all its blocks: one left sparse (as earlier builds made them) gets
+    /// them when a member joins (a write to a hole on a full file system is a SIGBUS); a reader
+    /// changes nothing.
+    #[test]
+    fn a_sparse_file_gets_its_blocks_when_joined() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let d = dir("sparse");
+        drop(Quota::open(&d, "q", true).unwrap());
+        let path = file_of(&d, "q");
+        let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated() >= FILE_BYTES as u64, "made with its blocks: {}", allocated());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        // SAFETY: our own descriptor; punches the places out, the size kept.
+        let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 8192, FILE_BYTES as i64 - 8192) };
+        assert_eq!(rc, 0, "{}", errno());
+        assert!(allocated() < 16384, "{}", allocated());
+        let view = Quota::open(&d, "q", false).unwrap();
+        assert!(allocated() < 16384, "a reader: {}", allocated());
+        let member = Quota::open(&d, "q", true).unwrap();
+        assert!(allocated() >= FILE_BYTES as u64, "a member: {}", allocated());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES as u64);
+        drop((view, member));
         let _ = std::fs::remove_dir_all(&d);
     }
 

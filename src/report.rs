@@ -60,7 +60,11 @@ extern "C" fn write_at_exit() {
                 } else {
                     text(&rows) + &placement_text
                 };
-                if let Err(e) = std::fs::write(path, body) {
+                // (a report longer than the file size limit would raise SIGXFSZ: not written)
+                let limit = crate::sys::file_size_limit().unwrap_or(0);
+                if body.len() as u64 > limit {
+                    crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
+                } else if let Err(e) = std::fs::write(path, body) {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
             }
