@@ -148,9 +148,9 @@ pub struct Quota {
     header: *mut Header,
     /// The slot this member took ([`NO_SLOT`]: none; the file is only being read, `gpushim ps`).
     slot_index: AtomicUsize,
-    /// The [`FORK_GENERATION`] of the process that took it: a forked child's membership is its
+    /// Who took it ([`whoami`]: pid and fork generation): in a child, the membership is its
     /// parent's place until the child re-joins (see [`Quota::slot`]).
-    joined_in: AtomicU64,
+    owner: AtomicU64,
     /// The open file description holding this member's slot lock (a re-joined child's own).
     lock_fd: AtomicI32,
 }
@@ -193,6 +193,14 @@ fn report_error(e: &str) {
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
+}
+
+/// Who this process is, as the owner of a place: its pid (high half) and its fork generation
+/// (low half). The pid is the kernel's, asked each time (no cache): a child made without
+/// `fork()` (a raw `clone`, glibc's `_Fork`, `vfork`) runs no fork handler, so its generation
+/// is its parent's, and it inherits the parent's exit handlers; its pid tells it apart.
+fn whoami() -> u64 {
+    (crate::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0xFFFF_FFFF)
 }
 
 /// Where quota files live: the configured `state_dir` (`GPUSHIM_STATE_DIR` or the file's key),
@@ -322,7 +330,7 @@ impl Quota {
             fd,
             header: std::ptr::null_mut(),
             slot_index: AtomicUsize::new(NO_SLOT),
-            joined_in: AtomicU64::new(FORK_GENERATION.load(Acquire)),
+            owner: AtomicU64::new(whoami()),
             lock_fd: AtomicI32::new(fd),
         };
         q.map(join)?;
@@ -332,36 +340,41 @@ impl Quota {
         Ok(q)
     }
 
-    /// This process' slot. A forked child (a later [`FORK_GENERATION`]) has none until it
-    /// re-joins: the inherited place is its parent's, which the child never changes.
-    fn slot(&self) -> Option<usize> {
-        if self.joined_in.load(Acquire) != FORK_GENERATION.load(Acquire) {
+    /// This process' slot (`me`: [`whoami`]). A child (another pid, or a later
+    /// [`FORK_GENERATION`]) has none until it re-joins: the inherited place is its parent's,
+    /// which the child never changes, nor leaves at its exit.
+    fn slot_of(&self, me: u64) -> Option<usize> {
+        if self.owner.load(Acquire) != me {
             return None;
         }
         let i = self.slot_index.load(Relaxed);
         (i != NO_SLOT).then_some(i)
     }
 
-    /// Whether this process can tell live members from dead ones: its lock checks go through
-    /// a description of its own. A forked child that has not re-joined shares its parent's
-    /// (which holds the parent's lock): it would see its parent's place as free.
-    fn judges_liveness(&self) -> bool {
-        self.slot_index.load(Relaxed) == NO_SLOT || self.joined_in.load(Acquire) == FORK_GENERATION.load(Acquire)
+    fn slot(&self) -> Option<usize> {
+        self.slot_of(whoami())
     }
 
-    /// A forked child's first reservation: a place of its own (its usage starts at zero), locked
-    /// through an open file description of its own (the inherited one is the parent's).
-    fn rejoin(&self) -> Option<usize> {
+    /// Whether this process (`me`) can tell live members from dead ones: its lock checks go
+    /// through a description of its own. A child that has not re-joined shares its parent's
+    /// (which holds the parent's lock): it would see its parent's place as free.
+    fn judges_liveness(&self, me: u64) -> bool {
+        self.slot_index.load(Relaxed) == NO_SLOT || self.owner.load(Acquire) == me
+    }
+
+    /// A child's first reservation (`me`: the child): a place of its own (its usage starts at
+    /// zero), locked through an open file description of its own (the inherited one is the
+    /// parent's).
+    fn rejoin(&self, me: u64) -> Option<usize> {
         if self.slot_index.load(Relaxed) == NO_SLOT {
             return None; // never a member (a read-only view)
         }
-        let generation = FORK_GENERATION.load(Acquire);
         let fd = open_existing(&self.path).ok()?;
         match self.claim_slot(fd) {
             Ok(i) => {
                 self.slot_index.store(i, Relaxed);
                 self.lock_fd.store(fd, Relaxed);
-                self.joined_in.store(generation, Release);
+                self.owner.store(me, Release);
                 Some(i)
             }
             Err(_) => {
@@ -463,15 +476,17 @@ impl Quota {
         s.pid.store(0, Relaxed);
     }
 
-    /// Clears the slots of members that died (the mutex is held). Returns how many.
-    fn reap(&self) -> usize {
-        if !self.judges_liveness() {
+    /// Clears the slots of members that died (the mutex is held; `me`: [`whoami`]). Returns
+    /// how many.
+    fn reap(&self, me: u64) -> usize {
+        if !self.judges_liveness(me) {
             return 0;
         }
         let h = self.h();
+        let mine = self.slot_of(me);
         let mut reaped = 0;
         for i in 0..SLOTS {
-            if Some(i) == self.slot() {
+            if Some(i) == mine {
                 continue;
             }
             let s = &h.slot[i];
@@ -499,7 +514,7 @@ impl Quota {
             0 => Ok(Guard(m)),
             libc::EOWNERDEAD => {
                 let g = Guard(m);
-                self.reap();
+                self.reap(whoami());
                 self.rebuild_totals();
                 // SAFETY: we hold the mutex after EOWNERDEAD.
                 unsafe { libc::pthread_mutex_consistent(m) };
@@ -555,7 +570,8 @@ impl Quota {
     /// Adds `bytes` to device `d` for this member if the total stays within `limit`;
     /// `Err(total)` otherwise (after clearing dead members' usage).
     pub fn reserve(&self, d: usize, bytes: u64, limit: u64) -> Result<(), u64> {
-        let Some(i) = self.slot().or_else(|| self.rejoin()) else { return Err(0) };
+        let me = whoami();
+        let Some(i) = self.slot_of(me).or_else(|| self.rejoin(me)) else { return Err(0) };
         let _g = match self.lock() {
             Ok(g) => g,
             Err(e) => {
@@ -566,7 +582,7 @@ impl Quota {
         let h = self.h();
         let dev = &h.devices[d];
         let fits = |r: u64| r.checked_add(bytes).is_some_and(|n| n <= limit);
-        if !fits(dev.reserved.load(Relaxed)) && (self.reap() == 0 || !fits(dev.reserved.load(Relaxed))) {
+        if !fits(dev.reserved.load(Relaxed)) && (self.reap(me) == 0 || !fits(dev.reserved.load(Relaxed))) {
             return Err(dev.reserved.load(Relaxed));
         }
         let now = dev.reserved.load(Relaxed) + bytes;
@@ -590,7 +606,7 @@ impl Quota {
     /// What all members hold on device `d` now, after clearing dead members' usage.
     pub fn reserved(&self, d: usize) -> u64 {
         if let Ok(_g) = self.lock() {
-            self.reap();
+            self.reap(whoami());
         }
         self.h().devices[d].reserved.load(Relaxed)
     }
@@ -612,13 +628,15 @@ impl Quota {
     /// anything. Looks at registered places only (a start-up path: no full scan of the file).
     pub fn live_limits(&self, d: usize) -> Vec<(u32, String, u64)> {
         let h = self.h();
+        let me = whoami();
+        let (mine, judges) = (self.slot_of(me), self.judges_liveness(me));
         h.slot
             .iter()
             .enumerate()
             .filter(|(_, s)| s.used.load(Relaxed) != 0)
             .filter_map(|(i, s)| {
                 let limit = s.limit.get(d)?.load(Relaxed);
-                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == mine || !judges || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 (limit > 0 && alive).then(|| (s.pid.load(Relaxed), comm_of(s), limit))
             })
             .collect()
@@ -628,6 +646,8 @@ impl Quota {
     #[allow(dead_code)] // (`gpushim ps` only)
     pub fn snapshot(&self) -> (Vec<DeviceInfo>, Vec<Member>) {
         let h = self.h();
+        let me = whoami();
+        let (mine, judges) = (self.slot_of(me), self.judges_liveness(me));
         let devices = h
             .devices
             .iter()
@@ -650,7 +670,7 @@ impl Quota {
                     return None;
                 }
                 let comm = comm_of(s);
-                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == mine || !judges || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 Some(Member { pid: s.pid.load(Relaxed), comm, alive, devices: usage })
             })
             .collect();
