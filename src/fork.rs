@@ -9,6 +9,14 @@
 //! * it writes no exit report (the report is the parent's; a child that `exec`s is a new
 //!   program with its own).
 //!
+//! A child made without `fork()` (a raw `clone` without `CLONE_VM`, glibc's `_Fork`, `vfork`,
+//! `clone` with `CLONE_VM`) runs none of the handlers below but inherits the exit handlers:
+//! what those do (leave the quota and the registry, remove the published file, write the
+//! report) and a quota reservation are tied to the pid that joined, asked of the kernel each
+//! time (`quota::whoami`, `live::Publisher::is_mine`, `report`), so such a child never acts on
+//! its parent's place or files, and takes a place of its own at its first reservation. (Its
+//! other inherited state is not emptied: see the README's Forked children.)
+//!
 //! Locks: a lock another thread held at the fork would never be released in the child (only
 //! the forking thread exists there). So the `pthread_atfork` *prepare* handler takes every lock
 //! of the shim's state, in the one order the shim ever nests them (each device's reserve before
@@ -18,15 +26,18 @@
 //! not touch CUDA).
 
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::sync::atomic::Ordering::Release;
 
 use crate::bounded::Bounded;
 use crate::once::ForkOnce;
 
 thread_local! {
-    /// The guards the prepare handler took (the forking thread's own).
-    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    /// The guards the prepare handler took (the forking thread's own), boxed: a raw pointer, so
+    /// that this thread-local has no destructor. (A `vfork` child that calls `exit` runs the
+    /// calling thread's thread-local destructors in its parent's memory: the parent's `HELD`
+    /// would be destroyed, and its later forks would hold no lock.)
+    static HELD: Cell<*mut Vec<Box<dyn Any>>> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 /// Whether the handlers are registered. A `ForkOnce`: a child forked while another thread
@@ -48,7 +59,14 @@ pub fn register() {
 pub fn hold<T: 'static>(m: &'static Bounded<T>) {
     match m.lock() {
         Ok(guard) => {
-            let _ = HELD.try_with(|h| h.borrow_mut().push(Box::new(guard)));
+            let _ = HELD.try_with(|h| {
+                if h.get().is_null() {
+                    h.set(Box::into_raw(Box::default()));
+                }
+                // SAFETY: a box of this thread's, made above or by an earlier `hold`, freed only
+                // by `release_all` (which clears the pointer first).
+                unsafe { (*h.get()).push(Box::new(guard)) };
+            });
         }
         Err(stuck) => crate::log::stuck("fork's hold of gpushim's locks", stuck),
     }
@@ -56,9 +74,13 @@ pub fn hold<T: 'static>(m: &'static Bounded<T>) {
 
 fn release_all() {
     let _ = HELD.try_with(|h| {
-        // released in the reverse order of taking
-        let mut held = std::mem::take(&mut *h.borrow_mut());
-        while held.pop().is_some() {}
+        let p = h.replace(std::ptr::null_mut());
+        if !p.is_null() {
+            // SAFETY: the box `hold` made, no longer reachable through `HELD`.
+            let mut held = unsafe { Box::from_raw(p) };
+            // released in the reverse order of taking
+            while held.pop().is_some() {}
+        }
     });
 }
 
@@ -79,4 +101,38 @@ extern "C" fn in_child() {
         crate::report::disarm();
         crate::state::after_fork_in_child();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `vfork` child that calls `exit` runs its parent's thread's thread-local destructors
+    /// (glibc's `__call_tls_dtors`, in the parent's memory): the guards of the parent's next
+    /// fork are still kept. (With `HELD` a thread-local with a destructor, the second `hold`
+    /// let go of the lock at once.)
+    #[test]
+    fn a_vfork_childs_exit_leaves_the_fork_handler_its_guards() {
+        static M: Bounded<()> = Bounded::new("test", ());
+        // (from another thread: a lock held elsewhere times out rather than being refused)
+        let held_elsewhere = || std::thread::spawn(|| M.lock_within(std::time::Duration::from_millis(20)).is_err()).join().unwrap();
+        std::thread::spawn(move || {
+            hold(&M);
+            assert!(held_elsewhere(), "held for the fork");
+            release_all();
+            // SAFETY: glibc's own function, with no arguments, as `exit` calls it.
+            unsafe {
+                let f = libc::dlsym(libc::RTLD_DEFAULT, c"__call_tls_dtors".as_ptr());
+                assert!(!f.is_null(), "glibc's __call_tls_dtors");
+                std::mem::transmute::<*mut libc::c_void, extern "C" fn()>(f)();
+            }
+            hold(&M);
+            let held = held_elsewhere();
+            release_all();
+            assert!(held, "held for the fork after the thread's destructors ran");
+            assert!(!held_elsewhere(), "released");
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -11,6 +11,13 @@
 //! budget's own atomic update, made in the file — no copy, no system call, no lock, no clock
 //! on the allocation path; readers see the page cache.
 //!
+//! # A full file system
+//!
+//! The file's blocks are allocated before it is mapped (`sys::allocate`): on a full file
+//! system, or beyond the process' file size limit, the file is not published (the program runs
+//! as usual, one `info` line) instead of a page fault becoming `SIGBUS` (or the sizing,
+//! `SIGXFSZ`) in the program.
+//!
 //! # Liveness
 //!
 //! The process holds an open-file-description lock (`F_OFD_SETLK`) on the file's first byte,
@@ -182,8 +189,8 @@ impl Publisher {
         let path = dir.join(format!("{PREFIX}{pid}-{nonce:08x}"));
         let tmp = dir.join(format!(".{PREFIX}tmp-{pid}-{nonce:08x}"));
         let (ctmp, cfinal) = (cpath(&tmp)?, cpath(&path)?);
-        // SAFETY: NUL-terminated paths; the file is sized before it is mapped; the mapping is
-        // kept for the life of the process.
+        // SAFETY: NUL-terminated paths; the file is sized, its blocks allocated, before it is
+        // mapped; the mapping is kept for the life of the process.
         let lock_fd;
         let header = unsafe {
             crate::sys::unlink(ctmp.as_ptr());
@@ -197,8 +204,12 @@ impl Publisher {
                 crate::sys::unlink(ctmp.as_ptr());
                 Err(e)
             };
-            if crate::sys::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
-                return fail("cannot size");
+            // (its blocks allocated before it is mapped: on a full file system a page fault in
+            // the mapping would be a SIGBUS in the program; a file size limit, SIGXFSZ)
+            if let Err(e) = crate::sys::allocate(fd, FILE_BYTES as u64) {
+                crate::sys::close(fd);
+                crate::sys::unlink(ctmp.as_ptr());
+                return Err(format!("{}: {e}", tmp.display()));
             }
             // The lock is taken through a description of its own, not the one mapped: a forked
             // child inherits the mapping (which keeps its description alive) but closes its copy

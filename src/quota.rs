@@ -148,9 +148,9 @@ pub struct Quota {
     header: *mut Header,
     /// The slot this member took ([`NO_SLOT`]: none; the file is only being read, `gpushim ps`).
     slot_index: AtomicUsize,
-    /// The [`FORK_GENERATION`] of the process that took it: a forked child's membership is its
+    /// Who took it ([`whoami`]: pid and fork generation): in a child, the membership is its
     /// parent's place until the child re-joins (see [`Quota::slot`]).
-    joined_in: AtomicU64,
+    owner: AtomicU64,
     /// The open file description holding this member's slot lock (a re-joined child's own).
     lock_fd: AtomicI32,
 }
@@ -193,6 +193,14 @@ fn report_error(e: &str) {
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
+}
+
+/// Who this process is, as the owner of a place: its pid (high half) and its fork generation
+/// (low half). The pid is the kernel's, asked each time (no cache): a child made without
+/// `fork()` (a raw `clone`, glibc's `_Fork`, `vfork`) runs no fork handler, so its generation
+/// is its parent's, and it inherits the parent's exit handlers; its pid tells it apart.
+fn whoami() -> u64 {
+    (crate::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0xFFFF_FFFF)
 }
 
 /// Where quota files live: the configured `state_dir` (`GPUSHIM_STATE_DIR` or the file's key),
@@ -343,46 +351,51 @@ impl Quota {
             fd,
             header: std::ptr::null_mut(),
             slot_index: AtomicUsize::new(NO_SLOT),
-            joined_in: AtomicU64::new(FORK_GENERATION.load(Acquire)),
+            owner: AtomicU64::new(whoami()),
             lock_fd: AtomicI32::new(fd),
         };
-        q.map()?;
+        q.map(join)?;
         if join {
             q.slot_index.store(q.claim_slot(fd)?, Relaxed);
         }
         Ok(q)
     }
 
-    /// This process' slot. A forked child (a later [`FORK_GENERATION`]) has none until it
-    /// re-joins: the inherited place is its parent's, which the child never changes.
-    fn slot(&self) -> Option<usize> {
-        if self.joined_in.load(Acquire) != FORK_GENERATION.load(Acquire) {
+    /// This process' slot (`me`: [`whoami`]). A child (another pid, or a later
+    /// [`FORK_GENERATION`]) has none until it re-joins: the inherited place is its parent's,
+    /// which the child never changes, nor leaves at its exit.
+    fn slot_of(&self, me: u64) -> Option<usize> {
+        if self.owner.load(Acquire) != me {
             return None;
         }
         let i = self.slot_index.load(Relaxed);
         (i != NO_SLOT).then_some(i)
     }
 
-    /// Whether this process can tell live members from dead ones: its lock checks go through
-    /// a description of its own. A forked child that has not re-joined shares its parent's
-    /// (which holds the parent's lock): it would see its parent's place as free.
-    fn judges_liveness(&self) -> bool {
-        self.slot_index.load(Relaxed) == NO_SLOT || self.joined_in.load(Acquire) == FORK_GENERATION.load(Acquire)
+    fn slot(&self) -> Option<usize> {
+        self.slot_of(whoami())
     }
 
-    /// A forked child's first reservation: a place of its own (its usage starts at zero), locked
-    /// through an open file description of its own (the inherited one is the parent's).
-    fn rejoin(&self) -> Option<usize> {
+    /// Whether this process (`me`) can tell live members from dead ones: its lock checks go
+    /// through a description of its own. A child that has not re-joined shares its parent's
+    /// (which holds the parent's lock): it would see its parent's place as free.
+    fn judges_liveness(&self, me: u64) -> bool {
+        self.slot_index.load(Relaxed) == NO_SLOT || self.owner.load(Acquire) == me
+    }
+
+    /// A child's first reservation (`me`: the child): a place of its own (its usage starts at
+    /// zero), locked through an open file description of its own (the inherited one is the
+    /// parent's).
+    fn rejoin(&self, me: u64) -> Option<usize> {
         if self.slot_index.load(Relaxed) == NO_SLOT {
             return None; // never a member (a read-only view)
         }
-        let generation = FORK_GENERATION.load(Acquire);
         let fd = open_existing(&self.path).ok()?;
         match self.claim_slot(fd) {
             Ok(i) => {
                 self.slot_index.store(i, Relaxed);
                 self.lock_fd.store(fd, Relaxed);
-                self.joined_in.store(generation, Release);
+                self.owner.store(me, Release);
                 Some(i)
             }
             Err(_) => {
@@ -393,7 +406,8 @@ impl Quota {
         }
     }
 
-    fn map(&mut self) -> Result<(), String> {
+    /// Maps the file, checked; a member's (`join`) with all its blocks allocated.
+    fn map(&mut self, join: bool) -> Result<(), String> {
         let p = self.path.display();
         let way_out = "remove it when no process uses it, or use another GPUSHIM_STATE_DIR or quota name";
         // SAFETY: `st` is written by fstat; `prefix` by pread (at most its size); the mapping
@@ -421,6 +435,12 @@ impl Quota {
             }
             if size < FILE_BYTES {
                 return Err(format!("{p} is truncated ({size} of {FILE_BYTES} bytes): {way_out}"));
+            }
+            // A member writes its place: the blocks must be there (a file of this build has
+            // them before it has its name; one sparse, as earlier builds made them, gets them
+            // now, or is refused: a SIGBUS otherwise on a full file system).
+            if join && (st.st_blocks.max(0) as u64).saturating_mul(512) < FILE_BYTES as u64 {
+                crate::sys::allocate(self.fd, FILE_BYTES as u64).map_err(|e| cannot_hold(&self.path, &e))?;
             }
             let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
             if m == libc::MAP_FAILED {
@@ -477,15 +497,17 @@ impl Quota {
         s.pid.store(0, Relaxed);
     }
 
-    /// Clears the slots of members that died (the mutex is held). Returns how many.
-    fn reap(&self) -> usize {
-        if !self.judges_liveness() {
+    /// Clears the slots of members that died (the mutex is held; `me`: [`whoami`]). Returns
+    /// how many.
+    fn reap(&self, me: u64) -> usize {
+        if !self.judges_liveness(me) {
             return 0;
         }
         let h = self.h();
+        let mine = self.slot_of(me);
         let mut reaped = 0;
         for i in 0..SLOTS {
-            if Some(i) == self.slot() {
+            if Some(i) == mine {
                 continue;
             }
             let s = &h.slot[i];
@@ -513,7 +535,7 @@ impl Quota {
             0 => Ok(Guard(m)),
             libc::EOWNERDEAD => {
                 let g = Guard(m);
-                self.reap();
+                self.reap(whoami());
                 self.rebuild_totals();
                 // SAFETY: we hold the mutex after EOWNERDEAD.
                 unsafe { libc::pthread_mutex_consistent(m) };
@@ -569,7 +591,8 @@ impl Quota {
     /// Adds `bytes` to device `d` for this member if the total stays within `limit`;
     /// `Err(total)` otherwise (after clearing dead members' usage).
     pub fn reserve(&self, d: usize, bytes: u64, limit: u64) -> Result<(), u64> {
-        let Some(i) = self.slot().or_else(|| self.rejoin()) else { return Err(0) };
+        let me = whoami();
+        let Some(i) = self.slot_of(me).or_else(|| self.rejoin(me)) else { return Err(0) };
         let _g = match self.lock() {
             Ok(g) => g,
             Err(e) => {
@@ -580,7 +603,7 @@ impl Quota {
         let h = self.h();
         let dev = &h.devices[d];
         let fits = |r: u64| r.checked_add(bytes).is_some_and(|n| n <= limit);
-        if !fits(dev.reserved.load(Relaxed)) && (self.reap() == 0 || !fits(dev.reserved.load(Relaxed))) {
+        if !fits(dev.reserved.load(Relaxed)) && (self.reap(me) == 0 || !fits(dev.reserved.load(Relaxed))) {
             return Err(dev.reserved.load(Relaxed));
         }
         let now = dev.reserved.load(Relaxed) + bytes;
@@ -604,7 +627,7 @@ impl Quota {
     /// What all members hold on device `d` now, after clearing dead members' usage.
     pub fn reserved(&self, d: usize) -> u64 {
         if let Ok(_g) = self.lock() {
-            self.reap();
+            self.reap(whoami());
         }
         self.h().devices[d].reserved.load(Relaxed)
     }
@@ -626,13 +649,15 @@ impl Quota {
     /// anything. Looks at registered places only (a start-up path: no full scan of the file).
     pub fn live_limits(&self, d: usize) -> Vec<(u32, String, u64)> {
         let h = self.h();
+        let me = whoami();
+        let (mine, judges) = (self.slot_of(me), self.judges_liveness(me));
         h.slot
             .iter()
             .enumerate()
             .filter(|(_, s)| s.used.load(Relaxed) != 0)
             .filter_map(|(i, s)| {
                 let limit = s.limit.get(d)?.load(Relaxed);
-                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == mine || !judges || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 (limit > 0 && alive).then(|| (s.pid.load(Relaxed), comm_of(s), limit))
             })
             .collect()
@@ -642,6 +667,8 @@ impl Quota {
     #[allow(dead_code)] // (`gpushim ps` only)
     pub fn snapshot(&self) -> (Vec<DeviceInfo>, Vec<Member>) {
         let h = self.h();
+        let me = whoami();
+        let (mine, judges) = (self.slot_of(me), self.judges_liveness(me));
         let devices = h
             .devices
             .iter()
@@ -664,7 +691,7 @@ impl Quota {
                     return None;
                 }
                 let comm = comm_of(s);
-                let alive = Some(i) == self.slot() || !self.judges_liveness() || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
+                let alive = Some(i) == mine || !judges || !matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true));
                 Some(Member { pid: s.pid.load(Relaxed), comm, alive, devices: usage })
             })
             .collect();
@@ -767,6 +794,35 @@ fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
     }
 }
 
+/// The error of a state file `path` that cannot be given its blocks: it names the state
+/// directory and what to do.
+fn cannot_hold(path: &Path, e: &crate::sys::Unallocated) -> String {
+    let (dir, file) = (path.parent().unwrap_or(Path::new("")), path.file_name().unwrap_or_default());
+    format!("the state directory {} cannot hold {}: {e}; {}", dir.display(), file.to_string_lossy(), e.advice())
+}
+
+/// The file `path` another process is building in `dir`, once it has its name: a directory
+/// with room for one quota file but not for one per process starting together refuses room
+/// to all but one, and they join the one built. Waits while a file is being built there (a
+/// temporary exists), 1 s at most.
+fn theirs_when_built(dir: &Path, path: &Path) -> Option<libc::c_int> {
+    let building = || {
+        let mut any = false;
+        let _ = cpath(dir).map(|d| crate::sys::each_name(&d, |n| any |= n.starts_with(b".quota-tmp-")));
+        any
+    };
+    for _ in 0..200 {
+        if let Ok(fd) = open_existing(path) {
+            return Some(fd);
+        }
+        if !building() {
+            return open_existing(path).ok();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
+}
+
 /// Builds an initialised quota file under a temporary name and links it to `path`; if another
 /// process linked first, opens theirs.
 fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
@@ -775,9 +831,9 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
     let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
     let ctmp = cpath(&tmp)?;
     let cpath_final = cpath(path)?;
-    // SAFETY: the path strings are NUL-terminated; the fresh file is sized to FILE_BYTES
-    // before it is mapped; the mutex is initialised in the mapping before anyone else can
-    // open the file (it has no public name yet).
+    // SAFETY: the path strings are NUL-terminated; the fresh file is given FILE_BYTES, its
+    // blocks allocated, before it is mapped; the mutex is initialised in the mapping before
+    // anyone else can open the file (it has no public name yet).
     unsafe {
         let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
         if fd < 0 {
@@ -789,8 +845,12 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
             crate::sys::unlink(ctmp.as_ptr());
             e
         };
-        if crate::sys::ftruncate(fd, FILE_BYTES as libc::off_t) != 0 {
-            return Err(fail("cannot size"));
+        // (its blocks allocated before it is mapped, and before it has its public name, so
+        // that no member ever maps a page the file system cannot back: SIGBUS)
+        if let Err(e) = crate::sys::allocate(fd, FILE_BYTES as u64) {
+            crate::sys::close(fd);
+            crate::sys::unlink(ctmp.as_ptr());
+            return theirs_when_built(dir, path).ok_or_else(|| cannot_hold(path, &e));
         }
         let p = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         if p == libc::MAP_FAILED {
@@ -886,6 +946,32 @@ mod tests {
         b.leave();
         assert_eq!(a.reserved(da), 0);
         drop((a, b));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A member's file has all its blocks: one left sparse (as earlier builds made them) gets
+    /// them when a member joins (a write to a hole on a full file system is a SIGBUS); a reader
+    /// changes nothing.
+    #[test]
+    fn a_sparse_file_gets_its_blocks_when_joined() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let d = dir("sparse");
+        drop(Quota::open(&d, "q", true).unwrap());
+        let path = file_of(&d, "q");
+        let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated() >= FILE_BYTES as u64, "made with its blocks: {}", allocated());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        // SAFETY: our own descriptor; punches the places out, the size kept.
+        let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 8192, FILE_BYTES as i64 - 8192) };
+        assert_eq!(rc, 0, "{}", errno());
+        assert!(allocated() < 16384, "{}", allocated());
+        let view = Quota::open(&d, "q", false).unwrap();
+        assert!(allocated() < 16384, "a reader: {}", allocated());
+        let member = Quota::open(&d, "q", true).unwrap();
+        assert!(allocated() >= FILE_BYTES as u64, "a member: {}", allocated());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES as u64);
+        drop((view, member));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -14,16 +14,19 @@ use crate::state;
 /// Where the report goes; `None`: only the placement summary, to the log.
 static TARGET: ForkOnce<Option<ReportTarget>> = ForkOnce::new();
 
-/// Remembers where to write (a relative path is taken relative to the directory the process
-/// is in now, not at exit) and registers the handler, once.
 /// Set in a forked child: the report is the parent's (`fork`).
 static DISARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The process that armed the report: a child made without `fork()` (raw `clone`, `_Fork`,
+/// `vfork`) inherits the handler without the fork handler's `disarm`; its pid tells it apart.
+static ARMED_BY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// A forked child writes no report.
 pub fn disarm() {
     DISARMED.store(true, std::sync::atomic::Ordering::Release);
 }
 
+/// Remembers where to write (a relative path is taken relative to the directory the process
+/// is in now, not at exit) and registers the handler, once.
 pub fn arm(target: Option<&ReportTarget>) {
     let target = target.map(|t| match t {
         ReportTarget::Path(p) if p.is_relative() => {
@@ -32,6 +35,7 @@ pub fn arm(target: Option<&ReportTarget>) {
         other => other.clone(),
     });
     if TARGET.set(target).is_ok() {
+        ARMED_BY.store(crate::sys::getpid() as u32, std::sync::atomic::Ordering::Release);
         // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
         unsafe { libc::atexit(write_at_exit) };
     }
@@ -39,7 +43,8 @@ pub fn arm(target: Option<&ReportTarget>) {
 
 extern "C" fn write_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if DISARMED.load(std::sync::atomic::Ordering::Acquire) {
+        // (the pid asked of the kernel: the C library caches none, a raw clone has a new one)
+        if DISARMED.load(std::sync::atomic::Ordering::Acquire) || ARMED_BY.load(std::sync::atomic::Ordering::Acquire) != crate::sys::getpid() as u32 {
             return;
         }
         let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
@@ -60,7 +65,11 @@ extern "C" fn write_at_exit() {
                 } else {
                     text(&rows) + &placement_text
                 };
-                if let Err(e) = std::fs::write(path, body) {
+                // (a report longer than the file size limit would raise SIGXFSZ: not written)
+                let limit = crate::sys::file_size_limit().unwrap_or(0);
+                if body.len() as u64 > limit {
+                    crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
+                } else if let Err(e) = std::fs::write(path, body) {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
             }

@@ -5,7 +5,7 @@
 //! | process | joins | when | on failure |
 //! |---|---|---|---|
 //! | `shared_quota` set | the quota's file | at start-up ([`join_quota`]) | configuration error (closed) |
-//! | a limit, no quota | the registry | when a device's limit is first resolved | `debug` line, no warning (open) |
+//! | a limit, no quota | the registry | when a device's limit is first resolved | `info` line, no warning (open) |
 //! | neither | nothing | – | – |
 //!
 //! Both are left at exit (`atexit`); a process that dies otherwise is reclaimed by the others
@@ -30,8 +30,8 @@ static REGISTRY: ForkOnce<Option<Quota>> = ForkOnce::new();
 static PUBLISHER: ForkOnce<Option<Publisher>> = ForkOnce::new();
 
 /// Starts publishing this process' figures (once; at `cuInit`): the file describes `view`, and
-/// is removed at exit. `None` when it cannot be published (said at `debug`; the program runs as
-/// usual).
+/// is removed at exit. `None` when it cannot be published (a full state directory among the
+/// causes: said at `info`; the program runs as usual).
 pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
     PUBLISHER
         .get_or_init(|| {
@@ -55,7 +55,7 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
                     Some(p)
                 }
                 Err(e) => {
-                    log!(Level::Debug, "not publishing this process' figures (gpushim ps, top, metrics will not show it): {e}");
+                    log!(Level::Info, "not publishing this process' figures (gpushim ps, top, metrics will not show it): {e}");
                     None
                 }
             }
@@ -129,7 +129,7 @@ fn registry(s: &Settings) -> Option<&'static Quota> {
                     Some(r)
                 }
                 Err(e) => {
-                    log!(Level::Debug, "not registering this process' limits (no oversubscription warning): {e}");
+                    log!(Level::Info, "not registering this process' limits (no oversubscription warning): {e}");
                     None
                 }
             }

@@ -1,5 +1,6 @@
 //! The kernel calls of the shim's own bookkeeping: the state directory's files (live figures,
-//! quotas, the registry), the anonymous mappings of its tables, the process' ids and name.
+//! quotas, the registry) and their blocks, allocated before they are mapped ([`allocate`]), the
+//! anonymous mappings of its tables, the process' ids and name.
 //!
 //! They go to the kernel through the C library's `syscall(2)`, not through one wrapper each:
 //! every C-library function the library calls is bound on its first call (`imports`), about
@@ -54,8 +55,15 @@ mod imp {
     pub unsafe fn pread(fd: c_int, buf: *mut c_void, n: usize, at: libc::off_t) -> isize {
         unsafe { syscall(libc::SYS_pread64, fd as c_long, buf, n, at) as isize }
     }
-    pub unsafe fn ftruncate(fd: c_int, len: libc::off_t) -> c_int {
-        unsafe { syscall(libc::SYS_ftruncate, fd as c_long, len) as c_int }
+    pub unsafe fn pwrite(fd: c_int, buf: *const c_void, n: usize, at: libc::off_t) -> isize {
+        unsafe { syscall(libc::SYS_pwrite64, fd as c_long, buf, n, at) as isize }
+    }
+    pub unsafe fn fallocate(fd: c_int, mode: c_int, at: libc::off_t, len: libc::off_t) -> c_int {
+        unsafe { syscall(libc::SYS_fallocate, fd as c_long, mode as c_long, at, len) as c_int }
+    }
+    /// (as glibc makes it: `prlimit64(0, resource, NULL, rl)`)
+    pub unsafe fn getrlimit(resource: c_int, rl: *mut libc::rlimit) -> c_int {
+        unsafe { syscall(libc::SYS_prlimit64, 0 as c_long, resource as c_long, std::ptr::null::<libc::rlimit>(), rl) as c_int }
     }
     /// (`MAP_FAILED` on failure: `syscall` answers -1)
     pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, at: libc::off_t) -> *mut c_void {
@@ -92,7 +100,10 @@ mod imp {
     pub unsafe fn open(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
         unsafe { libc::open(path, flags, mode) }
     }
-    pub use libc::{close, fstat, ftruncate, link, lstat, mkdir, mmap, munmap, pread, rename, unlink};
+    pub use libc::{close, fallocate, fstat, link, lstat, mkdir, mmap, munmap, pread, pwrite, rename, unlink};
+    pub unsafe fn getrlimit(resource: c_int, rl: *mut libc::rlimit) -> c_int {
+        unsafe { libc::getrlimit(resource as _, rl) }
+    }
     pub unsafe fn fcntl_lock(fd: c_int, cmd: c_int, lock: *mut libc::flock) -> c_int {
         unsafe { libc::fcntl(fd, cmd, lock) }
     }
@@ -113,6 +124,120 @@ mod imp {
 }
 
 pub use imp::*;
+
+/// Why a state file could not be given its blocks ([`allocate`]).
+#[derive(Debug)]
+pub enum Unallocated {
+    /// Growing the file to `len` bytes would pass the process' file size limit (`RLIMIT_FSIZE`,
+    /// `ulimit -f`): the kernel would raise `SIGXFSZ`, which kills the program. Not tried.
+    OverFileSizeLimit { len: u64, limit: u64 },
+    /// The file system refused (full, a disk quota, no writing there).
+    Refused { len: u64, error: std::io::Error },
+}
+
+impl std::fmt::Display for Unallocated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unallocated::OverFileSizeLimit { len, limit } => {
+                write!(f, "its {len} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)")
+            }
+            Unallocated::Refused { len, error } => write!(f, "cannot allocate its {len} bytes: {error}"),
+        }
+    }
+}
+
+impl Unallocated {
+    /// What the user can do about it (the file is in the state directory).
+    pub fn advice(&self) -> &'static str {
+        match self {
+            Unallocated::OverFileSizeLimit { .. } => "raise the file size limit (ulimit -f) or set GPUSHIM_STATE_DIR elsewhere",
+            Unallocated::Refused { error, .. } if matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
+                "free space there, or set GPUSHIM_STATE_DIR to a directory with room"
+            }
+            Unallocated::Refused { .. } => "set GPUSHIM_STATE_DIR to another directory",
+        }
+    }
+}
+
+/// Gives the open file `fd` at least `len` bytes whose blocks are all allocated, so that a
+/// shared mapping of them never faults for want of space (a page the file system cannot back
+/// is a `SIGBUS` in the program), and without ever raising `SIGXFSZ`:
+/// * a file shorter than `len` is grown only within the process' file size limit
+///   (`RLIMIT_FSIZE`, looked at first: growing a file beyond it raises `SIGXFSZ` unless the
+///   program ignores it); one already long enough is not grown, whatever the limit;
+/// * `fallocate(2)` (mode 0: blocks allocated, the size extended) does it in one call, or
+///   fails having allocated nothing (tmpfs, ext4, xfs, btrfs). Blocks already allocated are
+///   left as they are: a file other processes use may be passed again;
+/// * where the file system has no `fallocate` (`EOPNOTSUPP`: some network and FUSE file
+///   systems), zeros are written from the file's end to `len` (not before it: those bytes are
+///   whoever wrote them's, and writing over them would race with their users).
+pub fn allocate(fd: c_int, len: u64) -> Result<(), Unallocated> {
+    let refused = |error| Unallocated::Refused { len, error };
+    // SAFETY: `st` is written by the kernel; `fd` is the caller's open descriptor.
+    let size = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if fstat(fd, &mut st) != 0 {
+            return Err(refused(std::io::Error::last_os_error()));
+        }
+        st.st_size.max(0) as u64
+    };
+    if size < len {
+        let limit = file_size_limit().map_err(refused)?;
+        if len > limit {
+            return Err(Unallocated::OverFileSizeLimit { len, limit });
+        }
+    }
+    let Ok(bytes) = libc::off_t::try_from(len) else { return Err(refused(std::io::Error::from_raw_os_error(libc::EFBIG))) };
+    // (EINTR: a signal came while tmpfs was allocating; tried again, a bounded number of times)
+    for _ in 0..64 {
+        // SAFETY: the caller's descriptor; no memory is passed.
+        if unsafe { fallocate(fd, 0, 0, bytes) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => return write_zeros(fd, size, len).map_err(refused),
+            _ => return Err(refused(e)),
+        }
+    }
+    Err(refused(std::io::Error::from_raw_os_error(libc::EINTR)))
+}
+
+/// The largest size this process may give a file (`RLIMIT_FSIZE`, `ulimit -f`; `u64::MAX`:
+/// none): growing one beyond it raises `SIGXFSZ`, which kills the program unless it ignores it.
+pub fn file_size_limit() -> std::io::Result<u64> {
+    // SAFETY: `rl` is written by the kernel.
+    unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        if getrlimit(libc::RLIMIT_FSIZE as c_int, &mut rl) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(if rl.rlim_cur == libc::RLIM_INFINITY { u64::MAX } else { rl.rlim_cur as u64 })
+    }
+}
+
+/// Writes zeros to `fd` from `from` to `to` (the file's end to its new end, see [`allocate`]).
+fn write_zeros(fd: c_int, from: u64, to: u64) -> std::io::Result<()> {
+    let zeros = [0u8; 4096];
+    let (mut at, mut interrupted) = (from, 0);
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        // SAFETY: `zeros` is readable for `n` bytes; the caller's descriptor.
+        let written = unsafe { pwrite(fd, zeros.as_ptr().cast(), n, at as libc::off_t) };
+        if written > 0 {
+            at += written as u64;
+            continue;
+        }
+        let e = if written == 0 { std::io::Error::from_raw_os_error(libc::EIO) } else { std::io::Error::last_os_error() };
+        if e.raw_os_error() == Some(libc::EINTR) && interrupted < 64 {
+            interrupted += 1;
+            continue;
+        }
+        return Err(e);
+    }
+    Ok(())
+}
 
 /// Calls `each` with the name of every entry of the directory `dir` but `.` and `..`, in the
 /// order the kernel lists them; an error if it cannot be opened or read (the names read until
@@ -185,7 +310,7 @@ mod tests {
             assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
             let fd = open(f.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600);
             assert!(fd >= 0);
-            assert_eq!(ftruncate(fd, 8192), 0);
+            allocate(fd, 8192).unwrap();
             let (mut a, mut b, mut l): (libc::stat, libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed());
             assert_eq!(fstat(fd, &mut a), 0);
             assert_eq!(libc::fstat(fd, &mut b), 0, "the C library's own");
@@ -252,6 +377,33 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
         let e = each_name(&cd, |_| panic!("no entries")).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    /// `allocate` and its fallback keep the bytes already written and allocate every block up
+    /// to the new end (a hole there would be a SIGBUS in a mapping on a full file system).
+    #[test]
+    fn allocation_keeps_the_bytes_and_fills_the_holes() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let d = std::env::temp_dir().join(format!("gpushim-sys-alloc-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, fallback) in [("fallocate", false), ("zeros", true)] {
+            let path = d.join(name);
+            std::fs::write(&path, b"abc").unwrap();
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            if fallback {
+                write_zeros(f.as_raw_fd(), 3, 100_000).unwrap();
+            } else {
+                allocate(f.as_raw_fd(), 100_000).unwrap();
+                allocate(f.as_raw_fd(), 10).unwrap(); // never shrinks
+            }
+            let m = f.metadata().unwrap();
+            assert_eq!(m.len(), 100_000, "{name}");
+            assert!(m.blocks() * 512 >= 100_000, "{name}: {} blocks", m.blocks());
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!((&bytes[..3], bytes[3..].iter().all(|&b| b == 0)), (&b"abc"[..], true), "{name}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -438,3 +438,73 @@ fn ps_lists_quotas_and_members() {
     assert!(text.contains(": 8 MiB held (peak 56 MiB)"), "{text}");
     drop((b, solo));
 }
+
+/// A child made without `fork()` runs no fork handler but inherits the exit handlers: a raw
+/// `clone` (SIGCHLD, no CLONE_VM), glibc's `_Fork`, `vfork` and `clone` with CLONE_VM, each
+/// calling `exit(0)` (`tests/c/forkq.c`). The parent, in a quota of 1 GiB (its limit), holds
+/// 600 MiB; after the child's exit the quota's file still shows them as the parent's
+/// (`gpushim ps`, the parent paused) and the parent's published file is still there. Then, for
+/// the children that leave the parent its exit handlers and its thread's state (raw `clone`,
+/// `_Fork`): the quota still counts the 600 MiB (cuMemGetInfo's free is the quota's: 424 MiB),
+/// 300 MiB fit once, not twice, and only the parent writes a report (GPUSHIM_REPORT to stderr);
+/// without the shim both 300 MiB pass. (`vfork` and CLONE_VM children calling `exit` run the
+/// parent's exit handlers and thread-local destructors in its memory: the simulated driver's
+/// context stack among them, so the parent's later calls fail, with or without the shim.)
+/// Before: the child's exit left the parent's place, the quota counted nothing, the parent got
+/// the whole quota again, and the raw clone's and `_Fork`'s child wrote a report.
+#[test]
+fn a_child_made_without_fork_leaves_its_parents_place_alone() {
+    const P: u64 = 600 * MIB;
+    const C: u64 = 300 * MIB;
+    for mode in ["clone", "_Fork", "vfork", "clonevm"] {
+        let keeps_thread = matches!(mode, "clone" | "_Fork");
+        for shim in if keeps_thread { vec![false, true] } else { vec![true] } {
+            let dir = fresh_dir("nofork");
+            let (state, pause) = (dir.join("state"), dir.join("pause"));
+            let run = Run::program(Program::ForkQuota)
+                .shim(shim)
+                .env("GPUSIM_DEVICES", "1")
+                .env("GPUSIM_MEMORY", "16GiB")
+                .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+                .env("GPUSHIM_SHARED_QUOTA", "noforkq")
+                .env("GPUSHIM_STATE_DIR", &state)
+                .env("GPUSHIM_REPORT", "stderr")
+                .args([mode, &P.to_string(), &C.to_string()])
+                .arg(&pause);
+            let program = std::thread::spawn(move || run.run());
+            let start = Instant::now();
+            while !pause.exists() && !program.is_finished() && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let ps = Command::new(env!("CARGO_BIN_EXE_gpushim")).arg("ps").env_remove("GPUSHIM_CONFIG").env("GPUSHIM_STATE_DIR", &state).output().unwrap();
+            let _ = std::fs::remove_file(&pause);
+            let out = program.join().unwrap();
+            out.assert_completed();
+            assert_eq!((out.num("parent.rc"), out.num("child.status")), (0, 0), "{mode}\n{}", out.dump());
+            let ps = String::from_utf8_lossy(&ps.stdout).into_owned();
+            let parent = out.num("parent.pid");
+            if shim {
+                let uuid = phys_uuid(0);
+                let want = [
+                    format!("pid {parent} forkq (root, shared quota noforkq): 1 devices"),
+                    format!("  {uuid}: 600 MiB held (peak 600 MiB), limit 1 GiB, device memory 16 GiB\n  pid {parent} forkq: {uuid} 600 MiB of 1 GiB\n"),
+                ];
+                for w in want {
+                    assert!(ps.contains(&w), "{mode}: the parent's figures after the child's exit: {w:?} in\n{ps}\n{}", out.dump());
+                }
+            }
+            if !keeps_thread {
+                continue;
+            }
+            let total = if shim { GIB } else { 16 * GIB };
+            assert_eq!(out.u64("before.free"), total - P, "{mode}, shim {shim}: the parent's 600 MiB still counted\n{}", out.dump());
+            let want = if shim { [0, OOM] } else { [0, 0] };
+            assert_eq!([out.num("after.rc1"), out.num("after.rc2")], want, "{mode}, shim {shim}\n{}", out.dump());
+            let held = if shim { P + C } else { P + 2 * C };
+            assert_eq!(out.u64("after.free"), total - held, "{mode}, shim {shim}\n{}", out.dump());
+            let reports: Vec<String> = out.stderr_text().lines().filter(|l| l.starts_with("gpushim report (pid ")).map(str::to_string).collect();
+            let parents = if shim { vec![format!("gpushim report (pid {parent}):")] } else { vec![] };
+            assert_eq!(reports, parents, "{mode}, shim {shim}: the parent's report only\n{}", out.dump());
+        }
+    }
+}

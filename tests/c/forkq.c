@@ -5,6 +5,9 @@
  * The parent initialises CUDA, creates a context and allocates PARENT_BYTES (parent.rc), then
  * forks. The child, by MODE:
  *   exit   exits at once with exit(0) (its exit handlers run)
+ *   clone, _Fork, vfork, clonevm   the same, the child made without fork() (no fork handler
+ *          runs): a raw clone system call (SIGCHLD, no CLONE_VM), glibc's _Fork(), vfork(), or
+ *          clone() with CLONE_VM (a stack of its own); the child calls exit(0)
  *   exec   execs /bin/true
  *   alloc  initialises CUDA, creates a context of its own, allocates CHILD_BYTES twice
  *          (child.rc1, child.rc2, printed by the child), then exits with exit(0)
@@ -21,16 +24,20 @@
  *          parent waits up to 10 s for all of them, kills those left, and prints
  *          children=N during=D (forked before the first cuInit returned) hung=H failed=F
  *          fork_errors=E init.rc=RC done=1 (no other output; at most 256 children)
- * The parent waits (child.status), then allocates CHILD_BYTES (after.rc1) and again (after.rc2)
- * and reads cuMemGetInfo (after.free).
+ * The parent waits (parent.pid, child.pid, child.status), reads cuMemGetInfo (before.free); with
+ * a fourth argument PAUSE, creates the file PAUSE and waits until it is removed (60 s at most);
+ * then allocates CHILD_BYTES (after.rc1) and again (after.rc2) and reads cuMemGetInfo (after.free).
  */
+#define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,6 +64,26 @@ static int reap_ended(int *left, int *failed) {
         n++;
     }
     return n;
+}
+
+static char clone_stack[64 * 1024] __attribute__((aligned(16)));
+
+static int child_exits(void *arg) {
+    (void)arg;
+    exit(0);
+}
+
+/* The child of MODE (see the top); a vfork or CLONE_VM child exits here. */
+static pid_t make_child(const char *mode) {
+    if (!strcmp(mode, "clone")) return (pid_t)syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+    if (!strcmp(mode, "_Fork")) return _Fork();
+    if (!strcmp(mode, "vfork")) {
+        pid_t pid = vfork();
+        if (pid == 0) exit(0);
+        return pid;
+    }
+    if (!strcmp(mode, "clonevm")) return clone(child_exits, clone_stack + sizeof clone_stack, CLONE_VM | SIGCHLD, NULL);
+    return fork();
 }
 
 static int init_race(void) {
@@ -120,7 +147,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     int ready[2];
     if (pipe(ready) != 0) return 3;
-    pid_t pid = fork();
+    pid_t pid = make_child(mode);
     if (pid == 0 && !strcmp(mode, "linger")) {
         CUcontext own;
         cuInit(0);
@@ -156,10 +183,19 @@ int main(int argc, char **argv) {
     }
     int status = -1;
     waitpid(pid, &status, 0);
-    printf("child.status=%d\n", status);
+    printf("parent.pid=%d\nchild.pid=%d\nchild.status=%d\n", (int)getpid(), (int)pid, status);
+    size_t f = 0, t = 0;
+    cuMemGetInfo(&f, &t);
+    printf("before.free=%zu\n", f);
+    fflush(stdout);
+    if (argc >= 5) {
+        FILE *pause = fopen(argv[4], "w");
+        if (!pause) return 3;
+        fclose(pause);
+        for (int i = 0; i < 6000 && access(argv[4], F_OK) == 0; i++) usleep(10000);
+    }
     printf("after.rc1=%d\n", (int)cuMemAlloc(&a, child_bytes));
     printf("after.rc2=%d\n", (int)cuMemAlloc(&b, child_bytes));
-    size_t f = 0, t = 0;
     cuMemGetInfo(&f, &t);
     printf("after.free=%zu\n", f);
     printf("done=1\n");

@@ -580,6 +580,8 @@ pub struct Run {
     shim_report: bool,
     /// Run as this user (uid = gid); needs root.
     user: Option<u32>,
+    /// Run in the child before `exec` ([`Run::before_exec`]).
+    before_exec: Option<Box<dyn FnMut() -> std::io::Result<()> + Send + Sync>>,
 }
 
 impl Run {
@@ -592,6 +594,7 @@ impl Run {
             with_sim: true,
             shim_report: false,
             user: None,
+            before_exec: None,
         }
     }
 
@@ -656,6 +659,14 @@ impl Run {
         self
     }
 
+    /// Runs `f` in the child between `fork` and `exec` (a mount namespace of its own, a resource
+    /// limit): only what is safe after `fork` in a threaded process (system calls, no
+    /// allocation).
+    pub fn before_exec(mut self, f: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static) -> Run {
+        self.before_exec = Some(Box::new(f));
+        self
+    }
+
     /// Leave the simulator off LD_LIBRARY_PATH (and ask no report), for non-CUDA programs.
     pub fn without_sim(mut self) -> Run {
         self.with_sim = false;
@@ -697,6 +708,11 @@ impl Run {
         if let Some(uid) = self.user {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid);
+        }
+        if let Some(f) = self.before_exec {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the callers' closures only make system calls (see `before_exec`).
+            unsafe { cmd.pre_exec(f) };
         }
         let description = format!(
             "{} {:?} (shim: {}, env: {:?})",
