@@ -77,6 +77,9 @@ pub fn emit_unallocated(level: Level, args: fmt::Arguments<'_>) {
 
 fn write_raw(mut bytes: &[u8]) {
     let fd = FD.load(Relaxed);
+    if fd != 2 && !within_file_size_limit(fd, bytes.len()) {
+        return;
+    }
     while !bytes.is_empty() {
         // SAFETY: the pointer and length describe a live slice.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
@@ -88,6 +91,23 @@ fn write_raw(mut bytes: &[u8]) {
             return;
         }
     }
+}
+
+/// Whether the log file `fd` can take `len` more bytes within the process' file size limit
+/// (`ulimit -f`): a write past it raises `SIGXFSZ`, which kills a program that does not ignore
+/// it. The line is dropped otherwise. (stderr is the program's own: not checked.)
+fn within_file_size_limit(fd: i32, len: usize) -> bool {
+    let Ok(limit) = crate::sys::file_size_limit() else { return true };
+    if limit == u64::MAX {
+        return true;
+    }
+    // SAFETY: `st` is a valid out-pointer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a descriptor, writing `st`.
+    if unsafe { crate::sys::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return true;
+    }
+    (st.st_size as u64).saturating_add(len as u64) <= limit
 }
 
 macro_rules! log {
