@@ -2,9 +2,9 @@
 //! quotas, the registry), the anonymous mappings of its tables, the process' ids and name.
 //!
 //! They go to the kernel through the C library's `syscall(2)`, not through one wrapper each:
-//! every C-library function the library calls is bound on its first call (`imports`), about
-//! 750 instructions each, and the ~20 wrappers below would add ~15,000 to a CUDA program's
-//! start-up, where `syscall` is bound once (the Rust run-time's locks use it anyway). Each
+//! every C-library function the library calls is looked up when it is loaded, in every
+//! process, about 650 instructions each, and the ~20 wrappers below would add ~13,000 to every
+//! one of them, where `syscall` is one (the Rust run-time's locks use it anyway). Each
 //! function keeps its wrapper's contract: the same system call as glibc (2.33 and later) makes
 //! on this platform, so a seccomp policy sees what it saw, the same result, `-1` and `errno` on
 //! failure. What changes: a program that interposes `open`, `mmap`, `getuid` and the like (a
