@@ -124,11 +124,17 @@ pub fn each_name(dir: &std::ffi::CStr, mut each: impl FnMut(&[u8])) -> std::io::
         return Err(std::io::Error::last_os_error());
     }
     // 8-byte aligned for the records' 64-bit fields; not zeroed: only what the kernel wrote is
-    // read; 2 KiB (any thread's stack may be small), a few reads for a large directory
-    let mut buf = std::mem::MaybeUninit::<[u64; 256]>::uninit();
-    let size = std::mem::size_of_val(&buf);
+    // read; on the heap, not the stack (the program's thread may have a small one: README,
+    // stack use), 4 KiB, a few reads for a large directory
+    let mut buf: Vec<u64> = Vec::new();
+    if buf.try_reserve_exact(512).is_err() {
+        // SAFETY: our own descriptor.
+        unsafe { close(fd) };
+        return Err(std::io::ErrorKind::OutOfMemory.into());
+    }
+    let size = buf.capacity() * 8;
     let result = loop {
-        // SAFETY: `buf` is writable for its whole size.
+        // SAFETY: `buf`'s allocation is writable for its whole capacity.
         let n = unsafe { getdents64(fd, buf.as_mut_ptr().cast(), size) };
         if n < 0 {
             break Err(std::io::Error::last_os_error());

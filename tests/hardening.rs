@@ -741,3 +741,58 @@ fn a_programs_own_allocator_serves_the_library() {
     assert_eq!((rc2, rc3, shim_calls, foreign), (0, 0, 0, 0), "without the shim");
 }
 
+/// Look-ups and calls on a small stack (tests/c/smallstack.c: a raw `clone(2)` child on a
+/// mapped stack with a guard page below it; the driver opened before, on the program's stack).
+/// The look-up that starts the shim (the first in the driver's handle) adds at most 4 KiB to
+/// glibc's own `dlsym`, any other look-up (a later one, or one through `RTLD_DEFAULT` that finds
+/// the shim's export, which no longer starts it) at most 512 bytes, `cuInit` and the first
+/// limited `cuMemAlloc_v2` at most 2 KiB each to the driver's own: so programs that look the
+/// driver up and call it on stacks of 8 and 12 KiB run (the shim added 11,856 bytes to the
+/// first look-up and crashed on 12 KiB: C-library functions bound on their first call, the
+/// settings' layers by value, directory buffers on the stack). Without the shim the same
+/// look-ups fit 4 KiB.
+#[test]
+fn lookups_and_calls_fit_a_small_stack() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSIM_DEVICES", "1")];
+    let run = |kib: u32, what: &str, shim: bool, env: &[(&str, &str)]| {
+        let out = Run::program(Program::SmallStack).args([kib.to_string(), what.to_string()]).envs(&limit).envs(env).shim(shim).run();
+        out.assert_completed();
+        assert_eq!(out.get("child"), "exit:0", "{kib} KiB, {what}, shim {shim}: the child did not return\n{}", out.dump());
+        assert_eq!((out.num("lookup1.rc"), out.num("lookup2.rc")), (1, 1), "{kib} KiB, {what}, shim {shim}\n{}", out.dump());
+        if what == "calls" {
+            for step in ["init", "deviceget", "retain", "setcurrent", "alloc", "free"] {
+                assert_eq!(out.num(&format!("{step}.rc")), 0, "{kib} KiB, shim {shim}: {step}\n{}", out.dump());
+            }
+        }
+        out
+    };
+    for what in ["first", "default", "later"] {
+        run(4, what, false, &[]);
+    }
+    run(8, "calls", false, &[]);
+    for kib in [8, 12] {
+        for what in ["first", "default", "later", "calls"] {
+            run(kib, what, true, &[]);
+        }
+    }
+    // with a config file (the sample: the TOML parser's stack too)
+    let sample = workspace_root().join("config/gpushim.toml");
+    run(12, "first", true, &[("GPUSHIM_CONFIG", sample.to_str().unwrap())]);
+    // the figures, on a stack that holds them all: what the shim adds to each step
+    let added = |with: &RunOutput, without: &RunOutput, step: &str| {
+        let (a, b) = (with.num(&format!("{step}.stack")), without.num(&format!("{step}.stack")));
+        (a - b, format!("{step}: {a} bytes of stack with the shim, {b} without\n{}\n{}", with.dump(), without.dump()))
+    };
+    let (with, without) = (run(64, "calls", true, &[]), run(64, "calls", false, &[]));
+    for (step, most) in [("lookup1", 4096), ("init", 2048), ("alloc", 2048)] {
+        let (n, what) = added(&with, &without, step);
+        assert!(n <= most, "the shim adds {n} > {most}: {what}");
+    }
+    let (n, what) = added(&run(64, "later", true, &[]), &run(64, "later", false, &[]), "lookup1");
+    assert!(n <= 512, "a later look-up: the shim adds {n} > 512: {what}");
+    // a look-up through RTLD_DEFAULT does not start the shim (whose start-up reads the config
+    // file here: it would add ~3.5 KiB)
+    let config = [("GPUSHIM_CONFIG", sample.to_str().unwrap())];
+    let (n, what) = added(&run(64, "default", true, &config), &run(64, "default", false, &config), "lookup1");
+    assert!(n <= 512, "through RTLD_DEFAULT, the shim adds {n} > 512: {what}");
+}
