@@ -12,18 +12,16 @@ include!("scripts/build/static_unwinder.rs");
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
-    // The C library's functions bound on their first call (src/imports.rs): lazy binding (the
-    // Rust toolchain asks for immediate binding; the later flag wins). GPUSHIM_BIND_NOW=1 at
-    // build time keeps immediate binding (full RELRO: the jump table read-only after loading,
-    // ~60,000 instructions more in every process the library is preloaded into).
-    println!("cargo:rerun-if-env-changed=GPUSHIM_BIND_NOW");
-    let bind_now = std::env::var("GPUSHIM_BIND_NOW").is_ok_and(|v| !v.is_empty() && v != "0");
-    if !bind_now
-        && std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64")
-        && std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
-        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu")
-    {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
+    // Immediate binding and full RELRO: every C-library function the library calls is bound when
+    // it is loaded, and the dynamic linker makes the global offset table read-only before the
+    // program runs (`-z now -z relro`: DT_FLAGS BIND_NOW, the GOT inside PT_GNU_RELRO; the Rust
+    // toolchain asks for the same, said again here so that no toolchain default changes it). A
+    // library meant for /etc/ld.so.preload is in every process, set-user-ID ones included, and
+    // leaves no writable function pointer of its own there (tests/hardening.rs checks the built
+    // library).
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,relro");
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=scripts/build/static_unwinder.rs");

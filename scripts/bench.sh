@@ -256,8 +256,9 @@ load_cost() {
     dynamic=$(readelf -d "$shim") relocs=$(readelf -r "$shim")
     echo "   libgpushim.so: $(stat -c %s "$shim") bytes on disk ($(grep -c NEEDED <<<"$dynamic") libraries needed," \
         "$(nm -D --defined-only "$shim" | wc -l) exported symbols, $(grep -c R_X86_64_RELATIVE <<<"$relocs") relative relocations,"
-    echo "   $(grep -cE 'R_X86_64_(GLOB_DAT|64) ' <<<"$relocs") symbols bound at load, $(grep -c R_X86_64_JUMP_SLO <<<"$relocs")" \
-        "on first call$(grep -qE 'BIND_NOW|FLAGS_1.*NOW' <<<"$dynamic" && echo ' (but the library asks for immediate binding)'))"
+    echo "   $(awk '/R_X86_64_(GLOB_DAT|JUMP_SLOT|64) /{print $5}' <<<"$relocs" | sort -u | wc -l) symbols bound at load;" \
+        "immediate binding: $(grep -qE 'BIND_NOW|FLAGS_1.*NOW' <<<"$dynamic" && echo yes || echo NO)," \
+        "PT_GNU_RELRO: $(readelf -lW "$shim" | grep -q GNU_RELRO && echo yes || echo NO))"
 }
 
 startup() {

@@ -582,15 +582,33 @@ fn load_with_default(
     if let Some(e) = env_names.iter().find_map(|name| malformed_name(env, name)) {
         return Err(e);
     }
-    let mut merged = match config_file(env, default_path)? {
-        Some(file) => parse_file(&file.text, &file.path).map_err(|e| file.annotate(e))?,
-        None => Layer::default(),
-    };
+    // The file, then the environment, each in a frame of its own, the layers boxed: start-up
+    // runs on the stack of the program's first CUDA call, which may be small (README: stack use).
+    let merged = file_layer(env, default_path)?;
     if env_disable.is_none() {
         if let Some((true, source)) = &merged.disable {
             return Ok(Settings::disabled_by(source.clone()));
         }
     }
+    with_env(merged, env, env_names)
+}
+
+/// The config file's layer (an empty one without a file).
+#[inline(never)]
+fn file_layer(env: Env<'_>, default_path: &Path) -> Result<Box<Layer>, ConfigError> {
+    match config_file(env, default_path)? {
+        Some(file) => parse_file(&file.text, &file.path).map_err(|e| file.annotate(e)),
+        None => Ok(Box::default()),
+    }
+}
+
+/// The settings of `merged` under the environment's layers.
+#[inline(never)]
+fn with_env(
+    mut merged: Box<Layer>,
+    env: Env<'_>,
+    env_names: &[String],
+) -> Result<Settings, ConfigError> {
     merged.overlay(alias_layer(env, env_names)?);
     merged.overlay(env_layer(env, env_names)?);
     let mut settings = merged.into_settings();
@@ -913,7 +931,7 @@ fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
 
 impl Layer {
     /// Puts `upper` (higher precedence) over `self`.
-    fn overlay(&mut self, upper: Layer) {
+    fn overlay(&mut self, upper: Box<Layer>) {
         replace_if_set(&mut self.disable, upper.disable);
         replace_if_set(&mut self.log_level, upper.log_level);
         replace_if_set(&mut self.log_file, upper.log_file);
@@ -933,7 +951,7 @@ impl Layer {
         replace_if_set(&mut self.state_dir, upper.state_dir);
     }
 
-    fn into_settings(self) -> Settings {
+    fn into_settings(self: Box<Self>) -> Settings {
         let mut sources = Vec::new();
         let mut take = |name: &str, source: Option<&Source>| {
             if let Some(source) = source {
@@ -1013,33 +1031,33 @@ fn env_setting<T>(
     }
 }
 
-fn env_layer(env: Env<'_>, names: &[String]) -> Result<Layer, ConfigError> {
-    let disable =
+fn env_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, ConfigError> {
+    // (set one by one, in this order, into a boxed layer: each result's stack slot is reused)
+    let mut layer = Box::<Layer>::default();
+    layer.disable =
         env(ENV_DISABLE).map(|v| (parse_disable(&v), Source::Env(ENV_DISABLE.to_string())));
-    Ok(Layer {
-        disable,
-        log_level: env_setting(env, ENV_LOG, parse_log_level)?,
-        log_file: env_setting(env, ENV_LOG_FILE, parse_path)?,
-        memory_limit: env_setting(env, ENV_MEMORY_LIMIT, parse_limit)?,
-        device_limits: env_device_limits(env, names, ENV_MEMORY_LIMIT_PREFIX)?,
-        visible_devices: env_setting(env, ENV_VISIBLE_DEVICES, parse_visible_devices)?,
-        virtual_devices: env_setting(env, ENV_VIRTUAL_DEVICES, parse_virtual_devices)?,
-        memory_mode: env_setting(env, ENV_MEMORY_MODE, parse_memory_mode)?,
-        report: env_setting(env, ENV_REPORT, parse_report)?,
-        shared_quota: env_setting(env, ENV_SHARED_QUOTA, parse_shared_quota)?,
-        log_placement: env_setting(env, ENV_LOG_PLACEMENT, parse_switch)?,
-        driver_path: env_setting(env, ENV_DRIVER_PATH, parse_path)?,
-        nvml_path: env_setting(env, ENV_NVML_PATH, parse_path)?,
-        state_dir: env_setting(env, ENV_STATE_DIR, parse_path)?,
-    })
+    layer.log_level = env_setting(env, ENV_LOG, parse_log_level)?;
+    layer.log_file = env_setting(env, ENV_LOG_FILE, parse_path)?;
+    layer.memory_limit = env_setting(env, ENV_MEMORY_LIMIT, parse_limit)?;
+    layer.device_limits = env_device_limits(env, names, ENV_MEMORY_LIMIT_PREFIX)?;
+    layer.visible_devices = env_setting(env, ENV_VISIBLE_DEVICES, parse_visible_devices)?;
+    layer.virtual_devices = env_setting(env, ENV_VIRTUAL_DEVICES, parse_virtual_devices)?;
+    layer.memory_mode = env_setting(env, ENV_MEMORY_MODE, parse_memory_mode)?;
+    layer.report = env_setting(env, ENV_REPORT, parse_report)?;
+    layer.shared_quota = env_setting(env, ENV_SHARED_QUOTA, parse_shared_quota)?;
+    layer.log_placement = env_setting(env, ENV_LOG_PLACEMENT, parse_switch)?;
+    layer.driver_path = env_setting(env, ENV_DRIVER_PATH, parse_path)?;
+    layer.nvml_path = env_setting(env, ENV_NVML_PATH, parse_path)?;
+    layer.state_dir = env_setting(env, ENV_STATE_DIR, parse_path)?;
+    Ok(layer)
 }
 
-fn alias_layer(env: Env<'_>, names: &[String]) -> Result<Layer, ConfigError> {
-    Ok(Layer {
+fn alias_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, ConfigError> {
+    Ok(Box::new(Layer {
         memory_limit: env_setting(env, ENV_ALIAS_MEMORY_LIMIT, parse_limit)?,
         device_limits: env_device_limits(env, names, ENV_ALIAS_MEMORY_LIMIT_PREFIX)?,
         ..Layer::default()
-    })
+    }))
 }
 
 /// `<prefix><i>` variables, in name order so the first error reported does not depend on
@@ -1180,7 +1198,7 @@ fn read_config(path: &Path) -> Result<String, String> {
 }
 
 /// Parses a config file's text; `path` is named in errors and sources.
-fn parse_file(text: &str, path: &Path) -> Result<Layer, ConfigError> {
+fn parse_file(text: &str, path: &Path) -> Result<Box<Layer>, ConfigError> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         let message: Vec<&str> = e
             .message()
@@ -1196,7 +1214,7 @@ fn parse_file(text: &str, path: &Path) -> Result<Layer, ConfigError> {
         ConfigError::new(ENV_CONFIG, path.display().to_string(), reason)
     })?;
     let file = FileCtx { path };
-    let mut layer = Layer::default();
+    let mut layer = Box::<Layer>::default();
     for (key, value) in &table {
         file.apply(&mut layer, key, value)?;
     }

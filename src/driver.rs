@@ -533,8 +533,7 @@ impl NvmlApi {
 mod tests {
     #[test]
     fn the_object_of_an_address_is_the_library_that_holds_it() {
-        // the C library's own malloc (the library's calls go through a hidden stand-in of its
-        // own, src/imports.rs)
+        // the C library's own malloc
         let malloc = super::lookup(libc::RTLD_DEFAULT, c"malloc") as *const std::ffi::c_void;
         let libc_path = super::object_of(malloc).expect("libc");
         assert!(libc_path.to_string_lossy().contains("libc.so"), "{libc_path:?}");

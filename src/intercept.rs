@@ -529,9 +529,15 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
         return 0;
     }
     let ours = HOOKS[index].hook.0 as usize;
-    // The driver's own address tells which library the program uses; the shim's own export
-    // (found through RTLD_DEFAULT) says nothing about that.
-    let hint = (found != ours).then_some(found as *const c_void);
+    // The shim's own export (found through RTLD_DEFAULT, where the preloaded library comes
+    // first) is the answer whatever the state: its hook passes through, refuses or opens the
+    // driver as the settings say when it is called. So that look-up does not start the shim,
+    // which needs more stack than the program's look-up may have (README: stack use).
+    if found == ours {
+        return ours;
+    }
+    // The driver's own address tells which library the program uses.
+    let hint = Some(found as *const c_void);
     let Some(st) = state::get() else {
         // This thread's own start-up (a library's own look-ups): the driver's function. Any
         // other thread that could not wait for start-up gets the hook, which refuses until
@@ -542,7 +548,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
         return 0;
     }
     st.load(HOOKS[index].lib(), hint, true);
-    if found == ours || found == REAL[index].load(Relaxed) {
+    if found == REAL[index].load(Relaxed) {
         return ours;
     }
     0

@@ -18,8 +18,6 @@ mod graphs;
 #[cfg(test)]
 mod fuzz;
 mod hooks;
-#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-mod imports;
 mod intercept;
 mod lane;
 mod live;

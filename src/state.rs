@@ -142,7 +142,7 @@ fn init() -> Option<&'static State> {
     // Any failure inside start-up (a bug) publishes a broken state: CUDA initialisation fails
     // with a message, and the program never runs without its limits.
     let state = std::panic::catch_unwind(build).unwrap_or_else(|_| {
-        let mut state = Box::new(State::empty());
+        let mut state = boxed_empty();
         state.fail_internal("an internal error stopped gpushim's start-up");
         state
     });
@@ -210,10 +210,17 @@ fn wait_for_start_up() -> Option<&'static State> {
     }
 }
 
+/// An empty state on the heap, built in a frame of its own: not under start-up's deeper calls,
+/// which may run on a small stack (README: stack use).
+#[inline(never)]
+fn boxed_empty() -> Box<State> {
+    Box::new(State::empty())
+}
+
 fn build() -> Box<State> {
     // (again: a library's constructor may reach CUDA before the shim's own ran)
     crate::secure::scrub_environment();
-    let mut state = Box::new(State::empty());
+    let mut state = boxed_empty();
     match config::load() {
         Ok(s) => {
             state.mode = if s.disable { Mode::Disabled } else { Mode::Active };

@@ -3,9 +3,9 @@
 //! anonymous mappings of its tables, the process' ids and name.
 //!
 //! They go to the kernel through the C library's `syscall(2)`, not through one wrapper each:
-//! every C-library function the library calls is bound on its first call (`imports`), about
-//! 750 instructions each, and the ~20 wrappers below would add ~15,000 to a CUDA program's
-//! start-up, where `syscall` is bound once (the Rust run-time's locks use it anyway). Each
+//! every C-library function the library calls is looked up when it is loaded, in every
+//! process, about 650 instructions each, and the ~20 wrappers below would add ~13,000 to every
+//! one of them, where `syscall` is one (the Rust run-time's locks use it anyway). Each
 //! function keeps its wrapper's contract: the same system call as glibc (2.33 and later) makes
 //! on this platform, so a seccomp policy sees what it saw, the same result, `-1` and `errno` on
 //! failure. What changes: a program that interposes `open`, `mmap`, `getuid` and the like (a
@@ -249,11 +249,17 @@ pub fn each_name(dir: &std::ffi::CStr, mut each: impl FnMut(&[u8])) -> std::io::
         return Err(std::io::Error::last_os_error());
     }
     // 8-byte aligned for the records' 64-bit fields; not zeroed: only what the kernel wrote is
-    // read; 2 KiB (any thread's stack may be small), a few reads for a large directory
-    let mut buf = std::mem::MaybeUninit::<[u64; 256]>::uninit();
-    let size = std::mem::size_of_val(&buf);
+    // read; on the heap, not the stack (the program's thread may have a small one: README,
+    // stack use), 4 KiB, a few reads for a large directory
+    let mut buf: Vec<u64> = Vec::new();
+    if buf.try_reserve_exact(512).is_err() {
+        // SAFETY: our own descriptor.
+        unsafe { close(fd) };
+        return Err(std::io::ErrorKind::OutOfMemory.into());
+    }
+    let size = buf.capacity() * 8;
     let result = loop {
-        // SAFETY: `buf` is writable for its whole size.
+        // SAFETY: `buf`'s allocation is writable for its whole capacity.
         let n = unsafe { getdents64(fd, buf.as_mut_ptr().cast(), size) };
         if n < 0 {
             break Err(std::io::Error::last_os_error());

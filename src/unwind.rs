@@ -159,7 +159,7 @@ mod tests {
         // SAFETY: glibc's function of that type.
         let real = unsafe { std::mem::transmute::<*mut c_void, FindObject>(real) };
         let here = program_headers_answer_as_glibc_answers as *mut c_void;
-        // the C library's own getpid (the library's calls go through a hidden stand-in)
+        // an address in the C library
         let in_libc = crate::driver::lookup(libc::RTLD_DEFAULT, c"getpid");
         for pc in [here, in_libc, (here as usize + 1) as *mut c_void] {
             let (mut a, mut b) = (empty(), empty());

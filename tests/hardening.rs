@@ -575,21 +575,28 @@ fn the_c_api_reports_a_devices_figures() {
     assert_eq!(out.num("op3.api"), 0, "{}", out.dump());
 }
 
-/// How an ELF shared object's imports are bound: the symbols its relocations bind when it is
-/// loaded (`GLOB_DAT`, `64`), how many it binds on first call (`JUMP_SLOT`), whether it asks
-/// for immediate binding of those too, and the versions it needs (`.gnu.version_r`).
-struct Imports {
-    at_load: Vec<String>,
-    on_first_call: Vec<String>,
+/// How an ELF shared object binds its imports and what stays writable of them: the slots the
+/// dynamic linker writes a symbol's address into (`GLOB_DAT`, `JUMP_SLOT`, `64`: offset, type,
+/// name), the address of its procedure-linkage table's GOT (`DT_PLTGOT`), whether it asks for
+/// immediate binding (`DT_FLAGS` `DF_BIND_NOW` or `DT_FLAGS_1` `DF_1_NOW`; `DT_BIND_NOW`), the
+/// range the dynamic linker makes read-only after relocating (`PT_GNU_RELRO`, its end rounded
+/// down to the page as glibc's `_dl_protect_relro` does), and the versions it needs
+/// (`.gnu.version_r`).
+struct Binding {
+    slots: Vec<(usize, u64, String)>,
+    plt_got: Option<usize>,
     bind_now: bool,
+    relro: Option<std::ops::Range<usize>>,
     versions: Vec<String>,
 }
 
-fn imports_of(path: &std::path::Path) -> Imports {
+fn binding_of(path: &std::path::Path) -> Binding {
     let f = std::fs::read(path).unwrap();
     let u16_at = |o: usize| u16::from_le_bytes(f[o..o + 2].try_into().unwrap()) as usize;
     let u32_at = |o: usize| u32::from_le_bytes(f[o..o + 4].try_into().unwrap()) as usize;
     let u64_at = |o: usize| u64::from_le_bytes(f[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!((&f[..4], f[4], f[5], u16_at(0x12)), (&b"\x7fELF"[..], 2, 1, 62), "a 64-bit little-endian x86-64 ELF file");
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
     let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
     let section = |i: usize| {
         let h = shoff + i * shentsize;
@@ -603,26 +610,36 @@ fn imports_of(path: &std::path::Path) -> Imports {
     // the dynamic symbol table's name of symbol `index` (24-byte entries, st_name first)
     let dynsym = (0..shnum).map(section).find(|s| s.0 == 11).expect(".dynsym");
     let symbol_name = |index: usize| c_str(section(dynsym.3).1 + u32_at(dynsym.1 + 24 * index));
-    let mut imports = Imports { at_load: Vec::new(), on_first_call: Vec::new(), bind_now: false, versions: Vec::new() };
+    let mut b = Binding { slots: Vec::new(), plt_got: None, bind_now: false, relro: None, versions: Vec::new() };
+    // PT_GNU_RELRO: p_vaddr +0x10, p_memsz +0x28
+    for h in (0..phnum).map(|i| phoff + i * phentsize) {
+        if u32_at(h) == 0x6474_e552 {
+            let start = u64_at(h + 0x10);
+            b.relro = Some(start..(start + u64_at(h + 0x28)) & !4095);
+        }
+    }
     for i in 0..shnum {
         let (kind, off, size, link) = section(i);
         match kind {
-            // SHT_RELA: r_offset, r_info (symbol << 32 | type), r_addend
+            // SHT_RELA: r_offset, r_info (symbol << 32 | type), r_addend; R_X86_64_64 (1),
+            // GLOB_DAT (6), JUMP_SLOT (7)
             4 => {
                 for r in (off..off + size).step_by(24) {
-                    let (symbol, kind) = (u64_at(r + 8) >> 32, u64_at(r + 8) & 0xffff_ffff);
-                    match kind {
-                        1 | 6 if symbol != 0 => imports.at_load.push(symbol_name(symbol)),
-                        7 => imports.on_first_call.push(symbol_name(symbol)),
-                        _ => {}
+                    let (symbol, kind) = (u64_at(r + 8) >> 32, u64_at(r + 8) as u64 & 0xffff_ffff);
+                    if matches!(kind, 1 | 6 | 7) && symbol != 0 {
+                        b.slots.push((u64_at(r), kind, symbol_name(symbol)));
                     }
                 }
             }
-            // SHT_DYNAMIC: DT_BIND_NOW (24); DT_FLAGS (30) with DF_BIND_NOW (8); DT_FLAGS_1 with DF_1_NOW (1)
+            // SHT_DYNAMIC: DT_PLTGOT (3); DT_BIND_NOW (24); DT_FLAGS (30) with DF_BIND_NOW (8);
+            // DT_FLAGS_1 with DF_1_NOW (1)
             6 => {
                 for d in (off..off + size).step_by(16) {
                     let (tag, value) = (u64_at(d), u64_at(d + 8));
-                    imports.bind_now |= tag == 24 || (tag == 30 && value & 8 != 0) || (tag == 0x6fff_fffb && value & 1 != 0);
+                    b.bind_now |= tag == 24 || (tag == 30 && value & 8 != 0) || (tag == 0x6fff_fffb && value & 1 != 0);
+                    if tag == 3 {
+                        b.plt_got = Some(value);
+                    }
                 }
             }
             // SHT_GNU_verneed: vn_cnt u16 +2, vn_aux u32 +8, vn_next u32 +12;
@@ -633,7 +650,7 @@ fn imports_of(path: &std::path::Path) -> Imports {
                 loop {
                     let (count, mut aux) = (u16_at(need + 2), need + u32_at(need + 8));
                     for _ in 0..count {
-                        imports.versions.push(c_str(strtab + u32_at(aux + 8)));
+                        b.versions.push(c_str(strtab + u32_at(aux + 8)));
                         aux += u32_at(aux + 12);
                     }
                     if u32_at(need + 12) == 0 {
@@ -645,51 +662,40 @@ fn imports_of(path: &std::path::Path) -> Imports {
             _ => {}
         }
     }
-    imports.at_load.sort();
-    imports
+    b
 }
 
-/// The C-library functions the library calls that src/imports.rs binds on first call, read
-/// from its table (`name @ "VERSION",` lines).
-fn names_bound_on_first_call() -> Vec<String> {
-    let source = std::fs::read_to_string(workspace_root().join("src/imports.rs")).unwrap();
-    let table = source.split("bound_on_first_call! {").nth(1).expect("the table").split('}').next().unwrap();
-    table.lines().filter_map(|l| l.trim().split_once(" @ \"").map(|(name, _)| name.to_string())).collect()
-}
-
-/// The library binds its C-library functions on their first call (src/imports.rs): what the
-/// loader still looks up in every program it is preloaded into is a handful of symbols (the
-/// start files' weak `__cxa_finalize`, `environ`, which is data, and the three functions the
-/// Rust run-time refers to weakly), each function of the table has a lazily bound entry of its
-/// own (a linker that bound one to the library's own stand-in would make it jump to itself),
-/// and the newest version the library needs is glibc 2.34 (RHEL 9).
+/// Full RELRO: the library asks for immediate binding, has a `PT_GNU_RELRO` segment, and every
+/// slot the dynamic linker writes an imported address into (the GOT's, the PLT's GOT, a
+/// pointer bound by name) lies inside it, so that no function pointer of the library stays
+/// writable in the processes it is preloaded into (set-user-ID ones included, through
+/// /etc/ld.so.preload). A lazily bound library has its `JUMP_SLOT`s in a `.got.plt` that stays
+/// writable.
 #[test]
-fn the_library_binds_five_symbols_at_load_and_needs_glibc_2_34() {
-    let imports = imports_of(&shim_path());
-    // (built with GPUSHIM_DYNAMIC_UNWINDER=1, or where the compiler has no static unwinder,
-    // the library also imports libgcc_s's `_Unwind_*`)
-    let at_load: Vec<&str> = imports.at_load.iter().map(String::as_str).filter(|n| !n.starts_with("_Unwind_")).collect();
-    // (no `__cxa_thread_atexit_impl`: the library keeps no thread-local with a destructor, which
-    // a vfork child's `exit` would run in its parent's memory: src/fork.rs)
-    assert_eq!(
-        at_load,
-        ["__cxa_finalize", "environ", "getrandom", "gettid", "statx"],
-        "a C-library function the library calls is missing from src/imports.rs"
-    );
-    let table = names_bound_on_first_call();
-    assert!(table.len() > 40, "the table read from src/imports.rs: {table:?}");
-    for name in &table {
-        assert!(imports.on_first_call.contains(name), "{name} has no lazily bound entry of its own: {:?}", imports.on_first_call);
+fn the_library_binds_at_load_and_leaves_no_writable_slot() {
+    let b = binding_of(&shim_path());
+    assert!(b.bind_now, "libgpushim.so does not ask for immediate binding (DF_BIND_NOW / DF_1_NOW): build.rs, -z now");
+    let relro = b.relro.clone().expect("libgpushim.so has no PT_GNU_RELRO segment: build.rs, -z relro");
+    assert!(b.slots.len() > 40, "the slots read from the library: {:?}", b.slots);
+    let writable: Vec<_> = b.slots.iter().filter(|(at, _, _)| !relro.contains(at)).collect();
+    assert!(writable.is_empty(), "{} of {} slots outside RELRO {relro:x?}: {writable:x?}", writable.len(), b.slots.len());
+    if let Some(got) = b.plt_got {
+        assert!(relro.contains(&got), "the PLT's GOT at {got:#x} lies outside RELRO {relro:x?}");
     }
-    assert_eq!(imports.bind_now, option_env!("GPUSHIM_BIND_NOW").is_some_and(|v| !v.is_empty() && v != "0"), "build.rs: -z lazy unless GPUSHIM_BIND_NOW");
-    assert!(imports.versions.iter().any(|v| v == "GLIBC_2.34"), "{:?}", imports.versions);
-    let minor = |v: &String| v.strip_prefix("GLIBC_2.").and_then(|m| m.split('.').next()?.parse::<u32>().ok());
-    assert!(imports.versions.iter().filter(|v| v.starts_with("GLIBC_")).all(|v| minor(v).is_some_and(|m| m <= 34)), "{:?}", imports.versions);
 }
 
-/// Under GNU ld as under lld: the library loads into a program that never uses CUDA (the start
-/// files' hooks answered when it is linked) and a CUDA program's first call returns (a stand-in
-/// bound to itself would spin for ever).
+/// The newest version of the C library the library needs is glibc 2.34 (RHEL 9), with every
+/// function bound at load (a version it lacks refuses the library then, in every program).
+#[test]
+fn the_library_needs_glibc_2_34_at_most() {
+    let b = binding_of(&shim_path());
+    assert!(b.versions.iter().any(|v| v == "GLIBC_2.34"), "{:?}", b.versions);
+    let minor = |v: &String| v.strip_prefix("GLIBC_2.").and_then(|m| m.split('.').next()?.parse::<u32>().ok());
+    assert!(b.versions.iter().filter(|v| v.starts_with("GLIBC_")).all(|v| minor(v).is_some_and(|m| m <= 34)), "{:?}", b.versions);
+}
+
+/// Under GNU ld as under lld: the library loads into a program that never uses CUDA and a CUDA
+/// program's first call returns.
 #[test]
 fn a_program_runs_under_the_library() {
     let out = Run::new("/bin/true").shim(true).run();
@@ -700,8 +706,8 @@ fn a_program_runs_under_the_library() {
 }
 
 /// A program's own allocator (preloaded as jemalloc is, after the shim) serves the library's
-/// allocations too, as load-time binding would have made it, and every pointer the program's
-/// `free` sees is its own; the limit holds meanwhile (and does not without the shim).
+/// allocations too, as it does any library's, and every pointer the program's `free` sees is
+/// its own; the limit holds meanwhile (and does not without the shim).
 #[test]
 fn a_programs_own_allocator_serves_the_library() {
     let own = work_dir().join("bin").join("libown_malloc.so");
@@ -733,4 +739,60 @@ fn a_programs_own_allocator_serves_the_library() {
     assert!(shim_calls > 0, "the library's allocations did not reach the program's allocator");
     let (rc2, rc3, shim_calls, foreign) = run(own.display().to_string());
     assert_eq!((rc2, rc3, shim_calls, foreign), (0, 0, 0, 0), "without the shim");
+}
+
+/// Look-ups and calls on a small stack (tests/c/smallstack.c: a raw `clone(2)` child on a
+/// mapped stack with a guard page below it; the driver opened before, on the program's stack).
+/// The look-up that starts the shim (the first in the driver's handle) adds at most 4 KiB to
+/// glibc's own `dlsym`, any other look-up (a later one, or one through `RTLD_DEFAULT` that finds
+/// the shim's export, which no longer starts it) at most 512 bytes, `cuInit` and the first
+/// limited `cuMemAlloc_v2` at most 2 KiB each to the driver's own: so programs that look the
+/// driver up and call it on stacks of 8 and 12 KiB run (the shim added 11,856 bytes to the
+/// first look-up and crashed on 12 KiB: C-library functions bound on their first call, the
+/// settings' layers by value, directory buffers on the stack). Without the shim the same
+/// look-ups fit 4 KiB.
+#[test]
+fn lookups_and_calls_fit_a_small_stack() {
+    let limit = [("GPUSHIM_MEMORY_LIMIT", "1GiB"), ("GPUSIM_DEVICES", "1")];
+    let run = |kib: u32, what: &str, shim: bool, env: &[(&str, &str)]| {
+        let out = Run::program(Program::SmallStack).args([kib.to_string(), what.to_string()]).envs(&limit).envs(env).shim(shim).run();
+        out.assert_completed();
+        assert_eq!(out.get("child"), "exit:0", "{kib} KiB, {what}, shim {shim}: the child did not return\n{}", out.dump());
+        assert_eq!((out.num("lookup1.rc"), out.num("lookup2.rc")), (1, 1), "{kib} KiB, {what}, shim {shim}\n{}", out.dump());
+        if what == "calls" {
+            for step in ["init", "deviceget", "retain", "setcurrent", "alloc", "free"] {
+                assert_eq!(out.num(&format!("{step}.rc")), 0, "{kib} KiB, shim {shim}: {step}\n{}", out.dump());
+            }
+        }
+        out
+    };
+    for what in ["first", "default", "later"] {
+        run(4, what, false, &[]);
+    }
+    run(8, "calls", false, &[]);
+    for kib in [8, 12] {
+        for what in ["first", "default", "later", "calls"] {
+            run(kib, what, true, &[]);
+        }
+    }
+    // with a config file (the sample: the TOML parser's stack too)
+    let sample = workspace_root().join("config/gpushim.toml");
+    run(12, "first", true, &[("GPUSHIM_CONFIG", sample.to_str().unwrap())]);
+    // the figures, on a stack that holds them all: what the shim adds to each step
+    let added = |with: &RunOutput, without: &RunOutput, step: &str| {
+        let (a, b) = (with.num(&format!("{step}.stack")), without.num(&format!("{step}.stack")));
+        (a - b, format!("{step}: {a} bytes of stack with the shim, {b} without\n{}\n{}", with.dump(), without.dump()))
+    };
+    let (with, without) = (run(64, "calls", true, &[]), run(64, "calls", false, &[]));
+    for (step, most) in [("lookup1", 4096), ("init", 2048), ("alloc", 2048)] {
+        let (n, what) = added(&with, &without, step);
+        assert!(n <= most, "the shim adds {n} > {most}: {what}");
+    }
+    let (n, what) = added(&run(64, "later", true, &[]), &run(64, "later", false, &[]), "lookup1");
+    assert!(n <= 512, "a later look-up: the shim adds {n} > 512: {what}");
+    // a look-up through RTLD_DEFAULT does not start the shim (whose start-up reads the config
+    // file here: it would add ~3.5 KiB)
+    let config = [("GPUSHIM_CONFIG", sample.to_str().unwrap())];
+    let (n, what) = added(&run(64, "default", true, &config), &run(64, "default", false, &config), "lookup1");
+    assert!(n <= 512, "through RTLD_DEFAULT, the shim adds {n} > 512: {what}");
 }

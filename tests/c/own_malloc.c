@@ -3,8 +3,8 @@
 // exit prints how many calls came from libgpushim.so and how many pointers given to free or
 // realloc were not its own (memory from another allocator):
 //   own_malloc: shim_calls=N foreign=M
-// Used by tests/hardening.rs: the library's C-library calls, bound on first call
-// (src/imports.rs), must reach the program's allocator as load-time binding would.
+// Used by tests/hardening.rs: the library's C-library calls must reach the program's
+// allocator, as any library's do.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>

@@ -402,6 +402,8 @@ pub enum Program {
     FirstUse,
     /// `tests/c/forkq.c`: a forked child and its parent's figures (linked with `-lcuda`)
     ForkQuota,
+    /// `tests/c/smallstack.c`: look-ups and calls on a small `clone(2)` stack (linked with `-lcuda`)
+    SmallStack,
     /// `tests/c/modes.c`: the memory modes through the driver API (linked with `-lcuda`)
     Modes,
     /// `tests/c/nvml.c`: NVML alone
@@ -437,6 +439,7 @@ impl Program {
             Program::RealDriver => "realdrv".into(),
             Program::FirstUse => "firstuse".into(),
             Program::ForkQuota => "forkq".into(),
+            Program::SmallStack => "smallstack".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
         }
@@ -507,6 +510,13 @@ impl Program {
                 args.push(c.join(file).into());
                 args.push("-ldl".into());
                 args.push("-lpthread".into());
+            }
+            Program::SmallStack => {
+                args.push(c.join("smallstack.c").into());
+                link_cuda(&mut args);
+                // (its own calls bound at load: the stack figures are the callees')
+                args.push("-Wl,-z,now".into());
+                args.push("-ldl".into());
             }
             Program::Modes => {
                 args.push(format!("-I{}", cuda_deps(13).join("include").display()).into());
