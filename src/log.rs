@@ -19,15 +19,43 @@ pub fn configure(level: Level, file: Option<&std::path::Path>) {
     let Some(path) = file else { return };
     use std::os::unix::ffi::OsStrExt;
     let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return };
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+    // (O_NONBLOCK: a FIFO put at the path must not hang the program's first CUDA call; only a
+    // regular file or a device is kept, then written blocking)
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
     // SAFETY: `cpath` is a valid NUL-terminated string; open(2) has no other preconditions.
     let fd = unsafe { libc::open(cpath.as_ptr(), flags, 0o644) };
-    if fd >= 0 {
-        FD.store(fd, Relaxed);
-    } else {
-        let err = std::io::Error::last_os_error();
-        emit(Level::Warn, format_args!("cannot open log file {}: {err}; logging to stderr", path.display()));
+    let refused = match fd {
+        fd if fd < 0 => Some(std::io::Error::last_os_error().to_string()),
+        fd => match writable_kind(fd) {
+            Ok(()) => None,
+            Err(why) => {
+                // SAFETY: closing the descriptor just opened.
+                unsafe { libc::close(fd) };
+                Some(why.to_string())
+            }
+        },
+    };
+    match refused {
+        None => FD.store(fd, Relaxed),
+        Some(err) => emit(Level::Warn, format_args!("cannot open log file {}: {err}; logging to stderr", path.display())),
     }
+}
+
+/// A regular file or a character device (made blocking again); anything else (a FIFO, a
+/// socket) is refused.
+fn writable_kind(fd: i32) -> Result<(), &'static str> {
+    // SAFETY: `st` is a valid out-pointer for fstat of an open descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { crate::sys::fstat(fd, &mut st) } != 0 {
+        return Err("cannot stat it");
+    }
+    if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFCHR) {
+        return Err("not a regular file");
+    }
+    // SAFETY: fcntl on an open descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_APPEND) };
+    Ok(())
 }
 
 #[inline]

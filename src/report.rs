@@ -69,7 +69,7 @@ extern "C" fn write_at_exit() {
                 let limit = crate::sys::file_size_limit().unwrap_or(0);
                 if body.len() as u64 > limit {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
-                } else if let Err(e) = std::fs::write(path, body) {
+                } else if let Err(e) = write_file(path, &body) {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
             }
@@ -136,4 +136,22 @@ mod tests {
         assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
         assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));
     }
+}
+
+/// Writes the report to `path`: a regular file (created, or emptied first) or a device; a FIFO
+/// or socket there is refused rather than waited on at exit.
+fn write_file(path: &std::path::Path, body: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let kind = f.metadata()?.file_type();
+    if kind.is_file() {
+        f.set_len(0)?;
+    } else if !kind.is_char_device() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    std::io::Write::write_all(&mut f, body.as_bytes())
 }

@@ -796,3 +796,32 @@ fn lookups_and_calls_fit_a_small_stack() {
     let (n, what) = added(&run(64, "default", true, &config), &run(64, "default", false, &config), "lookup1");
     assert!(n <= 512, "through RTLD_DEFAULT, the shim adds {n} > 512: {what}");
 }
+
+/// A FIFO at the log file's or the report's path (a local user's, in a directory the
+/// configuration names) is refused, never waited on: the program's first CUDA call and its
+/// exit return (both hung, without bound, when the files were opened blocking).
+#[test]
+fn a_fifo_at_the_log_or_report_path_never_hangs_the_program() {
+    let dir = fresh_dir("fifo");
+    let (log, report) = (dir.join("log"), dir.join("report.json"));
+    for p in [&log, &report] {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+    let start = std::time::Instant::now();
+    let out = Run::program(Program::Modes)
+        .env("GPUSIM_DEVICES", "1")
+        .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+        .env("GPUSHIM_LOG_FILE", &log)
+        .env("GPUSHIM_REPORT", &report)
+        .args(["ctx=v2", &alloc(2 * GIB)])
+        .mode(Passthrough)
+        .run();
+    out.assert_completed();
+    assert!(start.elapsed() < std::time::Duration::from_secs(60), "{:?}", start.elapsed());
+    assert_eq!((out.num("init.rc"), rc(&out, 2)), (0, OOM), "{}", out.dump());
+    let err = out.stderr_text();
+    assert!(err.contains(&format!("gpushim: warn: cannot open log file {}: ", log.display())), "{}", out.dump());
+    assert!(err.contains(&format!("gpushim: warn: cannot write the report to {}: ", report.display())), "{}", out.dump());
+}

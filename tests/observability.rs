@@ -367,7 +367,8 @@ fn a_process_without_limits_is_listed() {
 /// new lines: no C0 control (escape, bell, carriage return...), no DEL, no C1 control.
 fn assert_printable(what: &str, out: &[u8]) {
     let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("{what}: not UTF-8 ({e}): {out:?}"));
-    let bad: Vec<char> = text.chars().filter(|&c| c.is_control() && c != '\n').collect();
+    let reorders = |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
+    let bad: Vec<char> = text.chars().filter(|&c| (c.is_control() && c != '\n') || reorders(c)).collect();
     assert!(bad.is_empty(), "{what}: control characters {bad:?} in\n{text:?}");
 }
 
@@ -402,8 +403,9 @@ fn names_from_files_reach_no_terminal_raw() {
     let a = node.start_program(&link, None, &[("GPUSHIM_MEMORY_LIMIT", "64MiB")], &[&format!("alloc=mem:{}", 4 * MIB)]);
     let b = node.start_program(&link, None, &[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_SHARED_QUOTA", "evilq")], &[&format!("alloc=mem:{}", 2 * MIB)]);
     let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
-    overwrite(&published_file(&node.state, &pa), phys_uuid(0).as_bytes(), b"GPU-\x1b[2J\x1b[31m\x9b\xc2\x85x");
-    let uuid = "GPU-?[2J?[31m\u{FFFD}?x";
+    // (and U+202E, a right-to-left override, which reorders what follows it on the line)
+    overwrite(&published_file(&node.state, &pa), phys_uuid(0).as_bytes(), b"GPU-\x1b[2J\x1b[31m\x9b\xc2\x85x\xe2\x80\xaey");
+    let uuid = "GPU-?[2J?[31m\u{FFFD}?x?y";
     overwrite(&published_file(&node.state, &pb), b"evilq", b"\x1b[5mq");
     // ps
     let ps = node.gpushim(&["ps"]);

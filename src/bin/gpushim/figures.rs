@@ -108,7 +108,14 @@ fn make_printable(f: &mut Figures) {
 /// controls U+0080–U+009F: escape sequences, bells, new lines, carriage returns, backspaces)
 /// replaced by `?`, as procps' `ps` does. (Bytes that are not UTF-8 were read as U+FFFD.)
 pub fn printable(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+    s.chars().map(|c| if c.is_control() || reorders_text(c) { '?' } else { c }).collect()
+}
+
+/// Characters that are no controls but change how a terminal lays the line out: the
+/// bidirectional marks, embeddings, overrides and isolates, zero-width ones, the line and
+/// paragraph separators (a name could make a row read as another).
+fn reorders_text(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
 }
 
 fn owner_of(dir: &std::path::Path) -> Option<u32> {
