@@ -82,7 +82,10 @@ pub fn emit_plain(text: &str) {
 }
 
 /// [`emit`] without allocating: the line formatted on the stack (cut at 511 bytes), for lines
-/// written where the thread may have been interrupted inside the allocator (`bounded`).
+/// written where the thread may have been interrupted inside the allocator (`bounded`). Cold
+/// and never inlined: its buffer must not sit in the frames of start-up (README: stack use).
+#[cold]
+#[inline(never)]
 pub fn emit_unallocated(level: Level, args: fmt::Arguments<'_>) {
     struct Line {
         buf: [u8; 512],

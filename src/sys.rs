@@ -219,7 +219,9 @@ pub fn file_size_limit() -> std::io::Result<u64> {
 
 /// Writes zeros to `fd` from `from` to `to` (the file's end to its new end, see [`allocate`]).
 fn write_zeros(fd: c_int, from: u64, to: u64) -> std::io::Result<()> {
-    let zeros = [0u8; 4096];
+    // (static, not on the stack: start-up may run on a small one, README: stack use)
+    static ZEROS: [u8; 4096] = [0; 4096];
+    let zeros = &ZEROS;
     let (mut at, mut interrupted) = (from, 0);
     while at < to {
         let n = (to - at).min(zeros.len() as u64) as usize;

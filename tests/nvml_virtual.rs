@@ -17,22 +17,6 @@ const P2P_NOT_SUPPORTED: i64 = 5;
 /// `NVML_TOPOLOGY_HOSTBRIDGE` between two simulated GPUs; `NVML_TOPOLOGY_INTERNAL` (0) for one.
 const TOPOLOGY_HOSTBRIDGE: i64 = 30;
 
-/// The UUID gpushim derives for part `index` of simulated physical device `p`
-/// (`devices::part_uuid`: an RFC 9562 version-8 UUID whose last 8 bytes are an FNV-1a hash of
-/// the physical UUID, the index and "gpushim").
-fn part_uuid(p: u32, index: u32) -> String {
-    let mut u: [u8; 16] = std::array::from_fn(|i| ((0x10 * (p + 1) + i as u32) & 0xff) as u8);
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in u.iter().chain(index.to_le_bytes().iter()).chain(b"gpushim".iter()) {
-        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    u[8..16].copy_from_slice(&h.to_be_bytes());
-    u[6] = (u[6] & 0x0f) | 0x80;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
-}
-
 /// One device NVML shows: its physical GPU, its UUID and its memory total.
 #[derive(Clone, Debug)]
 struct Shown {
