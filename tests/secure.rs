@@ -130,8 +130,9 @@ impl Sandbox {
     }
 
     /// Runs `bin/<prog>` as `nobody` with exactly `env` (plus the simulator's own settings),
-    /// in a namespace whose `/etc` is `etc` and whose `/tmp` and `/run` are empty; then lists,
-    /// as root, what the run left there (`left./tmp/NAME=UID`).
+    /// in a namespace whose `/etc` is `etc` and whose `/tmp` and `/run` are empty (the sandbox
+    /// mounted back at its own path, which may lie under `/tmp`); then lists, as root, the
+    /// shim's directories the run left there (`left./tmp/gpushim-UID=UID`).
     fn run(&self, etc: &str, prog: &str, env: &[(&str, String)], args: &[&str]) -> RunOutput {
         let vars: Vec<String> = [("GPUSIM_DEVICES", "2".to_string()), ("GPUSIM_MEMORY", "16GiB".to_string())]
             .iter()
@@ -140,12 +141,16 @@ impl Sandbox {
             .collect();
         let script = format!(
             "set -e\n\
-             mount --bind {etc} /etc\n\
+             mount --bind {sb} /mnt\n\
              mount -t tmpfs tmpfs /tmp\n\
              mount -t tmpfs tmpfs /run\n\
+             umask 022; mkdir -p {sb}\n\
+             mount --bind /mnt {sb}\n\
+             mount --bind {etc} /etc\n\
              setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups -- env -i PATH=/usr/bin:/bin {vars} {prog} {args} || echo exit={NOBODY}\n\
-             for f in /tmp/* /run/*; do [ -e \"$f\" ] && echo \"left.$f=$(stat -c %u \"$f\")\"; done; true\n",
+             for f in /tmp/gpushim* /run/gpushim*; do [ -e \"$f\" ] && echo \"left.$f=$(stat -c %u \"$f\")\"; done; true\n",
             etc = q(&self.path(etc)),
+            sb = q(&self.dir),
             vars = vars.join(" "),
             prog = q(&self.path(&format!("bin/{prog}"))),
             args = args.join(" "),
