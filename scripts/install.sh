@@ -129,7 +129,7 @@ or, with the tool:
 In a container image:
   ENTRYPOINT ["${prefix%/}/bin/gpushim-entrypoint"]
 For every process of a machine or container, add this line to /etc/ld.so.preload (read the
-README's cautions first: it affects every program started afterwards; GPUSHIM_DISABLE=1 turns
+manual's cautions first, docs/src/deployment.md: it affects every program started afterwards; GPUSHIM_DISABLE=1 turns
 the shim off per process, and deleting the line undoes it):
   $lib
 Uninstall: bash scripts/install.sh --prefix ${prefix%/} --uninstall

@@ -30,4 +30,6 @@ bash scripts/fetch-drivers.sh
 bash scripts/fetch-frameworks.sh
 bash scripts/fetch-prometheus.sh
 cargo build --release --workspace --all-targets
+python3 scripts/readme-commands.py   # every command of README.md (docs/src/tests.md)
+bash scripts/docs.sh                 # the manual: mdBook build and link check
 cargo test --release --workspace "$@"
