@@ -132,3 +132,48 @@ fn processes_under_one_sim_see_each_other() {
     assert_eq!(used, 96 * MIB, "NVML shows what both processes hold: {gpu0}");
     assert_left_nothing(&tmp);
 }
+
+/// Without the simulator's libraries next to the command, it says what to build.
+#[test]
+fn sim_says_what_to_build() {
+    let (tmp, state) = dirs();
+    let alone = fresh_dir("sim-alone").join("gpushim");
+    std::fs::copy(cli(), &alone).unwrap();
+    let out = Run::new(&alone).without_sim().args(["sim", "--", "true"]).env("TMPDIR", &tmp).env("GPUSHIM_STATE_DIR", &state).run();
+    assert_eq!(out.status.code(), Some(125), "{}", out.dump());
+    assert!(
+        out.stderr_text().contains("the simulated GPUs are not built: no libcuda.so in ")
+            && out.stderr_text().contains("cargo build --release -p gpusim-cuda -p gpusim-nvml"),
+        "{}",
+        out.dump()
+    );
+    assert_left_nothing(&tmp);
+}
+
+/// SIGTERM to `gpushim sim` reaches the command, and the directory is removed.
+#[test]
+fn sim_passes_sigterm_on_and_cleans_up() {
+    let (tmp, state) = dirs();
+    shim_path();
+    sim_library();
+    nvml_sim_library();
+    let mut child = std::process::Command::new(cli())
+        .args(["sim", "--", "sleep", "60"])
+        .env("TMPDIR", &tmp)
+        .env("XDG_RUNTIME_DIR", "")
+        .env("GPUSHIM_STATE_DIR", &state)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(&tmp).unwrap().next().is_none() {
+        assert!(std::time::Instant::now() < deadline, "gpushim sim made no directory");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_left_nothing(&tmp);
+}

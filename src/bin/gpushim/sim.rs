@@ -7,6 +7,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::SimArgs;
 use crate::units::format_size;
@@ -50,11 +51,17 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
         Err(e) => return Err(crate::run::exec_failure("sim", &program, &e)),
     };
     // Ctrl-C and Ctrl-\ are the command's (a shell's, a program's): this process waits for it
-    // and then cleans up, as a shell does for its foreground job.
-    // SAFETY: changing signal dispositions; no handler of ours runs.
+    // and then cleans up, as a shell does for its foreground job. SIGTERM and SIGHUP sent to
+    // this process are passed on to the command, so that the directory is removed then too.
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    // SAFETY: changing signal dispositions; `forward` only calls kill(2), which is
+    // async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        for signal in [libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(signal, forward as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        }
     }
     let status = child.wait().map_err(|e| Failure::setup("sim", format!("cannot wait for the command: {e}")))?;
     drop(dir);
@@ -63,6 +70,17 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
         (Some(code), _) => Err(Failure::status(code.clamp(0, 255) as u8)),
         (None, Some(signal)) => Err(Failure::status((128 + signal).clamp(0, 255) as u8)),
         (None, None) => Err(Failure::status(1)),
+    }
+}
+
+/// The command's pid, for [`forward`].
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(signal: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill(2) on the child's pid.
+        unsafe { libc::kill(pid, signal) };
     }
 }
 
