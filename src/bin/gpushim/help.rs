@@ -188,7 +188,8 @@ DESCRIPTION
     (libnvidia_ml.so), built next to this program (cargo build --release -p gpusim-cuda -p
     gpusim-nvml), come first on LD_LIBRARY_PATH. Every process started in it shares the
     simulated GPUs' memory (GPUSIM_NODE_STATE), so what gpushim ps, top and metrics show of the
-    GPUs inside it is what all its processes hold. Leave the shell with exit (or Ctrl-D).
+    GPUs inside it is what all its processes hold. The directory of this gpushim is added at the
+    end of PATH. Leave the shell with exit (or Ctrl-D).
 
     The simulator's files are in a private directory (mode 0700, in $XDG_RUNTIME_DIR, else
     $TMPDIR, else /tmp), removed when COMMAND ends. Nothing of this is in libgpushim.so.";

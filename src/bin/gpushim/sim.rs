@@ -33,6 +33,12 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
         search.push(":");
         search.push(old);
     }
+    // `gpushim` works in there (after the user's own PATH, which wins)
+    let mut path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        path.push(":");
+        path.push(dir);
+    }
     let leave = if a.command.is_empty() { "leave it with exit or Ctrl-D" } else { "it ends with the command" };
     eprintln!(
         "gpushim sim: SIMULATED GPUs ({} x {}), not real ones: the project's simulated CUDA driver and NVML; {leave}",
@@ -42,6 +48,7 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
     let child = Command::new(&program)
         .args(args)
         .env("LD_LIBRARY_PATH", search)
+        .env("PATH", path)
         .env("GPUSIM_DEVICES", a.gpus.to_string())
         .env("GPUSIM_MEMORY", a.memory.to_string())
         .env("GPUSIM_NODE_STATE", dir.0.join("node-state"))
