@@ -337,3 +337,85 @@ fn run_log_placement() {
     assert!(out.stderr_text().lines().any(|l| l == line), "{line}\n{}", out.dump());
     assert!(out.stderr_text().contains("gpushim placement (pid "), "{}", out.dump());
 }
+
+// ---------------------------------------------------------------------------------------
+// The command line's definition: every page, completions, the manual's reference, ps
+// ---------------------------------------------------------------------------------------
+
+/// Every command's page (`gpushim help COMMAND` and `gpushim COMMAND --help`) is made from the
+/// one definition: the same man-page sections everywhere.
+#[test]
+fn every_command_has_its_page() {
+    for command in ["run", "check", "ps", "top", "metrics", "sim", "help", "completions"] {
+        let page = gpushim(args!["help", command]).without_sim().run();
+        assert_status(&page, 0, command);
+        let text = page.stdout_text();
+        assert!(text.starts_with(&format!("NAME\n    gpushim {command} - ")), "{command}:\n{text}");
+        for section in ["SYNOPSIS", "OPTIONS", "EXAMPLES"] {
+            assert!(text.contains(&format!("\n{section}\n")), "{command}: {section}\n{text}");
+        }
+        let flag = gpushim(args![command, "--help"]).without_sim().run();
+        assert_eq!(flag.stdout_text(), text, "{command} --help is gpushim help {command}");
+    }
+    // the hidden commands are on no page
+    let main = gpushim(args!["--help"]).without_sim().run().stdout_text();
+    assert!(!main.contains("__probe") && !main.contains("__reference"), "{main}");
+    // no command at all: the main page on stderr, status 2
+    let none = gpushim(Vec::<String>::new()).without_sim().run();
+    assert_status(&none, 2, "no command");
+    assert!(none.stderr_text().starts_with("NAME\n    gpushim - "), "{}", none.dump());
+    let none = gpushim(args!["help", "nope"]).without_sim().run();
+    assert_status(&none, 2, "help nope");
+    assert!(none.stderr_text().starts_with("gpushim help: no help on \"nope\""), "{}", none.dump());
+}
+
+/// `gpushim completions SHELL` prints a script that knows the commands and their options.
+#[test]
+fn shell_completions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = gpushim(args!["completions", shell]).without_sim().run();
+        assert_status(&out, 0, shell);
+        let text = out.stdout_text();
+        for word in ["gpushim", "check", "metrics", "sim", "memory-limit", "interval"] {
+            assert!(text.contains(word), "{shell}: {word}\n{text}");
+        }
+        assert!(!text.contains("__probe"), "{shell}: the hidden probe is offered");
+    }
+    let out = gpushim(args!["completions", "tcsh"]).without_sim().run();
+    assert_status(&out, 2, "an unknown shell");
+    assert!(out.stderr_text().starts_with("gpushim completions: SHELL \"tcsh\": ") || out.stderr_text().contains("\"tcsh\""), "{}", out.dump());
+    // bash reads it without complaint
+    let script = scratch_path("completion.bash");
+    std::fs::write(&script, gpushim(args!["completions", "bash"]).without_sim().run().stdout).unwrap();
+    let check = Run::new("bash").without_sim().args(["-c", &format!("source {} && complete -p gpushim", script.display())]).run();
+    assert_status(&check, 0, "bash sources the completion");
+}
+
+/// The manual's command reference (docs/src/commands.md) is what the command prints.
+#[test]
+fn the_manual_reference_is_current() {
+    let out = gpushim(args!["__reference"]).without_sim().run();
+    assert_status(&out, 0, "__reference");
+    let path = workspace_root().join("docs/src/commands.md");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == out.stdout_text(),
+        "{} differs from what the command's definition makes; regenerate it with\n    \
+         cargo build --release -p gpushim --bin gpushim && target/release/gpushim __reference > docs/src/commands.md",
+        path.display()
+    );
+}
+
+/// `gpushim ps` with nothing running says so, in one line, and succeeds.
+#[test]
+fn ps_with_nothing_running() {
+    let state = fresh_dir("ps-empty");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let out = gpushim(args!["ps"]).without_sim().env("GPUSHIM_STATE_DIR", &state).env("GPUSHIM_CONFIG", "/dev/null").run();
+    assert_status(&out, 0, "ps");
+    assert_eq!(out.stdout_text(), format!("nothing runs under gpushim: no process and no shared quota in {}\n", state.display()));
+    assert_eq!(out.stderr_text(), "");
+}

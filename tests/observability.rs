@@ -124,7 +124,8 @@ fn nothing_without_cuda() {
 
 
 /// `gpushim top` in a real terminal (tmux): the program's row with its figures under its GPU,
-/// `s` changes the order, `q` quits; not on a terminal it prints the `ps` snapshot.
+/// the screen follows the terminal's size, `s` changes the order, `q` quits; not on a terminal
+/// it prints the `ps` snapshot.
 #[test]
 fn top_in_a_terminal() {
     let node = Node::new("obs-top");
@@ -173,6 +174,17 @@ fn top_in_a_terminal() {
     let row_b = screen.lines().find(|l| l.trim_start().starts_with(&format!("{pb} ")) && l.contains("8 MiB")).unwrap_or_else(|| panic!("{screen}"));
     assert!(row_b.contains(" 1 tq"), "refusals and quota: {row_b}");
     assert!(screen.contains("tq (root)"), "{screen}");
+    // the terminal made smaller, then larger: top follows its size at once (no key pressed)
+    let o = tmux(&["resize-window", "-t", "top", "-x", "60", "-y", "12"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let small = wait_screen(
+        &|s: &str| s.lines().next().is_some_and(|l| l.starts_with("gpushim top - 2 processes") && !l.contains("refresh")),
+        "top did not follow the smaller terminal",
+    );
+    assert!(small.lines().count() <= 12 && small.lines().all(|l| l.chars().count() <= 60), "{small}");
+    let o = tmux(&["resize-window", "-t", "top", "-x", "200", "-y", "40"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_screen(&|s: &str| s.contains("keys: q quit, s order, r refresh") && s.contains(&pa) && s.contains(&pb), "top did not follow the larger terminal");
     tmux(&["send-keys", "-t", "top", "s"]);
     wait_screen(&|s: &str| s.contains("order: pid"), "s did not change the order");
     tmux(&["send-keys", "-t", "top", "s"]);
@@ -330,7 +342,7 @@ fn command_lines() {
         (&["help", "metrics"][..], 0, "gpushim_allocations_refused_total"),
         (&["help", "top"][..], 0, "s changes the"),
         (&["metrics", "--help"][..], 0, "--listen ADDR:PORT"),
-        (&["metrics", "--bogus"][..], 2, "unexpected argument \"--bogus\""),
+        (&["metrics", "--bogus"][..], 2, "unknown option --bogus"),
         (&["metrics", "--listen"][..], 2, "--listen needs an address"),
         (&["top", "--interval", "0"][..], 2, "--interval needs seconds"),
         (&["metrics", "--listen", "256.0.0.1:1"][..], 1, "cannot listen on 256.0.0.1:1"),

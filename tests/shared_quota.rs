@@ -411,7 +411,7 @@ fn ps_lists_quotas_and_members() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert_eq!(ps(), format!("no shared quota in {}\n", node.state.display()));
+    assert_eq!(ps(), format!("nothing runs under gpushim: no process and no shared quota in {}\n", node.state.display()));
     let a = node.start_holder("job", 48 * MIB);
     let b = node.start_holder("job", 8 * MIB);
     let solo = node.start_holder_with(&[("GPUSHIM_MEMORY_LIMIT", "1GiB")], MIB);

@@ -1,4 +1,9 @@
-//! Memory in use, from the simulated CUDA driver loaded in the same process.
+//! Memory in use, from the simulated CUDA driver loaded in the same process, or from the node
+//! state all simulated processes share.
+//!
+//! With `GPUSIM_NODE_STATE` naming the simulated driver's node-wide file (`sim/cuda`'s `node`:
+//! magic `gpusimND` at 0, device `d`'s `used` at 64 + 32·d + 8), `used(p)` is what every process
+//! of the node holds on physical device `p`, as NVML shows of a real GPU; otherwise:
 //!
 //! If `libcuda.so.1` is already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`: never loads it) and
 //! exports the simulator's hook `int gpusim_stats(int physical, uint64_t *used, uint64_t *peak,
@@ -40,6 +45,9 @@ fn stats_fn() -> Option<StatsFn> {
 /// Bytes the simulated driver in this process has allocated on physical device `p` (0 if no
 /// simulated driver is loaded or it does not know `p`).
 pub fn used(p: usize) -> u64 {
+    if let Some(used) = node_used(p) {
+        return used;
+    }
     let Some(f) = stats_fn() else { return 0 };
     let mut used = 0u64;
     // SAFETY: `f` is the simulator's `gpusim_stats`; NULL out-pointers are skipped by it.
@@ -66,4 +74,23 @@ mod tests {
         assert_eq!(super::used(0), 0);
         assert_eq!(super::used(99), 0);
     }
+}
+
+/// Device `p`'s memory in use on the node (`GPUSIM_NODE_STATE`), when that file is a node
+/// state (read without its lock: a figure, never a decision).
+fn node_used(p: usize) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    const MAGIC: &[u8; 8] = b"gpusimND";
+    if p >= 16 {
+        return None;
+    }
+    let path = std::env::var_os("GPUSIM_NODE_STATE").filter(|v| !v.is_empty())?;
+    let file = std::fs::File::open(path).ok()?;
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, 0).ok()?;
+    if &word != MAGIC {
+        return None;
+    }
+    file.read_exact_at(&mut word, 64 + 32 * p as u64 + 8).ok()?;
+    Some(u64::from_le_bytes(word))
 }

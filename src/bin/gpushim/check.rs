@@ -21,12 +21,8 @@ use crate::{library, options, Failure, EXIT_CHECK_FAILED};
 /// A probe that takes longer than this (a driver hanging in `cuInit`) is killed.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 
-pub fn main(args: &[OsString]) -> Result<(), Failure> {
-    let parsed = options::parse("check", args, false, &[])?;
-    if parsed.switches.contains(&"--help") {
-        print!("{}", crate::help::check());
-        return Ok(());
-    }
+pub fn main(args: &crate::cli::CheckArgs) -> Result<(), Failure> {
+    let parsed = crate::cli::resolve("check", &args.options)?;
     let env = options::environment(&parsed);
     let settings = options::settings(&env).map_err(|e| Failure::plain(e.to_string()))?;
     for warning in &settings.warnings {

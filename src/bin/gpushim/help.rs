@@ -1,56 +1,121 @@
-//! The `--help` pages. The options section is generated from `options::SETTINGS`, so the
-//! pages cannot drift from what the parser accepts.
+//! The prose of the help pages (DESCRIPTION, EXIT STATUS, EXAMPLES) and the man-page layout
+//! they are put in; the names, synopses and options come from the definition in `cli.rs`.
 
-use crate::options::{DEVICE_LIMIT_FLAG, LIBRARY_FLAG, SETTINGS};
-
-pub const MAIN: &str = "\
+/// The main page: NAME, SYNOPSIS, DESCRIPTION, COMMANDS, OPTIONS, then the rest.
+pub const ROOT_TEMPLATE: &str = "\
 NAME
-    gpushim - give a CUDA program only the GPUs and memory it is allotted
+    gpushim - {about}
 
 SYNOPSIS
-    gpushim run [OPTIONS] [--] COMMAND [ARGS...]
-    gpushim check [OPTIONS]
-    gpushim ps [--quota NAME]
-    gpushim top [--interval SECONDS]
-    gpushim metrics [--listen ADDR:PORT] [--no-gpus]
-    gpushim help [run|check|ps|top|metrics]
-    gpushim --version
+    {usage}
 
+{before-help}COMMANDS
+{subcommands}
+
+OPTIONS
+{options}{after-help}";
+
+/// A command's page.
+pub const COMMAND_TEMPLATE: &str = "\
+NAME
+    {name} - {about}
+
+SYNOPSIS
+    {usage}
+
+{before-help}OPTIONS
+{options}{after-help}";
+
+/// A command's page, with its arguments.
+pub const COMMAND_TEMPLATE_ARGS: &str = "\
+NAME
+    {name} - {about}
+
+SYNOPSIS
+    {usage}
+
+{before-help}ARGUMENTS
+{positionals}
+
+OPTIONS
+{options}{after-help}";
+
+pub const MAIN_DESCRIPTION: &str = "\
 DESCRIPTION
     gpushim loads libgpushim.so into an unmodified CUDA program (LD_PRELOAD). The program then
     sees only the devices it is given, in the order given, each with a memory limit; one GPU may
     appear as several virtual devices. The same settings work as GPUSHIM_* environment variables
     and in a TOML config file (/etc/gpushim/gpushim.toml, or GPUSHIM_CONFIG).
 
-    run      start COMMAND under the shim with the options applied
-    check    validate the configuration and show the devices a program would see
-    ps       list this user's processes under the shim and its shared quotas
-    top      the same, live, in the terminal
-    metrics  the same figures for Prometheus (printed, or served on /metrics)
+    gpushim COMMAND --help (or gpushim help COMMAND) shows a command's page.";
+
+pub const MAIN_AFTER: &str = "\
+EXIT STATUS
+    The command's own (see its page); 2 for a command line that cannot be understood.
 
 EXAMPLES
     gpushim run --visible-devices 1 --memory-limit 40% -- python train.py
     gpushim run --virtual-devices 0:2x8GiB --memory-mode grow -- ./app
     GPUSHIM_MEMORY_LIMIT=4GiB gpushim check
+    gpushim sim --gpus 3 -- gpushim check
+    gpushim completions bash > /etc/bash_completion.d/gpushim
 
 SEE ALSO
-    gpushim help run, gpushim help check, the README's Configuration section.
-";
+    gpushim help run, gpushim help check, the manual (docs/).";
 
-pub const PS: &str = "\
-NAME
-    gpushim ps - list the processes under the shim and the shared quotas
+pub const RUN_DESCRIPTION: &str = "\
+DESCRIPTION
+    Sets the variables the options name, puts libgpushim.so first in LD_PRELOAD and replaces
+    itself with COMMAND (found on PATH), which inherits everything else of the environment.
+    Each option is the same as its variable; an option overrides the variable of the same name,
+    and both override the config file. Options end at -- or at the first argument that is not
+    an option.
 
-SYNOPSIS
-    gpushim ps [--quota NAME]
+    Before starting COMMAND the configuration it would get (options, environment, config
+    file) is checked with the shim's own rules; an error is printed as the shim would print
+    it and nothing is started.";
 
+pub const RUN_AFTER: &str = "\
+EXIT STATUS
+    COMMAND's own status; 125 when gpushim cannot start it (bad option or configuration,
+    library not found); 126 when COMMAND cannot be executed; 127 when it is not found.
+
+EXAMPLES
+    gpushim run --memory-limit 4GiB -- python train.py
+    gpushim run --visible-devices GPU-8f3a,0 --memory-limit-device 0=10GiB -- ./app
+    gpushim run --report usage.json --memory-mode preallocate -- ./app";
+
+pub const CHECK_DESCRIPTION: &str = "\
+DESCRIPTION
+    Reads the configuration exactly as the shim would (the options below, the environment, the
+    config file) and prints every setting with its value and where it came from. Then it runs a
+    small probe under libgpushim.so that asks the CUDA driver and NVML what a program sees, and
+    prints each device: its ordinal, the GPU it is (nvidia-smi's index, and which part of it
+    when split), name, UUID, PCI bus id, the GPU's memory, the effective limit, which setting
+    gave it, and the memory mode. It also checks that NVML (nvidia-smi) shows the same devices.
+    No context is created and no memory allocated.";
+
+pub const CHECK_AFTER: &str = "\
+EXIT STATUS
+    0 when the configuration is valid and the devices could be listed; 1 when a setting is
+    invalid (with the same message the shim would print), the library cannot be found or
+    loaded, the driver cannot be opened or initialised under the shim, or NVML and CUDA
+    disagree; 2 for a command line that cannot be understood.
+
+EXAMPLES
+    gpushim check
+    GPUSHIM_CONFIG=/etc/gpushim/job.toml gpushim check
+    gpushim check --visible-devices 1,0 --memory-limit 50%";
+
+pub const PS_DESCRIPTION: &str = "\
 DESCRIPTION
     Without --quota, first every process of this user under the shim (all users' when run as
     root): pid, user, name, its shared quota, and per device of its view (ordinal, GPU UUID,
     part of a split GPU) what it holds, its peak, what is reserved for it, its limit and the
     allocations refused. The figures are the ones the process publishes in the state directory
     (proc-PID-NONCE) as they change; a process killed without exiting is shown as exited until the
-    next process of the user that starts CUDA removes its entry.
+    next process of the user that starts CUDA removes its entry. With no process under the shim,
+    one line says so.
 
     For each shared quota of this user (GPUSHIM_SHARED_QUOTA), or only NAME: every device with
     the bytes all members hold now and at most, the budget (the largest limit of a live member)
@@ -61,44 +126,36 @@ DESCRIPTION
     Nothing is changed.
 
     The files are in the state directory: GPUSHIM_STATE_DIR or the config file's state_dir,
-    else $XDG_RUNTIME_DIR/gpushim, else /tmp/gpushim-UID.
+    else $XDG_RUNTIME_DIR/gpushim, else /tmp/gpushim-UID.";
 
+pub const PS_AFTER: &str = "\
 EXIT STATUS
-    0; 1 when a quota file cannot be read or the configuration is invalid; 2 for a bad
-    command line.
+    0 (also when nothing runs under the shim); 1 when a quota file cannot be read or the
+    configuration is invalid; 2 for a bad command line.
 
 EXAMPLES
     gpushim ps
-    gpushim ps --quota job42
-";
+    gpushim ps --quota job42";
 
-pub const TOP: &str = "\
-NAME
-    gpushim top - the processes under the shim, live
-
-SYNOPSIS
-    gpushim top [--interval SECONDS]
-
+pub const TOP_DESCRIPTION: &str = "\
 DESCRIPTION
     A live view of what gpushim ps shows, refreshed every SECONDS (default 1): per GPU its
     memory as NVML sees it (used of total), then each process under the shim on it with a bar
     of what it holds against its limit, its peak, its limit, its shared quota and the
-    allocations refused; then the shared quotas. Keys: q (or Ctrl-C) quits; s changes the
-    order (memory in use, pid, refusals, name); r refreshes now.
+    allocations refused; then the shared quotas. It follows the terminal's size. Keys: q (or
+    Ctrl-C) quits; s changes the order (memory in use, pid, refusals, name); r refreshes now.
 
-    When standard output is not a terminal, prints one snapshot (gpushim ps) and exits.
+    When standard output is not a terminal, prints one snapshot (gpushim ps) and exits.";
 
+pub const TOP_AFTER: &str = "\
 EXIT STATUS
     0; 1 when the state directory cannot be read; 2 for a bad command line.
-";
 
-pub const METRICS: &str = "\
-NAME
-    gpushim metrics - the figures of gpushim ps for Prometheus
+EXAMPLES
+    gpushim top
+    gpushim top --interval 5";
 
-SYNOPSIS
-    gpushim metrics [--listen ADDR:PORT] [--no-gpus]
-
+pub const METRICS_DESCRIPTION: &str = "\
 DESCRIPTION
     Prints the figures in the Prometheus text exposition format (for node-exporter's textfile
     collector), or, with --listen, serves them over HTTP on /metrics (GET or HEAD) to many
@@ -113,135 +170,47 @@ DESCRIPTION
     (NVML; labels gpu, gpu_uuid, name; left out with --no-gpus).
 
     Only this user's processes are shown, unless run as root. The endpoint answers anyone who
-    can connect to ADDR: keep it on 127.0.0.1 (or a pod's network) when others share the node.
+    can connect to ADDR: keep it on 127.0.0.1 (or a pod's network) when others share the node.";
+
+pub const METRICS_AFTER: &str = "\
+EXIT STATUS
+    0; 1 when the figures cannot be read or the address cannot be listened on; 2 for a bad
+    command line.
 
 EXAMPLES
     gpushim metrics > /var/lib/node_exporter/textfile/gpushim.prom
-    gpushim metrics --listen 127.0.0.1:9400
-";
+    gpushim metrics --listen 127.0.0.1:9400";
 
-pub fn run() -> String {
-    format!(
-        "\
-NAME
-    gpushim run - run a command under libgpushim.so
-
-SYNOPSIS
-    gpushim run [OPTIONS] [--] COMMAND [ARGS...]
-
+pub const SIM_DESCRIPTION: &str = "\
 DESCRIPTION
-    Sets the variables the options name, puts libgpushim.so first in LD_PRELOAD and replaces
-    itself with COMMAND (found on PATH), which inherits everything else of the environment.
-    Each option is the same as its variable; an option overrides the variable of the same name,
-    and both override the config file. Options end at -- or at the first argument that is not
-    an option.
+    Runs COMMAND (default: your $SHELL, else /bin/sh) on the project's SIMULATED GPUs, to try
+    gpushim where there is no GPU: the simulated CUDA driver (libcuda.so) and NVML
+    (libnvidia_ml.so), built next to this program (cargo build --release -p gpusim-cuda -p
+    gpusim-nvml), come first on LD_LIBRARY_PATH. Every process started in it shares the
+    simulated GPUs' memory (GPUSIM_NODE_STATE), so what gpushim ps, top and metrics show of the
+    GPUs inside it is what all its processes hold. The directory of this gpushim is added at the
+    end of PATH. Leave the shell with exit (or Ctrl-D).
 
-    Before starting COMMAND the configuration it would get (options, environment, config
-    file) is checked with the shim's own rules; an error is printed as the shim would print
-    it and nothing is started.
+    The simulator's files are in a private directory (mode 0700, in $XDG_RUNTIME_DIR, else
+    $TMPDIR, else /tmp), removed when COMMAND ends. Nothing of this is in libgpushim.so.";
 
-OPTIONS
-{options}
+pub const SIM_AFTER: &str = "\
 EXIT STATUS
-    COMMAND's own status; 125 when gpushim cannot start it (bad option or configuration,
-    library not found); 126 when COMMAND cannot be executed; 127 when it is not found.
+    COMMAND's own status; 125 when gpushim cannot set the simulator up (not built, no private
+    directory); 126 when COMMAND cannot be executed; 127 when it is not found.
 
 EXAMPLES
-    gpushim run --memory-limit 4GiB -- python train.py
-    gpushim run --visible-devices GPU-8f3a,0 --memory-limit-device 0=10GiB -- ./app
-    gpushim run --report usage.json --memory-mode preallocate -- ./app
-",
-        options = options_section()
-    )
-}
+    gpushim sim
+    gpushim sim --gpus 3 -- gpushim check
+    gpushim sim --memory 8GiB -- gpushim run --memory-limit 2GiB -- ./app";
 
-pub fn check() -> String {
-    format!(
-        "\
-NAME
-    gpushim check - validate a configuration and show the devices a program would see
-
-SYNOPSIS
-    gpushim check [OPTIONS]
-
-DESCRIPTION
-    Reads the configuration exactly as the shim would (the options below, the environment, the
-    config file) and prints every setting with its value and where it came from. Then it runs a
-    small probe under libgpushim.so that asks the CUDA driver and NVML what a program sees, and
-    prints each device: its ordinal, the GPU it is (nvidia-smi's index, and which part of it
-    when split), name, UUID, PCI bus id, the GPU's memory, the effective limit, which setting
-    gave it, and the memory mode. It also checks that NVML (nvidia-smi) shows the same devices.
-    No context is created and no memory allocated.
-
-OPTIONS
-{options}
-EXIT STATUS
-    0 when the configuration is valid and the devices could be listed; 1 when a setting is
-    invalid (with the same message the shim would print), the library cannot be found or
-    loaded, the driver cannot be opened or initialised under the shim, or NVML and CUDA
-    disagree; 2 for a command line that cannot be understood.
-
+pub const HELP_AFTER: &str = "\
 EXAMPLES
-    gpushim check
-    GPUSHIM_CONFIG=/etc/gpushim/job.toml gpushim check
-    gpushim check --visible-devices 1,0 --memory-limit 50%
-",
-        options = options_section()
-    )
-}
+    gpushim help
+    gpushim help run";
 
-/// The help page named `topic`.
-pub fn topic(topic: &str) -> Option<String> {
-    match topic {
-        "run" => Some(run()),
-        "check" => Some(check()),
-        "ps" => Some(PS.to_string()),
-        "top" => Some(TOP.to_string()),
-        "metrics" => Some(METRICS.to_string()),
-        _ => None,
-    }
-}
-
-fn options_section() -> String {
-    let mut out = String::new();
-    let mut item = |flag: &str, value: &str, help: &str| {
-        out.push_str(format!("    {flag} {value}").trim_end());
-        out.push('\n');
-        for line in wrap(help, 80 - 8) {
-            out.push_str(&format!("        {line}\n"));
-        }
-    };
-    for s in SETTINGS {
-        item(s.flag, s.value, &format!("{} ({})", s.help, s.var));
-    }
-    item(
-        DEVICE_LIMIT_FLAG,
-        "I=LIMIT",
-        "limit of device I, the program's ordinal (after hiding and splitting); may be given \
-         several times (GPUSHIM_MEMORY_LIMIT_<I>)",
-    );
-    item(
-        LIBRARY_FLAG,
-        "PATH",
-        "the libgpushim.so to load; default: GPUSHIM_LIBRARY, else libgpushim.so next to this \
-         program, else ../lib/libgpushim.so from it",
-    );
-    item("--help", "", "show this page");
-    out
-}
-
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = vec![String::new()];
-    for word in text.split_whitespace() {
-        let line = lines.last_mut().expect("one line");
-        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
-            lines.push(word.to_string());
-        } else {
-            if !line.is_empty() {
-                line.push(' ');
-            }
-            line.push_str(word);
-        }
-    }
-    lines
-}
+pub const COMPLETIONS_AFTER: &str = "\
+EXAMPLES
+    gpushim completions bash > ~/.local/share/bash-completion/completions/gpushim
+    gpushim completions zsh > ~/.zfunc/_gpushim
+    gpushim completions fish > ~/.config/fish/completions/gpushim.fish";

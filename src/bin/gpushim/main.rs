@@ -38,6 +38,7 @@ mod secure;
 mod bounded;
 
 mod check;
+mod cli;
 mod figures;
 mod help;
 mod library;
@@ -47,6 +48,7 @@ mod probe;
 mod ps;
 mod run;
 mod serve;
+mod sim;
 mod top;
 
 use std::ffi::OsString;
@@ -109,33 +111,10 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal's disposition to its default before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let command = args.first().and_then(|a| a.to_str()).unwrap_or("");
-    let rest = args.get(1..).unwrap_or(&[]);
-    let result = match command {
-        "" => {
-            eprint!("{}", help::MAIN);
-            Err(Failure::status(EXIT_USAGE))
-        }
-        "-h" | "--help" | "help" => match rest.first().and_then(|a| a.to_str()) {
-            None => print(help::MAIN),
-            Some(topic) => match help::topic(topic) {
-                Some(page) => print(&page),
-                None => Err(Failure::usage("help", format!("no help on {topic:?}; try gpushim --help"))),
-            },
-        },
-        "-V" | "--version" | "version" => print(&format!("gpushim {}\n", env!("CARGO_PKG_VERSION"))),
-        "run" => run::main(rest),
-        "check" => check::main(rest),
-        "ps" => ps::main(rest),
-        "top" => top::main(rest),
-        "metrics" => metrics::main(rest),
-        "__probe" => probe::main(rest),
-        other => {
-            let hint = config::suggest(other, &["run", "check", "ps", "top", "metrics", "help", "version"])
-                .map_or(String::new(), |s| format!(" (did you mean gpushim {s}?)"));
-            Err(Failure::usage("", format!("unknown command {other:?}{hint}; see gpushim --help")))
-        }
-    };
+    let first = args.first().and_then(|a| a.to_str()).unwrap_or("").to_string();
+    // `run` and `sim` fail with 125 (as `env` and `docker run` do), usage errors included
+    let runs = matches!(first.as_str(), "run" | "sim");
+    let result = cli::parse(args).and_then(dispatch);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -144,12 +123,42 @@ fn main() -> ExitCode {
             }
             let code = match failure.kind {
                 FailureKind::Status(code) => code,
-                _ if command == "run" => EXIT_RUN_SETUP,
+                _ if runs => EXIT_RUN_SETUP,
                 FailureKind::Usage => EXIT_USAGE,
                 FailureKind::Setup => EXIT_CHECK_FAILED,
             };
             ExitCode::from(code)
         }
+    }
+}
+
+fn dispatch(cli: cli::Cli) -> Result<(), Failure> {
+    use cli::Command;
+    let Some(command) = cli.command else {
+        // (clap answers an empty command line with the main page on stderr)
+        return Err(Failure::status(EXIT_USAGE));
+    };
+    match command {
+        Command::Run(a) => run::main(&a),
+        Command::Check(a) => check::main(&a),
+        Command::Ps(a) => ps::main(a.quota.as_deref()),
+        Command::Top(a) => top::main(a.interval),
+        Command::Metrics(a) => metrics::main(a.listen.as_deref(), !a.no_gpus),
+        Command::Sim(a) => sim::main(&a),
+        Command::Help { topic } => match cli::page(topic.as_deref()) {
+            Some(page) => print(&page),
+            None => Err(Failure::usage(
+                "help",
+                format!("no help on {:?}; try gpushim --help", topic.unwrap_or_default()),
+            )),
+        },
+        Command::Completions { shell } => {
+            cli::completions(shell);
+            Ok(())
+        }
+        Command::Version => print(&format!("gpushim {}\n", env!("CARGO_PKG_VERSION"))),
+        Command::Probe { sections } => probe::main(&sections),
+        Command::Reference => print(&cli::reference()),
     }
 }
 

@@ -2,45 +2,27 @@
 //! Prometheus text exposition format (version 0.0.4), printed once (for node-exporter's
 //! textfile collector) or served on `/metrics` over HTTP (`serve.rs`).
 //!
-//! The exposition is written here, not by the prometheus-client crate: that crate writes
-//! OpenMetrics text (a `# EOF` line, counters typed without their `_total`, HELP texts ending
-//! in a period), which would change the output that users' rules and scrapers rely on.
+//! The exposition is written here, not by the prometheus-client crate (checked again with
+//! 0.23.1 for issue 27): that crate writes only OpenMetrics text, a `# EOF` line, a HELP text
+//! with a period appended, and a counter's TYPE line naming the family without its `_total`
+//! (`# TYPE gpushim_allocations_refused counter` above `gpushim_allocations_refused_total`),
+//! which the 0.0.4 text format read by node-exporter's textfile collector, by `promtool check
+//! metrics` and by users' scrapers takes as an untyped family of another name. The output is
+//! checked by promtool and scraped by a real Prometheus in the tests (tests/metrics_http.rs).
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 
 use crate::figures::{self, Figures};
 use crate::Failure;
 
-pub fn main(args: &[OsString]) -> Result<(), Failure> {
-    let mut listen: Option<String> = None;
-    let mut with_gpus = true;
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].to_string_lossy().into_owned();
-        i += 1;
-        match a.as_str() {
-            "--help" | "-h" => {
-                print!("{}", crate::help::METRICS);
-                return Ok(());
-            }
-            "--no-gpus" => with_gpus = false,
-            "--listen" => {
-                let v = args.get(i).map(|v| v.to_string_lossy().into_owned());
-                i += 1;
-                listen = Some(v.ok_or_else(|| Failure::usage("metrics", "--listen needs an address, like --listen 127.0.0.1:9400"))?);
-            }
-            other if other.starts_with("--listen=") => listen = Some(other["--listen=".len()..].to_string()),
-            other => return Err(Failure::usage("metrics", format!("unexpected argument {other:?}; see gpushim metrics --help"))),
-        }
-    }
+pub fn main(listen: Option<&str>, with_gpus: bool) -> Result<(), Failure> {
     match listen {
         None => {
             let f = figures::collect(with_gpus).map_err(|e| Failure::setup("metrics", e))?;
             print!("{}", exposition(&f));
             Ok(())
         }
-        Some(addr) => serve(&addr, with_gpus),
+        Some(addr) => serve(addr, with_gpus),
     }
 }
 

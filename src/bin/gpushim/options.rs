@@ -1,6 +1,6 @@
-//! The options `run` and `check` share. Each one is the command-line spelling of a `GPUSHIM_…`
-//! variable (SPEC.md); its value is checked with the parser the shim itself uses, so an error
-//! shows up before anything runs, naming the option as typed.
+//! The options `run` and `check` share: each one is the command-line spelling of a `GPUSHIM_…`
+//! variable, its value checked with the parser the shim itself uses (so an error shows up
+//! before anything runs, naming the option as typed); `cli` makes them clap arguments.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -123,96 +123,34 @@ pub const LIBRARY_FLAG: &str = "--library";
 /// What the options of one command said.
 #[derive(Default)]
 pub struct Parsed {
-    /// Variables to set in the program's environment, in the order given.
+    /// Variables to set in the program's environment.
     pub env: Vec<(String, String)>,
     pub library: Option<PathBuf>,
-    /// Flags of the command itself (`--json`) that were given.
-    pub switches: Vec<&'static str>,
-    /// What follows the options (`run`: the command).
-    pub rest: Vec<OsString>,
 }
 
-/// Parses `args` (after the subcommand). Options end at `--` or, when `stop_at_command`, at the
-/// first argument that is not an option. `switches` are the command's own value-less flags.
-pub fn parse(
+/// Checks the values of the options `command` was given (`values`: (flag, value) of the
+/// settings; `device_limits`: the values of `--memory-limit-device`) with the parsers the shim
+/// uses, and turns them into variables. An error names the option as typed.
+pub fn resolve(
     command: &str,
-    args: &[OsString],
-    stop_at_command: bool,
-    switches: &[&'static str],
+    values: &[(&'static str, String)],
+    device_limits: &[String],
+    library: Option<PathBuf>,
 ) -> Result<Parsed, Failure> {
     let usage = |message: String| Failure::usage(command, message);
-    let mut parsed = Parsed::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        let Some(text) = arg.to_str() else {
-            if stop_at_command {
-                parsed.rest = args[i - 1..].to_vec();
-                return Ok(parsed);
-            }
-            return Err(usage(format!("{arg:?} is not valid UTF-8")));
-        };
-        if text == "--" {
-            parsed.rest = args[i..].to_vec();
-            return Ok(parsed);
+    let mut parsed = Parsed { library, ..Parsed::default() };
+    for (flag, value) in values {
+        let setting = SETTINGS.iter().find(|s| s.flag == *flag).expect("a flag of SETTINGS");
+        if !setting.value.is_empty() {
+            (setting.check)(value).map_err(|reason| usage(format!("{flag} {value:?}: {reason}")))?;
         }
-        if !text.starts_with('-') || text == "-" {
-            if stop_at_command {
-                parsed.rest = args[i - 1..].to_vec();
-                return Ok(parsed);
-            }
-            return Err(usage(format!("unexpected argument {text:?}; see gpushim {command} --help")));
-        }
-        if text == "--help" || text == "-h" {
-            parsed.switches.push("--help");
-            continue;
-        }
-        if let Some(&switch) = switches.iter().find(|&&s| s == text) {
-            parsed.switches.push(switch);
-            continue;
-        }
-        let (flag, inline) = match text.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (text, None),
-        };
-        let known = SETTINGS.iter().any(|s| s.flag == flag) || flag == DEVICE_LIMIT_FLAG || flag == LIBRARY_FLAG;
-        if !known {
-            let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.flag).collect();
-            names.extend([DEVICE_LIMIT_FLAG, LIBRARY_FLAG, "--help"]);
-            names.extend(switches);
-            let hint = config::suggest(flag, &names).map_or(String::new(), |s| format!(" (did you mean {s}?)"));
-            return Err(usage(format!("unknown option {flag}{hint}; see gpushim {command} --help")));
-        }
-        if let Some(switch) = SETTINGS.iter().find(|s| s.flag == flag && s.value.is_empty()) {
-            if inline.is_some() {
-                return Err(usage(format!("{flag} takes no value; give it alone, like gpushim {command} {flag} -- ./app")));
-            }
-            parsed.env.push((switch.var.to_string(), "1".to_string()));
-            continue;
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => match args.get(i).and_then(|v| v.to_str()) {
-                Some(v) if !(v.starts_with("--") && v.len() > 2) => {
-                    i += 1;
-                    v.to_string()
-                }
-                _ => return Err(usage(format!("{flag} needs a value, like {flag} {}", example(flag)))),
-            },
-        };
-        if flag == LIBRARY_FLAG {
-            parsed.library = Some(PathBuf::from(value));
-        } else if flag == DEVICE_LIMIT_FLAG {
-            let (ordinal, limit) = device_limit(&value).map_err(|reason| {
-                usage(format!("{flag} {value:?}: {reason}; type it like {flag} 0=4GiB"))
-            })?;
-            parsed.env.push((format!("{}{ordinal}", config::ENV_MEMORY_LIMIT_PREFIX), limit));
-        } else {
-            let setting = SETTINGS.iter().find(|s| s.flag == flag).expect("known flag");
-            (setting.check)(&value).map_err(|reason| usage(format!("{flag} {value:?}: {reason}")))?;
-            parsed.env.push((setting.var.to_string(), value));
-        }
+        parsed.env.push((setting.var.to_string(), value.clone()));
+    }
+    for value in device_limits {
+        let flag = DEVICE_LIMIT_FLAG;
+        let (ordinal, limit) = device_limit(value)
+            .map_err(|reason| usage(format!("{flag} {value:?}: {reason}; type it like {flag} 0=4GiB")))?;
+        parsed.env.push((format!("{}{ordinal}", config::ENV_MEMORY_LIMIT_PREFIX), limit));
     }
     Ok(parsed)
 }
@@ -220,14 +158,6 @@ pub fn parse(
 /// The option that sets the variable `var`.
 pub fn flag_of(var: &str) -> &'static str {
     SETTINGS.iter().find(|s| s.var == var).map_or(DEVICE_LIMIT_FLAG, |s| s.flag)
-}
-
-fn example(flag: &str) -> &'static str {
-    match flag {
-        DEVICE_LIMIT_FLAG => "0=4GiB",
-        LIBRARY_FLAG => "/usr/local/lib/libgpushim.so",
-        _ => SETTINGS.iter().find(|s| s.flag == flag).map_or("VALUE", |s| s.example),
-    }
 }
 
 /// `I=LIMIT` of `--memory-limit-device`: a program ordinal (no leading zeros) and a limit.

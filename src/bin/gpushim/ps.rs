@@ -1,45 +1,34 @@
-//! `gpushim ps [--quota NAME]`: the shared quotas of this user, their budgets per device and
-//! the processes in them. Reads the quota files without joining or changing them; what they
-//! hold (names, UUIDs) is printed through `figures::printable`.
-
-use std::ffi::OsString;
+//! `gpushim ps [--quota NAME]`: the processes under the shim, the shared quotas of this user,
+//! their budgets per device and the processes in them (or one line saying nothing runs). Reads
+//! the files without joining or changing them; what they hold (names, UUIDs) is printed through
+//! `figures::printable`.
 
 use crate::quota::{self, Quota};
 use crate::Failure;
 
-pub fn main(args: &[OsString]) -> Result<(), Failure> {
-    let mut only: Option<String> = None;
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].to_string_lossy();
-        i += 1;
-        match a.as_ref() {
-            "--help" | "-h" => {
-                print!("{}", crate::help::PS);
-                return Ok(());
-            }
-            "--quota" => {
-                let v = args.get(i).map(|v| v.to_string_lossy().into_owned());
-                i += 1;
-                only = Some(v.ok_or_else(|| Failure::usage("ps", "--quota needs a value, like --quota job42"))?);
-            }
-            other if other.starts_with("--quota=") => only = Some(other["--quota=".len()..].to_string()),
-            other => return Err(Failure::usage("ps", format!("unexpected argument {other:?}; see gpushim ps --help"))),
-        }
-    }
+pub fn main(only: Option<&str>) -> Result<(), Failure> {
+    let only = only.map(str::to_string);
     // the state directory is a setting like any other (GPUSHIM_STATE_DIR, or the file's key)
     let settings = crate::config::load().map_err(|e| Failure::plain(e.to_string()))?;
     let dir = quota::state_dir(settings.state_dir.as_deref());
-    if only.is_none() {
-        let f = crate::figures::collect(false).map_err(|e| Failure::setup("ps", e))?;
-        print!("{}", processes_text(&f));
-    }
+    let f = match only {
+        None => Some(crate::figures::collect(false).map_err(|e| Failure::setup("ps", e))?),
+        Some(_) => None,
+    };
     let names = match &only {
         Some(n) => vec![n.clone()],
         None => quota::names_in(&dir),
     };
     // the registry of processes with limits of their own (absent until one runs)
     let registry = if only.is_none() { Quota::open_registry(&dir, false).ok() } else { None };
+    if let Some(f) = &f {
+        let registered = registry.as_ref().is_some_and(|r| r.snapshot().1.iter().any(|m| m.alive));
+        if f.processes.is_empty() && names.is_empty() && !registered {
+            println!("nothing runs under gpushim: no process and no shared quota in {}", printable(&dir.display().to_string()));
+            return Ok(());
+        }
+        print!("{}", processes_text(f));
+    }
     if names.is_empty() {
         println!("no shared quota in {}", printable(&dir.display().to_string()));
     }

@@ -1,19 +1,14 @@
 //! `gpushim run [OPTIONS] [--] COMMAND [ARGS…]`: sets the variables and `LD_PRELOAD`, checks
 //! the configuration the program would get, and replaces itself with the command.
 
-use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use crate::{library, options, Failure};
 
-pub fn main(args: &[OsString]) -> Result<(), Failure> {
-    let parsed = options::parse("run", args, true, &[])?;
-    if parsed.switches.contains(&"--help") {
-        print!("{}", crate::help::run());
-        return Ok(());
-    }
-    let Some((program, program_args)) = parsed.rest.split_first() else {
+pub fn main(args: &crate::cli::RunArgs) -> Result<(), Failure> {
+    let parsed = crate::cli::resolve("run", &args.options)?;
+    let Some((program, program_args)) = args.command.split_first() else {
         return Err(Failure::usage(
             "run",
             "no command given; type it after the options, like: gpushim run --memory-limit 4GiB -- python train.py",
@@ -29,12 +24,17 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
     let preload = library::preload(&lib, library::lookup(&env, "LD_PRELOAD"));
     library::set(&mut env, "LD_PRELOAD", preload);
     let error = Command::new(program).args(program_args).env_clear().envs(env).exec();
+    Err(exec_failure("run", program, &error))
+}
+
+/// Why COMMAND could not be started, with the status a shell would give (126, 127).
+pub fn exec_failure(command: &str, program: &std::ffi::OsStr, error: &std::io::Error) -> Failure {
     let (what, code) = match error.kind() {
         std::io::ErrorKind::NotFound => ("command not found", 127),
         _ => ("cannot run", 126),
     };
-    Err(Failure {
-        message: format!("gpushim run: {what}: {}: {error}", program.to_string_lossy()),
+    Failure {
+        message: format!("gpushim {command}: {what}: {}: {error}", program.to_string_lossy()),
         kind: crate::FailureKind::Status(code),
-    })
+    }
 }
