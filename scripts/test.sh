@@ -6,10 +6,25 @@
 #   2. build every crate of the workspace (the shim, the simulated driver, test clients),
 #   3. run every test of the workspace against those builds.
 # No GPU is needed. Extra arguments go to `cargo test` (e.g. a test-name filter).
+#
+#   --quick  (first argument) the contributors' suite: everything but the real frameworks
+#            (tests/frameworks*.rs, which need the ~17.5 GB of .deps/frameworks, .deps/jax and
+#            .deps/tf): scripts/fetch-frameworks.sh is not run, and those test binaries are
+#            not run (they are built). CI runs the whole suite (no flag), where a framework
+#            test whose environment is missing fails, as it always has.
+#
+# A run must leave nothing behind: the names this suite uses in /tmp (gpushim*, gpusim*, its
+# tmux servers' sockets) and the shim's default state directories (/tmp/gpushim-UID,
+# $XDG_RUNTIME_DIR/gpushim, /run/user/*/gpushim, /run/gpushim) with what they hold are listed
+# before the README's commands and after `cargo test`; the run fails naming what is new (a
+# failed run too). Another gpushim run on the same machine at the same time can add names.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+quick=0
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 
 need() {
   command -v "$1" >/dev/null 2>&1 && return
@@ -27,9 +42,46 @@ python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || n
 
 bash scripts/fetch-deps.sh
 bash scripts/fetch-drivers.sh
-bash scripts/fetch-frameworks.sh
+[ "$quick" = 1 ] || bash scripts/fetch-frameworks.sh
 bash scripts/fetch-prometheus.sh
 cargo build --release --workspace --all-targets
+
+# leftovers: the suite's names in /tmp and the state directories, and what the state
+# directories hold (one path a line, sorted)
+leftovers() {
+  local d
+  for d in /tmp/gpushim* /tmp/gpusim* /tmp/tmux-*/gpushim* /run/gpushim* /run/user/*/gpushim* \
+    ${XDG_RUNTIME_DIR:+"$XDG_RUNTIME_DIR"/gpushim*}; do
+    [ -e "$d" ] || [ -L "$d" ] || continue
+    printf '%s\n' "$d"
+    if [ -d "$d" ] && [ ! -L "$d" ]; then find "$d" -mindepth 1 -maxdepth 1 2>/dev/null || true; fi
+  done | LC_ALL=C sort -u
+}
+before="$(leftovers)"
+
 python3 scripts/readme-commands.py   # every command of README.md (docs/src/tests.md)
 bash scripts/docs.sh                 # the manual: mdBook build and link check
-cargo test --release --workspace "$@"
+
+status=0
+if [ "$quick" = 1 ]; then
+  # the simulators and the cudarc client whole; the shim's unit tests and every test binary of
+  # tests/ but tests/frameworks*.rs (the only ones that use .deps/frameworks, jax, tf)
+  tests=()
+  for f in tests/*.rs; do
+    name="$(basename "$f" .rs)"
+    case "$name" in frameworks*) ;; *) tests+=(--test "$name") ;; esac
+  done
+  cargo test --release --workspace --exclude gpushim "$@" || status=$?
+  cargo test --release -p gpushim --lib "${tests[@]}" "$@" || status=$?
+  echo "test.sh: quick suite: the framework tests (tests/frameworks*.rs) were not run" >&2
+else
+  cargo test --release --workspace "$@" || status=$?
+fi
+
+left="$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(leftovers) | sed '/^$/d')"
+if [ -n "$left" ]; then
+  echo "test.sh: error: the run left these behind (a test must remove what it makes, or keep it in its own directory under target/tmp):" >&2
+  printf '%s\n' "$left" | sed 's/^/  /' >&2
+  [ "$status" != 0 ] || status=1
+fi
+exit "$status"

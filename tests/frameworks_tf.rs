@@ -94,6 +94,8 @@ fn two_processes_side_by_side_on_one_gpu() {
             .env("GPUSIM_DEVICES", "1")
             .env("GPUSIM_MEMORY", "16GiB")
             .env("GPUSIM_NODE_STATE", &node)
+            // (a state directory of its own, as every run's: not the default /tmp/gpushim-UID)
+            .env("GPUSHIM_STATE_DIR", dir.join("state"))
             .env("HOLD", &hold)
             .stdout(Stdio::null())
             .stderr(Stdio::null());

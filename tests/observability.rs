@@ -133,24 +133,14 @@ fn top_in_a_terminal() {
     let b = node.start(&[("GPUSHIM_MEMORY_LIMIT", "64MiB"), ("GPUSHIM_SHARED_QUOTA", "tq")], &[&format!("alloc=mem:{}", 8 * MIB), &format!("alloc=mem:{}", 90 * MIB)]);
     shim_path();
     nvml_sim_library();
-    let socket = format!("gpushim-obs-{}", std::process::id());
-    let tmux = |args: &[&str]| Command::new("tmux").arg("-L").arg(&socket).args(args).output().expect("tmux");
+    let server = Tmux::new("obs");
+    let tmux = |args: &[&str]| server.tmux(args);
     let cmd = format!(
         "env -u LD_PRELOAD GPUSHIM_STATE_DIR={} LD_LIBRARY_PATH={} GPUSIM_DEVICES=2 GPUSIM_MEMORY=16GiB {} top --interval 0.3",
         node.state.display(),
         sim_dir().display(),
         cli().display()
     );
-    struct Kill(Box<dyn Fn()>);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            (self.0)()
-        }
-    }
-    let s2 = socket.clone();
-    let _cleanup = Kill(Box::new(move || {
-        let _ = Command::new("tmux").args(["-L", &s2, "kill-server"]).output();
-    }));
     let o = tmux(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "40", &cmd]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let capture = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned();
@@ -218,6 +208,9 @@ fn other_users_see_nothing() {
     const OTHER: u32 = 65533;
     use std::os::unix::fs::PermissionsExt;
     let node = Node::new("obs-users");
+    // (nobody's default directory is used below: what the test adds there goes at the end;
+    // dropped last, after the programs are killed)
+    let nobody_default = DefaultStateDir::of_user(NOBODY);
     // everything the other users run must be reachable to them
     let make_reachable = |p: &Path| {
         let mut d = Some(p);
@@ -284,7 +277,7 @@ fn other_users_see_nothing() {
     let (_, text, _) = metrics_as(Some(OTHER), None);
     assert!(!text.contains(&format!("pid=\"{dpid}\"")) && !text.contains(&format!("pid=\"{pid}\"")), "{text}");
     drop(d);
-    let _ = std::fs::remove_file(published_file(Path::new(&format!("/tmp/gpushim-{NOBODY}")), &dpid));
+    let _ = std::fs::remove_file(published_file(&nobody_default.dir, &dpid));
     drop(h);
 }
 
@@ -459,18 +452,40 @@ fn names_from_files_reach_no_terminal_raw() {
     drop((a, b));
 }
 
+/// A tmux server of the test's own, `tmux -L name` with `TMUX_TMPDIR` a directory of its own in
+/// /tmp (short: a socket's path has room for 107 bytes; tmux leaves its socket behind when its
+/// server ends): `tmux(args)` runs a tmux command on it; dropped, the server is killed and the
+/// directory removed.
+struct Tmux {
+    name: String,
+    dir: std::path::PathBuf,
+}
+
+impl Tmux {
+    fn new(name: &str) -> Tmux {
+        let dir = std::path::PathBuf::from(format!("/tmp/gpushim-tmux-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        Tmux { name: name.to_string(), dir }
+    }
+
+    fn tmux(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux").env("TMUX_TMPDIR", &self.dir).arg("-L").arg(&self.name).args(args).output().expect("tmux")
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.tmux(&["kill-server"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// `gpushim top` on `node` in tmux, its output recorded raw: the row of `pid` shows `shown`,
 /// and nothing but top's own sequences reached the terminal (the pane's title is unchanged).
 fn top_writes_no_escapes(node: &Node, pid: &str, shown: &str) {
-    let socket = format!("gpushim-esc-{}", std::process::id());
-    let tmux = |args: &[&str]| Command::new("tmux").arg("-L").arg(&socket).args(args).output().expect("tmux");
-    struct Kill(String);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).output();
-        }
-    }
-    let _cleanup = Kill(socket.clone());
+    let server = Tmux::new("esc");
+    let tmux = |args: &[&str]| server.tmux(args);
     let raw = node.dir.join("top.raw");
     // (top starts after a second: the recording is set up by then)
     let cmd = format!(

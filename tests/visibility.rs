@@ -385,8 +385,9 @@ fn sh_quote(s: &str) -> String {
 }
 
 /// The environment the test gives a run (what a child started "with the original
-/// environment" gets), plus the run's own variables.
-fn original_env(shim: bool, env: &[(&str, &str)]) -> Vec<(String, String)> {
+/// environment" gets), plus the run's own variables; `state` is the run's state directory
+/// (without it a child under the shim would use the default one, /tmp/gpushim-UID).
+fn original_env(shim: bool, env: &[(&str, &str)], state: &std::path::Path) -> Vec<(String, String)> {
     let mut v = vec![
         (
             "LD_LIBRARY_PATH".to_string(),
@@ -394,6 +395,7 @@ fn original_env(shim: bool, env: &[(&str, &str)]) -> Vec<(String, String)> {
         ),
         ("GPUSIM_DEVICES".to_string(), "3".to_string()),
         ("GPUSIM_MEMORY".to_string(), "16GiB".to_string()),
+        ("GPUSHIM_STATE_DIR".to_string(), state.display().to_string()),
     ];
     if shim {
         v.push(("LD_PRELOAD".to_string(), shim_path().display().to_string()));
@@ -425,13 +427,14 @@ fn children_see_the_same_view() {
     for parent in [RUNTIME_12, RUNTIME_13] {
         for (env, view) in cases {
             for shim in [false, true] {
+                let state = scratch_path("state");
                 let mut args = vec!["ids".to_string()];
                 for child in children {
                     let exe = program(child).display().to_string();
                     // inherit the environment as it is now
                     args.push(format!("spawn={} ids", sh_quote(&exe)));
                     // the original environment only
-                    let vars: Vec<String> = original_env(shim, env)
+                    let vars: Vec<String> = original_env(shim, env, &state)
                         .iter()
                         .map(|(k, v)| sh_quote(&format!("{k}={v}")))
                         .collect();
@@ -441,7 +444,7 @@ fn children_see_the_same_view() {
                         sh_quote(&exe)
                     ));
                 }
-                let out = run3(parent, env).args(&args).shim(shim).run();
+                let out = run3(parent, env).env("GPUSHIM_STATE_DIR", &state).args(&args).shim(shim).run();
                 let want = if shim { *view } else { unshimmed(env) };
                 let what = format!("parent {parent:?} shim={shim} {env:?}");
                 out.assert_completed();

@@ -92,6 +92,39 @@ impl Node {
     }
 }
 
+/// A shim's default state directory outside the test's own (`/tmp/gpushim-UID`, for tests of
+/// what the default is): when dropped, the test passed or not, what the test added there is
+/// removed: the directory if it was not there before, else the entries that were not.
+pub struct DefaultStateDir {
+    pub dir: PathBuf,
+    before: Option<std::collections::BTreeSet<std::ffi::OsString>>,
+}
+
+impl DefaultStateDir {
+    pub fn of_user(uid: u32) -> DefaultStateDir {
+        let dir = PathBuf::from(format!("/tmp/gpushim-{uid}"));
+        let before = std::fs::read_dir(&dir).ok().map(|rd| rd.flatten().map(|e| e.file_name()).collect());
+        DefaultStateDir { dir, before }
+    }
+}
+
+impl Drop for DefaultStateDir {
+    fn drop(&mut self) {
+        match &self.before {
+            None => {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+            Some(before) => {
+                for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                    if !before.contains(&e.file_name()) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A program holding memory in the background; killed with SIGKILL when dropped.
 pub struct Holder(pub Child);
 
