@@ -6,7 +6,10 @@
 Parses every HTML file under BOOK_DIR and checks each `href` and `src` that is not external
 (no scheme such as https: or mailto:, not protocol-relative): the file it names must exist
 under BOOK_DIR, and its `#anchor`, if any, must be an `id` (or an `<a name>`) in that file.
-External links are not fetched. Exit status 1, with one line per broken link, if any is broken.
+External links are not fetched. It also checks that every repository path the manual's and the
+README's text names (`src/.../x.rs`, `tests/x.rs`, `scripts/x.sh`, ...) exists, so a moved file
+cannot leave the manual pointing at nothing. Exit status 1, with one line per broken link or
+path, if any is broken.
 Python 3 standard library only.
 """
 
@@ -39,6 +42,24 @@ class Page(html.parser.HTMLParser):
                 self.links.append((self.getpos()[0], name, value))
 
     handle_startendtag = handle_starttag
+
+
+PATH = re.compile(r"(?<![\w./-])((?:src|tests|scripts|sim|include|config|docs)/[\w./-]*\w\.(?:rs|sh|py|c|h|toml|md))(?![\w])")
+
+
+def missing_paths(root):
+    """Repository paths named in README.md and docs/src/*.md that do not exist."""
+    out = []
+    texts = [os.path.join(root, "README.md")]
+    src = os.path.join(root, "docs", "src")
+    texts += [os.path.join(src, f) for f in sorted(os.listdir(src)) if f.endswith(".md")]
+    for t in texts:
+        with open(t, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                for m in PATH.finditer(line):
+                    if not os.path.exists(os.path.join(root, m.group(1))):
+                        out.append(f"{os.path.relpath(t, root)}:{n}: names {m.group(1)}, which does not exist")
+    return out
 
 
 def main():
@@ -90,6 +111,7 @@ def main():
                 dest = pages.get(target)
                 if dest is not None and anchor not in dest.ids:
                     broken.append(f"{rel}:{line}: {attr}=\"{value}\": no id \"{anchor}\" in {target}")
+    broken += missing_paths(os.path.normpath(os.path.join(book, "..", "..")))
     for b in broken:
         print("docs-linkcheck: broken link: " + b, file=sys.stderr)
     print(f"docs-linkcheck: {len(pages)} pages, {checked} relative links, {len(broken)} broken")
