@@ -9,7 +9,7 @@
 //!
 //! With no split, program devices are the driver devices and nothing is translated.
 
-use crate::config::{Selector, VirtualSplit};
+use gpushim_common::config::{Selector, VirtualSplit};
 
 /// What the shim knows of one driver device when splitting.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,8 +29,8 @@ use std::any::Any;
 use std::cell::Cell;
 use std::sync::atomic::Ordering::Release;
 
-use crate::bounded::Bounded;
-use crate::once::ForkOnce;
+use gpushim_common::bounded::Bounded;
+use gpushim_common::once::ForkOnce;
 
 thread_local! {
     /// The guards the prepare handler took (the forking thread's own), boxed: a raw pointer, so
@@ -95,7 +95,7 @@ extern "C" fn in_parent() {
 extern "C" fn in_child() {
     let _ = std::panic::catch_unwind(|| {
         release_all();
-        crate::quota::FORK_GENERATION.fetch_add(1, Release);
+        gpushim_common::quota::FORK_GENERATION.fetch_add(1, Release);
         // (inherited: registered, whatever the parent's registering thread had got to)
         let _ = REGISTERED.set(());
         crate::report::disarm();

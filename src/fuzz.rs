@@ -9,9 +9,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::config;
+use gpushim_common::config;
 use crate::devices::{self, DriverDevice};
-use crate::units;
+use gpushim_common::units;
 use crate::view::{self, Physical};
 
 struct Rng(u64);

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::bounded::{Bounded, Guard, Stuck};
+use gpushim_common::bounded::{Bounded, Guard, Stuck};
 
 use crate::ffi::*;
 use crate::memory::MAX_DEVICES;

@@ -223,7 +223,7 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
     }))
     .unwrap_or_else(|payload| {
         // (a one-time step's wait that gave up unwinds with why: `once`)
-        if let Some(&stuck) = payload.downcast_ref::<crate::bounded::Stuck>() {
+        if let Some(&stuck) = payload.downcast_ref::<gpushim_common::bounded::Stuck>() {
             crate::log::stuck(hook.name.trim_end_matches('\0'), stuck);
         }
         unknown

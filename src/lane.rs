@@ -164,7 +164,7 @@ fn entry(bytes: u64, id: u64) -> Live {
 /// fields passed rather than a `Live`, which would be built on the stack of the lane's frame.)
 #[cold]
 #[inline(never)]
-fn record(state: &'static State, key: u64, bytes: u64, id: u64) -> Result<(), crate::bounded::Stuck> {
+fn record(state: &'static State, key: u64, bytes: u64, id: u64) -> Result<(), gpushim_common::bounded::Stuck> {
     catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, entry(bytes, id)))).unwrap_or(Ok(()))
 }
 

@@ -7,8 +7,6 @@
 //! `grow` and `preallocate` memory modes serve allocations from a reserve (`modes`, `reserve`).
 
 mod api;
-mod bounded;
-mod config;
 mod devices;
 mod driver;
 mod elfsym;
@@ -20,26 +18,20 @@ mod fuzz;
 mod hooks;
 mod intercept;
 mod lane;
-mod live;
 mod log;
 mod md2;
 mod memory;
-mod once;
 mod modes;
 mod nvml_virtual;
 mod placement;
 mod pools;
 mod private;
-mod quota;
 mod report;
 mod reserve;
-mod secure;
 mod sharing;
 mod split;
 mod state;
-mod sys;
 mod teardown;
-mod units;
 #[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]
 mod unwind;
 mod view;

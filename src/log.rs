@@ -7,7 +7,7 @@ use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// The levels are the configuration's own (`GPUSHIM_LOG`).
-pub use crate::config::LogLevel as Level;
+pub use gpushim_common::config::LogLevel as Level;
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 static FD: AtomicI32 = AtomicI32::new(2);
@@ -47,7 +47,7 @@ fn writable_kind(fd: i32) -> Result<(), &'static str> {
     // SAFETY: `st` is a valid out-pointer for fstat of an open descriptor.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    if unsafe { crate::sys::fstat(fd, &mut st) } != 0 {
+    if unsafe { gpushim_common::sys::fstat(fd, &mut st) } != 0 {
         return Err("cannot stat it");
     }
     if !matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFCHR) {
@@ -128,14 +128,14 @@ fn write_raw(mut bytes: &[u8]) {
 /// (`ulimit -f`): a write past it raises `SIGXFSZ`, which kills a program that does not ignore
 /// it. The line is dropped otherwise. (stderr is the program's own: not checked.)
 fn within_file_size_limit(fd: i32, len: usize) -> bool {
-    let Ok(limit) = crate::sys::file_size_limit() else { return true };
+    let Ok(limit) = gpushim_common::sys::file_size_limit() else { return true };
     if limit == u64::MAX {
         return true;
     }
     // SAFETY: `st` is a valid out-pointer for fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat of a descriptor, writing `st`.
-    if unsafe { crate::sys::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if unsafe { gpushim_common::sys::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return true;
     }
     (st.st_size as u64).saturating_add(len as u64) <= limit
@@ -191,7 +191,7 @@ fn coarse_seconds() -> u64 {
 /// `result`, its answer (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation,
 /// `CUDA_ERROR_NOT_PERMITTED` for other calls).
 #[cold]
-pub fn refuse(call: &str, why: crate::bounded::Stuck, result: crate::ffi::CUresult) -> crate::ffi::CUresult {
+pub fn refuse(call: &str, why: gpushim_common::bounded::Stuck, result: crate::ffi::CUresult) -> crate::ffi::CUresult {
     stuck(call, why);
     result
 }
@@ -200,7 +200,7 @@ pub fn refuse(call: &str, why: crate::bounded::Stuck, result: crate::ffi::CUresu
 /// rate-limited, formatted without allocating (the thread may have been interrupted inside
 /// the C library's allocator).
 #[cold]
-pub fn stuck(call: &str, why: crate::bounded::Stuck) {
+pub fn stuck(call: &str, why: gpushim_common::bounded::Stuck) {
     static LINES: RateLimit = RateLimit::new();
     if enabled(Level::Warn) {
         match LINES.admit() {

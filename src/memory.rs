@@ -21,9 +21,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 
-use crate::bounded::{self, Backoff, BitWait, Bounded, Stuck};
-use crate::live::Figures;
-use crate::quota::Quota;
+use gpushim_common::bounded::{self, Backoff, BitWait, Bounded, Stuck};
+use gpushim_common::live::Figures;
+use gpushim_common::quota::Quota;
 
 /// Device ordinals the shim accounts for (the program's, after hiding and splitting). A
 /// configuration that makes more devices is an error; an allocation on a device beyond this
@@ -1495,7 +1495,7 @@ impl<T: ZeroValid> Zeroed<T> {
         }
         // SAFETY: a fresh private anonymous mapping (page-aligned, zero-filled); checked below.
         let p = unsafe {
-            crate::sys::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            gpushim_common::sys::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         };
         if p == libc::MAP_FAILED {
             return none;
@@ -1534,7 +1534,7 @@ impl<T: ZeroValid> Drop for Zeroed<T> {
     fn drop(&mut self) {
         if self.len != 0 {
             // SAFETY: the mapping made in `new`, of this size, no longer referenced.
-            unsafe { crate::sys::munmap(self.ptr.cast(), self.len * std::mem::size_of::<T>()) };
+            unsafe { gpushim_common::sys::munmap(self.ptr.cast(), self.len * std::mem::size_of::<T>()) };
         }
     }
 }

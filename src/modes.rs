@@ -21,9 +21,9 @@
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::bounded::{Backoff, Bounded, Guard, Stuck};
+use gpushim_common::bounded::{Backoff, Bounded, Guard, Stuck};
 
-use crate::config::MemoryMode;
+use gpushim_common::config::MemoryMode;
 use crate::ffi::*;
 use crate::log::{log, Level};
 use crate::memory::{Kind, Live, MAX_DEVICES};
@@ -36,14 +36,14 @@ const MIB: u64 = 1 << 20;
 pub struct Reserves {
     /// One per device, on the heap, made at first use (only the `grow` and `preallocate`
     /// modes have reserves: start-up does not pay for 256 empty arenas).
-    arenas: crate::once::ForkOnce<Box<[Bounded<Arena>]>>,
+    arenas: gpushim_common::once::ForkOnce<Box<[Bounded<Arena>]>>,
     /// Bit d % 64 of word d / 64: device d's arena has (or had) chunks.
     present: [AtomicU64; MAX_DEVICES / 64],
 }
 
 impl Reserves {
     pub fn new() -> Self {
-        Reserves { arenas: crate::once::ForkOnce::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
+        Reserves { arenas: gpushim_common::once::ForkOnce::new(), present: [const { AtomicU64::new(0) }; MAX_DEVICES / 64] }
     }
 
     fn arenas(&self) -> Result<&[Bounded<Arena>], Stuck> {

@@ -324,7 +324,7 @@ pub fn lookup(_: *mut std::ffi::c_void, _: &CStr) -> usize {
 /// The slot of a function found through `dlsym` (one per address, assigned once).
 #[cfg(target_arch = "x86_64")]
 fn dynamic_slot(real: usize, name: &CStr) -> Option<usize> {
-    static DYNAMIC: crate::bounded::Bounded<Vec<usize>> = crate::bounded::Bounded::new("gpushim's NVML trampolines", Vec::new());
+    static DYNAMIC: gpushim_common::bounded::Bounded<Vec<usize>> = gpushim_common::bounded::Bounded::new("gpushim's NVML trampolines", Vec::new());
     static EXHAUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     // (not to be had, `bounded`: handed out untranslated, as when the pool is exhausted)
     let mut list = DYNAMIC.lock().map_err(|stuck| crate::log::stuck("a trampoline for an NVML function", stuck)).ok()?;

@@ -22,7 +22,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::bounded::{Bounded, Guard};
+use gpushim_common::bounded::{Bounded, Guard};
 
 use crate::ffi::*;
 use crate::state::State;

@@ -23,7 +23,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use crate::once::ForkOnce;
+use gpushim_common::once::ForkOnce;
 
 use crate::ffi::*;
 use crate::log::{log, Level};
@@ -188,7 +188,7 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
         let header = Header {
             driver_version,
             version,
-            pid: crate::sys::getpid() as u32,
+            pid: gpushim_common::sys::getpid() as u32,
             // SAFETY: a plain libc call.
             thread: unsafe { libc::pthread_self() } as u64 as u32,
             context_table: context.table as u64,
@@ -363,7 +363,7 @@ mod tests {
     fn split_state() -> State {
         let mut st = State::for_tests();
         st.settings.virtual_devices =
-            vec![crate::config::VirtualSplit { selector: crate::config::Selector::Ordinal(0), sizes: vec![1 << 30, 1 << 30] }];
+            vec![gpushim_common::config::VirtualSplit { selector: gpushim_common::config::Selector::Ordinal(0), sizes: vec![1 << 30, 1 << 30] }];
         assert!(st.split_configured());
         st
     }

@@ -6,9 +6,9 @@
 //! in JSON); without a report target, that summary alone goes to the log (stderr by default).
 
 use std::fmt::Write as _;
-use crate::once::ForkOnce;
+use gpushim_common::once::ForkOnce;
 
-use crate::config::ReportTarget;
+use gpushim_common::config::ReportTarget;
 use crate::state;
 
 /// Where the report goes; `None`: only the placement summary, to the log.
@@ -35,7 +35,7 @@ pub fn arm(target: Option<&ReportTarget>) {
         other => other.clone(),
     });
     if TARGET.set(target).is_ok() {
-        ARMED_BY.store(crate::sys::getpid() as u32, std::sync::atomic::Ordering::Release);
+        ARMED_BY.store(gpushim_common::sys::getpid() as u32, std::sync::atomic::Ordering::Release);
         // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
         unsafe { libc::atexit(write_at_exit) };
     }
@@ -44,7 +44,7 @@ pub fn arm(target: Option<&ReportTarget>) {
 extern "C" fn write_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         // (the pid asked of the kernel: the C library caches none, a raw clone has a new one)
-        if DISARMED.load(std::sync::atomic::Ordering::Acquire) || ARMED_BY.load(std::sync::atomic::Ordering::Acquire) != crate::sys::getpid() as u32 {
+        if DISARMED.load(std::sync::atomic::Ordering::Acquire) || ARMED_BY.load(std::sync::atomic::Ordering::Acquire) != gpushim_common::sys::getpid() as u32 {
             return;
         }
         let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
@@ -66,7 +66,7 @@ extern "C" fn write_at_exit() {
                     text(&rows) + &placement_text
                 };
                 // (a report longer than the file size limit would raise SIGXFSZ: not written)
-                let limit = crate::sys::file_size_limit().unwrap_or(0);
+                let limit = gpushim_common::sys::file_size_limit().unwrap_or(0);
                 if body.len() as u64 > limit {
                     crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
                 } else if let Err(e) = write_file(path, &body) {

@@ -12,14 +12,14 @@
 //! (see `quota`).
 
 use std::path::Path;
-use crate::once::ForkOnce;
+use gpushim_common::once::ForkOnce;
 
 
-use crate::config::{self, Settings};
+use gpushim_common::config::{self, Settings};
 use crate::ffi::CUdevice;
-use crate::live::{Publisher, ViewEntry};
+use gpushim_common::live::{Publisher, ViewEntry};
 use crate::log::{log, Level};
-use crate::quota::{self, Quota};
+use gpushim_common::quota::{self, Quota};
 
 /// The shared quota this process is a member of, joined at start-up.
 static QUOTA: ForkOnce<Quota> = ForkOnce::new();
@@ -35,7 +35,7 @@ static PUBLISHER: ForkOnce<Option<Publisher>> = ForkOnce::new();
 pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
     PUBLISHER
         .get_or_init(|| {
-            if crate::secure::caller_owns_state() {
+            if gpushim_common::secure::caller_owns_state() {
                 log!(Level::Debug, "not publishing this process' figures: set-group-ID or file capabilities (see secure)");
                 return None;
             }
@@ -102,7 +102,7 @@ pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
         config::Source::Env(var) => var.clone(),
         other => format!("shared_quota ({other})"),
     };
-    if crate::secure::caller_owns_state() {
+    if gpushim_common::secure::caller_owns_state() {
         let reason = "a shared quota cannot be used by a set-group-ID or file-capability program: its files would \
                       belong to the user who runs it, who could rewrite the budget";
         return Err(config::ConfigError::new(setting, name.clone(), reason));
@@ -119,7 +119,7 @@ pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
 fn registry(s: &Settings) -> Option<&'static Quota> {
     REGISTRY
         .get_or_init(|| {
-            if crate::secure::caller_owns_state() {
+            if gpushim_common::secure::caller_owns_state() {
                 return None;
             }
             let dir = quota::state_dir(s.state_dir.as_deref());

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::config;
+use gpushim_common::config;
 use crate::devices::{Devices, DriverDevice, Part};
 use crate::driver;
 use crate::ffi::{CUcontext, CUdevice, CUresult, CUDA_ERROR_INVALID_DEVICE, CUDA_SUCCESS};
@@ -23,7 +23,7 @@ pub(crate) struct Split {
     /// part uses it): created on first retain, kept for the life of the process.
     primaries: Vec<PartPrimary>,
     /// Contexts the program created on a part, with the part's ordinal.
-    contexts: crate::bounded::Bounded<Vec<(usize, CUdevice)>>,
+    contexts: gpushim_common::bounded::Bounded<Vec<(usize, CUdevice)>>,
 }
 
 impl Split {
@@ -175,7 +175,7 @@ impl State {
             })
             .collect();
         let primaries = devices.list.iter().map(|_| PartPrimary::default()).collect();
-        let _ = self.split.set(Split { devices, facts, primaries, contexts: crate::bounded::Bounded::new("gpushim's list of contexts on parts", Vec::new()) });
+        let _ = self.split.set(Split { devices, facts, primaries, contexts: gpushim_common::bounded::Bounded::new("gpushim's list of contexts on parts", Vec::new()) });
         Ok(())
     }
 
@@ -216,7 +216,7 @@ impl State {
     /// created on a part; `None` for the driver's own (primary) contexts. `Err`: the list of
     /// contexts cannot be had (`bounded`): the context's device is then unknown (its
     /// allocations are refused while limits apply, `State::counted`).
-    pub fn part_of_context(&self, ctx: CUcontext) -> Result<Option<CUdevice>, crate::bounded::Stuck> {
+    pub fn part_of_context(&self, ctx: CUcontext) -> Result<Option<CUdevice>, gpushim_common::bounded::Stuck> {
         let Some(s) = self.split.get() else { return Ok(None) };
         if let Some(i) = s.primaries.iter().position(|p| !ctx.is_null() && p.ctx.load(Ordering::Acquire) == ctx as usize) {
             return Ok(Some(i as CUdevice));
@@ -232,7 +232,7 @@ impl State {
 
     /// Remembers `ctx` as a context on part `dev` (replacing what a handle the driver hands
     /// out again was before). `Err`: not remembered (the caller undoes the creation).
-    pub fn remember_context(&self, ctx: CUcontext, dev: CUdevice) -> Result<(), crate::bounded::Stuck> {
+    pub fn remember_context(&self, ctx: CUcontext, dev: CUdevice) -> Result<(), gpushim_common::bounded::Stuck> {
         if let Some(s) = self.split.get() {
             let mut contexts = s.contexts.lock()?;
             contexts.retain(|(c, _)| *c != ctx as usize);

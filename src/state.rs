@@ -11,9 +11,9 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use crate::once::ForkOnce;
+use gpushim_common::once::ForkOnce;
 
-use crate::config::{self, Settings};
+use gpushim_common::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
 use crate::ffi::CUdevice;
 use crate::log::{self, log, Level};
@@ -55,7 +55,7 @@ pub struct State {
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
-    pub pools: crate::bounded::Bounded<Vec<(usize, CUdevice)>>,
+    pub pools: gpushim_common::bounded::Bounded<Vec<(usize, CUdevice)>>,
     /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
     pub(crate) reserves: crate::modes::Reserves,
     /// What CUDA graphs' memory nodes hold (`graphs`).
@@ -109,7 +109,7 @@ const NEEDS_KNOWN: u8 = 0x80;
 /// How long a thread waits for another one's start-up before it gives up (fail closed: its
 /// hooks refuse). Start-up takes milliseconds; this only bounds a pathological wait, e.g. on a
 /// loader lock the waiting thread itself holds.
-const START_UP_WAIT: std::time::Duration = crate::bounded::WAIT_BOUND;
+const START_UP_WAIT: std::time::Duration = gpushim_common::bounded::WAIT_BOUND;
 
 /// Whether this thread is building the state (its lookups are the start-up's own).
 pub fn initialising_here() -> bool {
@@ -219,7 +219,7 @@ fn boxed_empty() -> Box<State> {
 
 fn build() -> Box<State> {
     // (again: a library's constructor may reach CUDA before the shim's own ran)
-    crate::secure::scrub_environment();
+    gpushim_common::secure::scrub_environment();
     let mut state = boxed_empty();
     match config::load() {
         Ok(s) => {
@@ -293,7 +293,7 @@ impl State {
             budgets: crate::memory::Budgets::new(MAX_DEVICES),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
-            pools: crate::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
+            pools: gpushim_common::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
             reserves: crate::modes::Reserves::new(),
             graphs: crate::graphs::Graphs::new(),
             teardowns: crate::teardown::Teardowns::new(),
@@ -618,16 +618,16 @@ impl State {
         });
     }
 
-    fn publish_now(&self, devices: &[(String, [u8; 16])]) -> Option<&'static crate::live::Publisher> {
+    fn publish_now(&self, devices: &[(String, [u8; 16])]) -> Option<&'static gpushim_common::live::Publisher> {
         let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
-        let view: Vec<crate::live::ViewEntry> = (0..count)
+        let view: Vec<gpushim_common::live::ViewEntry> = (0..count)
             .map(|i| {
                 let uuid = self.driver_of(i as CUdevice).and_then(|d| devices.get(d as usize)).map(|(_, u)| driver::uuid_string(u)).unwrap_or_default();
                 let part = self.program_devices().and_then(|d| d.get(i as CUdevice)).and_then(|d| d.part).map(|p| {
                     let derived = self.part_uuid(i as CUdevice).map(|u| driver::uuid_string(&u)).unwrap_or_default();
                     (p.index + 1, p.count, derived)
                 });
-                crate::live::ViewEntry { uuid, part }
+                gpushim_common::live::ViewEntry { uuid, part }
             })
             .collect();
         crate::sharing::publish(&self.settings, &view)
@@ -692,7 +692,7 @@ impl State {
         };
         let configured = self.settings.limit_for(dev as u32);
         let limit = configured.resolve(physical);
-        let limited = !matches!(configured, crate::units::Limit::Unlimited);
+        let limited = !matches!(configured, gpushim_common::units::Limit::Unlimited);
         if crate::sharing::quota().is_some() || limited {
             // a quota's device, and the registry's, is keyed by its UUID (the part's, when split)
             let uuid = self.part_uuid(dev).or_else(|| {
@@ -778,7 +778,7 @@ impl State {
     /// Records a counted allocation in the live map, crediting an entry it replaces (one the
     /// driver freed behind the shim's back). `Err`: not recorded (`bounded`).
     #[inline]
-    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) -> Result<(), crate::bounded::Stuck> {
+    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) -> Result<(), gpushim_common::bounded::Stuck> {
         self.live.insert_then(kind, key, live, |stale| self.credit_stale(stale))
     }
 

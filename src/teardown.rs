@@ -31,7 +31,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::bounded::{Bounded, Stuck};
+use gpushim_common::bounded::{Bounded, Stuck};
 
 use crate::ffi::*;
 use crate::memory::{Kind, Live};
@@ -67,7 +67,7 @@ impl Teardowns {
         Teardowns(Bounded::new("gpushim's list of context teardowns", Pending { next: 0, in_flight: Vec::new(), credits: Vec::new() }))
     }
 
-    fn lock(&self) -> Result<crate::bounded::Guard<'_, Pending>, Stuck> {
+    fn lock(&self) -> Result<gpushim_common::bounded::Guard<'_, Pending>, Stuck> {
         self.0.lock()
     }
 

@@ -22,10 +22,10 @@
 //! (PyTorch); what the driver must read is kept in markers and put back at first CUDA or NVML use
 //! ([`load_time_changes`], [`first_use_changes`]).
 
-use crate::config::Selector;
+use gpushim_common::config::Selector;
 
 /// Set to the value the shim gave `CUDA_VISIBLE_DEVICES`.
-pub const APPLIED_MARKER: &str = crate::config::ENV_VIEW_APPLIED;
+pub const APPLIED_MARKER: &str = gpushim_common::config::ENV_VIEW_APPLIED;
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 
 /// One physical device as NVML lists it.
@@ -187,9 +187,9 @@ pub fn narrow(parent: &str, cvd: &str) -> Vec<String> {
 
 /// Set at load time: the view's devices still to be resolved, as indices into the list the
 /// selectors give (see [`at_load`]).
-pub const PENDING_MARKER: &str = crate::config::ENV_VIEW_PENDING;
+pub const PENDING_MARKER: &str = gpushim_common::config::ENV_VIEW_PENDING;
 /// Set at load time: the `CUDA_VISIBLE_DEVICES` the process started with (absent: unset).
-pub const ORIGINAL_CVD: &str = crate::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES;
+pub const ORIGINAL_CVD: &str = gpushim_common::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES;
 
 /// `0,1,…,n-1`: the `CUDA_VISIBLE_DEVICES` that indexes a narrowed list of `n` devices.
 fn indices(n: usize) -> String {
@@ -204,7 +204,7 @@ fn count(list: &str) -> usize {
 /// How many devices splitting adds (`GPUSHIM_VIRTUAL_DEVICES` in the environment: a GPU split
 /// in `k` parts adds `k - 1`); `None`: nothing is split (unset, bad, or the shim disabled).
 fn split_extras(env: &impl Fn(&str) -> Option<String>) -> Option<usize> {
-    use crate::config::{parse_disable, parse_virtual_devices, ENV_DISABLE, ENV_VIRTUAL_DEVICES};
+    use gpushim_common::config::{parse_disable, parse_virtual_devices, ENV_DISABLE, ENV_VIRTUAL_DEVICES};
     if env(ENV_DISABLE).as_deref().is_some_and(parse_disable) {
         return None;
     }
@@ -289,7 +289,7 @@ impl Vars {
 ///   applied keeps its UUIDs in [`APPLIED_MARKER`]. [`first_use_changes`] puts back what the
 ///   driver must read.
 pub fn load_time_changes(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, Option<String>)> {
-    use crate::config::{parse_disable, parse_visible_devices, ENV_DISABLE, ENV_VISIBLE_DEVICES};
+    use gpushim_common::config::{parse_disable, parse_visible_devices, ENV_DISABLE, ENV_VISIBLE_DEVICES};
     let now = Vars::read(&env);
     let selected = match env(ENV_VISIBLE_DEVICES) {
         Some(s) if !env(ENV_DISABLE).as_deref().is_some_and(parse_disable) => parse_visible_devices(&s).ok().map(|s| s.len()),
@@ -398,10 +398,10 @@ pub fn pending(env: impl Fn(&str) -> Option<String>) -> Option<(Option<String>, 
 
 /// Applies [`load_time_changes`] to the process environment. In a secure-execution process
 /// (`secure`) no setting comes from the environment, so there is nothing to rewrite, and what
-/// the caller could re-aim the view with is removed ([`crate::secure::scrub_environment`]).
+/// the caller could re-aim the view with is removed ([`gpushim_common::secure::scrub_environment`]).
 fn rewrite_environment() {
-    if crate::secure::secure_execution() {
-        crate::secure::scrub_environment();
+    if gpushim_common::secure::secure_execution() {
+        gpushim_common::secure::scrub_environment();
         return;
     }
     let changes = load_time_changes(env_lossy);
@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn load_time_rewrite() {
-        let gvd = crate::config::ENV_VISIBLE_DEVICES;
+        let gvd = gpushim_common::config::ENV_VISIBLE_DEVICES;
         // Nothing asked for: nothing changed.
         assert_eq!(changes(&[]), vec![]);
         assert_eq!(changes(&[("CUDA_VISIBLE_DEVICES", "1,2")]), vec![]);
@@ -582,7 +582,7 @@ mod tests {
 
     #[test]
     fn load_time_rewrite_of_a_split_view() {
-        let (gvd, virt) = (crate::config::ENV_VISIBLE_DEVICES, crate::config::ENV_VIRTUAL_DEVICES);
+        let (gvd, virt) = (gpushim_common::config::ENV_VISIBLE_DEVICES, gpushim_common::config::ENV_VIRTUAL_DEVICES);
         // One device selected, split in two: two entries, as NVML shows two devices.
         assert_eq!(
             changes(&[(gvd, "0"), (virt, "0:2x4GiB")]),

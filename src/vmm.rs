@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::bounded::{Bounded, Stuck};
+use gpushim_common::bounded::{Bounded, Stuck};
 
 #[derive(Default)]
 struct Handles {

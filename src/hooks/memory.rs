@@ -13,7 +13,7 @@
 
 use std::ffi::c_uint;
 
-use crate::bounded::Stuck;
+use gpushim_common::bounded::Stuck;
 use crate::ffi::*;
 use crate::hooks::{Hook, REAL};
 use crate::memory::Kind;

@@ -29,7 +29,7 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
-use crate::bounded::{self, Backoff, Stuck};
+use crate::platform::bounded::{self, Backoff, Stuck};
 
 /// What a one-time step is called in messages.
 const WHAT: &str = "a one-time step of gpushim's start-up";
@@ -119,7 +119,7 @@ impl<T> ForkOnce<T> {
     #[inline(never)]
     fn init(&self, f: impl FnOnce() -> T) -> Result<&T, Stuck> {
         let mut f = Some(f);
-        let me = runner(crate::sys::getpid() as u32, FORK_GENERATION.load(Acquire));
+        let me = runner(crate::platform::sys::getpid() as u32, FORK_GENERATION.load(Acquire));
         let this_thread = bounded::this_thread();
         let mut backoff = Backoff::new();
         loop {
@@ -261,7 +261,7 @@ mod tests {
     /// fork generation: taken over. Left running by this process: waited for.
     #[test]
     fn a_runner_of_another_process_or_generation_is_taken_over() {
-        let pid = crate::sys::getpid() as u32;
+        let pid = crate::platform::sys::getpid() as u32;
         let generation = FORK_GENERATION.load(Acquire);
         for stale in [runner(pid ^ 1, generation), runner(pid, generation + 1)] {
             let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
@@ -295,7 +295,7 @@ mod tests {
         let cell: &'static ForkOnce<String> = Box::leak(Box::new(ForkOnce::new()));
         let got = cell.get_or_init(|| {
             // (as after a fork: this runner's mark is another process')
-            let stale = runner(crate::sys::getpid() as u32 ^ 1, 0);
+            let stale = runner(crate::platform::sys::getpid() as u32 ^ 1, 0);
             cell.state.store(stale, Release);
             let other = std::thread::spawn(move || cell.get_or_init(|| "taken over".to_string()).clone());
             assert_eq!(other.join().unwrap(), "taken over");
@@ -305,7 +305,7 @@ mod tests {
         let cell: &'static ForkOnce<u32> = Box::leak(Box::new(ForkOnce::new()));
         let unwound = std::panic::catch_unwind(|| {
             cell.get_or_init(|| {
-                cell.state.store(runner(crate::sys::getpid() as u32 ^ 1, 0), Release);
+                cell.state.store(runner(crate::platform::sys::getpid() as u32 ^ 1, 0), Release);
                 assert_eq!(std::thread::spawn(move || *cell.get_or_init(|| 3)).join().unwrap_or(0), 3);
                 panic!("the late runner unwinds")
             })

@@ -50,9 +50,9 @@ pub fn scrub_environment() {
     }
     const CALLERS: [&str; 4] = [
         "CUDA_VISIBLE_DEVICES",
-        crate::config::ENV_VIEW_APPLIED,
-        crate::config::ENV_VIEW_PENDING,
-        crate::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
+        crate::settings::config::ENV_VIEW_APPLIED,
+        crate::settings::config::ENV_VIEW_PENDING,
+        crate::settings::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
     ];
     for name in CALLERS {
         if std::env::var_os(name).is_some() {

@@ -156,7 +156,7 @@ fn lock0(fd: libc::c_int, cmd: libc::c_int) -> bool {
     fl.l_start = 0;
     fl.l_len = 1;
     // SAFETY: `fd` is open; `fl` is a valid flock.
-    if unsafe { crate::sys::fcntl_lock(fd, cmd, &mut fl) } != 0 {
+    if unsafe { crate::platform::sys::fcntl_lock(fd, cmd, &mut fl) } != 0 {
         return false;
     }
     cmd == libc::F_OFD_SETLK || fl.l_type == libc::F_UNLCK as _
@@ -179,9 +179,9 @@ impl Publisher {
     /// Creates `dir/proc-PID-NONCE` describing `view` (and the quota `quota`), locked and mapped;
     /// first removes the files of processes that died.
     pub fn start(dir: &Path, quota: Option<&str>, view: &[ViewEntry]) -> Result<Publisher, String> {
-        crate::quota::private_dir(dir)?;
+        crate::state_files::quota::private_dir(dir)?;
         reap(dir);
-        let pid = crate::sys::getpid() as u32;
+        let pid = crate::platform::sys::getpid() as u32;
         // PID and a nonce: processes of other PID namespaces (containers sharing a state
         // directory, each with its PID 1) have the same PIDs, and must not replace or remove
         // each other's files.
@@ -193,41 +193,41 @@ impl Publisher {
         // mapped; the mapping is kept for the life of the process.
         let lock_fd;
         let header = unsafe {
-            crate::sys::unlink(ctmp.as_ptr());
-            let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+            crate::platform::sys::unlink(ctmp.as_ptr());
+            let fd = crate::platform::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
             if fd < 0 {
                 return Err(format!("cannot create {}: {}", tmp.display(), errno()));
             }
             let fail = |what: &str| {
                 let e = format!("{}: {what}: {}", tmp.display(), errno());
-                crate::sys::close(fd);
-                crate::sys::unlink(ctmp.as_ptr());
+                crate::platform::sys::close(fd);
+                crate::platform::sys::unlink(ctmp.as_ptr());
                 Err(e)
             };
             // (its blocks allocated before it is mapped: on a full file system a page fault in
             // the mapping would be a SIGBUS in the program; a file size limit, SIGXFSZ)
-            if let Err(e) = crate::sys::allocate(fd, FILE_BYTES as u64) {
-                crate::sys::close(fd);
-                crate::sys::unlink(ctmp.as_ptr());
+            if let Err(e) = crate::platform::sys::allocate(fd, FILE_BYTES as u64) {
+                crate::platform::sys::close(fd);
+                crate::platform::sys::unlink(ctmp.as_ptr());
                 return Err(format!("{}: {e}", tmp.display()));
             }
             // The lock is taken through a description of its own, not the one mapped: a forked
             // child inherits the mapping (which keeps its description alive) but closes its copy
             // of the lock's descriptor, so the lock goes with the parent's death.
-            let lfd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0);
+            let lfd = crate::platform::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0);
             if lfd < 0 {
                 return fail("cannot open");
             }
             if !lock0(lfd, libc::F_OFD_SETLK) {
-                crate::sys::close(lfd);
+                crate::platform::sys::close(lfd);
                 return fail("cannot lock");
             }
-            let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            let m = crate::platform::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
             if m == libc::MAP_FAILED {
-                crate::sys::close(lfd);
+                crate::platform::sys::close(lfd);
                 return fail("cannot map");
             }
-            crate::sys::close(fd);
+            crate::platform::sys::close(fd);
             // (`lfd` stays open: it holds the liveness lock until the process ends)
             lock_fd = lfd;
             m.cast::<Header>()
@@ -239,7 +239,7 @@ impl Publisher {
         h.layout.store(LAYOUT, Relaxed);
         h.started.store(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()), Relaxed);
         h.devices.store(view.len() as u32, Relaxed);
-        let comm = crate::quota::comm();
+        let comm = crate::state_files::quota::comm();
         h.comm[0].store(u64::from_le_bytes(comm[..8].try_into().expect("8 bytes")), Relaxed);
         h.comm[1].store(u64::from_le_bytes(comm[8..].try_into().expect("8 bytes")), Relaxed);
         put_str(&h.quota, quota.unwrap_or(""));
@@ -255,13 +255,13 @@ impl Publisher {
         }
         h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
         // SAFETY: NUL-terminated paths.
-        if unsafe { crate::sys::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
+        if unsafe { crate::platform::sys::rename(ctmp.as_ptr(), cfinal.as_ptr()) } != 0 {
             let e = errno();
             // SAFETY: as above; our own descriptor and mapping, not handed out.
             unsafe {
-                crate::sys::unlink(ctmp.as_ptr());
-                crate::sys::close(lock_fd);
-                crate::sys::munmap(header.cast(), FILE_BYTES);
+                crate::platform::sys::unlink(ctmp.as_ptr());
+                crate::platform::sys::close(lock_fd);
+                crate::platform::sys::munmap(header.cast(), FILE_BYTES);
             }
             return Err(format!("cannot publish {}: {e}", path.display()));
         }
@@ -277,7 +277,7 @@ impl Publisher {
 
     /// Whether this process made the file (not a forked child of the one that did).
     pub fn is_mine(&self) -> bool {
-        crate::sys::getpid() as u32 == self.pid
+        crate::platform::sys::getpid() as u32 == self.pid
     }
 
     /// In a forked child: lets go of the inherited descriptor, so that the lock (held by the
@@ -285,7 +285,7 @@ impl Publisher {
     /// lives. Only `close`: safe in a fork handler.
     pub fn forget_in_child(&self) {
         // SAFETY: closing the child's copy of our own descriptor.
-        unsafe { crate::sys::close(self.fd) };
+        unsafe { crate::platform::sys::close(self.fd) };
     }
 
     /// Removes the file (at exit), unless this is a forked child (the file is its parent's) or
@@ -299,8 +299,8 @@ impl Publisher {
             // descriptor of the file.
             unsafe {
                 let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-                if crate::sys::fstat(self.fd, &mut a) == 0 && crate::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
-                    crate::sys::unlink(c.as_ptr());
+                if crate::platform::sys::fstat(self.fd, &mut a) == 0 && crate::platform::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                    crate::platform::sys::unlink(c.as_ptr());
                 }
             }
         }
@@ -325,7 +325,7 @@ fn now_secs() -> u64 {
 fn reap(dir: &Path) {
     let Ok(cdir) = cpath(dir) else { return };
     let mut names = Vec::new();
-    let _ = crate::sys::each_name(&cdir, |n| {
+    let _ = crate::platform::sys::each_name(&cdir, |n| {
         // (a temporary whose process died between creating and publishing it is unlocked too)
         let temporary = n.strip_prefix(b".").and_then(|n| n.strip_prefix(PREFIX.as_bytes())).is_some_and(|n| n.starts_with(b"tmp-"));
         if n.starts_with(PREFIX.as_bytes()) || temporary {
@@ -338,21 +338,21 @@ fn reap(dir: &Path) {
         let name = name.as_bytes();
         // SAFETY: NUL-terminated path; our own fd, closed below; `a`, `b` written by fstat/lstat.
         unsafe {
-            let fd = crate::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
+            let fd = crate::platform::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
             if fd < 0 {
                 continue;
             }
             if lock0(fd, libc::F_OFD_GETLK) {
                 // dead: remove it if the name still is this file (not a new process' of the same pid)
                 let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-                if crate::sys::fstat(fd, &mut a) == 0 && crate::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
+                if crate::platform::sys::fstat(fd, &mut a) == 0 && crate::platform::sys::lstat(c.as_ptr(), &mut b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev {
                     // (a temporary is unlocked for a moment after it is created: only old ones)
                     if name.starts_with(PREFIX.as_bytes()) || now_secs().saturating_sub(a.st_mtime as u64) > 60 {
-                        crate::sys::unlink(c.as_ptr());
+                        crate::platform::sys::unlink(c.as_ptr());
                     }
                 }
             }
-            crate::sys::close(fd);
+            crate::platform::sys::close(fd);
         }
     }
 }
@@ -396,10 +396,10 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Process>, String> {
     // SAFETY: `st` is written by lstat.
     let (me, st) = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
-        if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
+        if crate::platform::sys::lstat(c.as_ptr(), &mut st) != 0 {
             return Err(format!("{}: {}", dir.display(), errno()));
         }
-        (crate::sys::getuid(), st)
+        (crate::platform::sys::getuid(), st)
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_mode & 0o077 != 0 || (me != 0 && st.st_uid != me) {
         return Err(format!("{} is not a private directory of this user (mode {:o}, uid {})", dir.display(), st.st_mode & 0o7777, st.st_uid));
@@ -426,16 +426,16 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
     // SAFETY: NUL-terminated path; our own fd, closed before returning; `st` by fstat;
     // `buf` is a zeroed Header (all atomics: any bytes are a valid value), filled by pread.
     unsafe {
-        let fd = crate::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
+        let fd = crate::platform::sys::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0);
         if fd < 0 {
             return None;
         }
         let mut st: libc::stat = std::mem::zeroed();
-        let ok = crate::sys::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == owner && st.st_mode & 0o077 == 0 && st.st_size as usize >= FILE_BYTES;
+        let ok = crate::platform::sys::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == owner && st.st_mode & 0o077 == 0 && st.st_size as usize >= FILE_BYTES;
         let mut buf: Box<std::mem::MaybeUninit<Header>> = Box::new(std::mem::MaybeUninit::zeroed());
-        let n = if ok { crate::sys::pread(fd, buf.as_mut_ptr().cast(), FILE_BYTES, 0) } else { -1 };
+        let n = if ok { crate::platform::sys::pread(fd, buf.as_mut_ptr().cast(), FILE_BYTES, 0) } else { -1 };
         let alive = ok && !lock0(fd, libc::F_OFD_GETLK);
-        crate::sys::close(fd);
+        crate::platform::sys::close(fd);
         if n != FILE_BYTES as isize {
             return None;
         }
@@ -480,13 +480,13 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
 /// (`/run/user/UID/gpushim`, `/tmp/gpushim-UID`) unless a directory was configured.
 #[allow(dead_code)]
 pub fn dirs(configured: Option<&Path>) -> Vec<PathBuf> {
-    let mine = crate::quota::state_dir(configured);
+    let mine = crate::state_files::quota::state_dir(configured);
     let mut out = vec![mine.clone()];
-    if configured.is_some() || crate::sys::getuid() != 0 {
+    if configured.is_some() || crate::platform::sys::getuid() != 0 {
         return out;
     }
     // (set-user-ID root programs publish in /run/gpushim: see `secure`)
-    let mut more = vec![PathBuf::from(crate::quota::SECURE_ROOT_DIR)];
+    let mut more = vec![PathBuf::from(crate::state_files::quota::SECURE_ROOT_DIR)];
     if let Ok(rd) = std::fs::read_dir("/run/user") {
         more.extend(rd.flatten().map(|e| e.path().join("gpushim")));
     }
@@ -541,7 +541,7 @@ mod tests {
     #[test]
     fn dead_temporaries_are_reaped_only_when_old() {
         let dir = fresh_dir("tmp");
-        crate::quota::private_dir(&dir).unwrap();
+        crate::state_files::quota::private_dir(&dir).unwrap();
         let (young, old) = (dir.join(".proc-tmp-1-00000001"), dir.join(".proc-tmp-2-00000002"));
         for p in [&young, &old] {
             std::fs::write(p, b"").unwrap();

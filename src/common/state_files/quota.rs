@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::
 
 /// Bumped in every forked child (`fork.rs`, the library's `pthread_atfork` handler): places
 /// taken under an earlier generation are a parent's.
-pub use crate::once::FORK_GENERATION;
+pub use crate::platform::once::FORK_GENERATION;
 
 const NO_SLOT: usize = usize::MAX;
 
@@ -183,7 +183,7 @@ pub struct DeviceInfo {
 
 /// Where errors met outside a `Result` (a reservation refused because the quota's lock is
 /// unusable) are reported; set once by the shim (its log). Unset: not reported.
-pub static ON_ERROR: crate::once::ForkOnce<fn(&str)> = crate::once::ForkOnce::new();
+pub static ON_ERROR: crate::platform::once::ForkOnce<fn(&str)> = crate::platform::once::ForkOnce::new();
 
 fn report_error(e: &str) {
     if let Some(f) = ON_ERROR.get() {
@@ -200,7 +200,7 @@ fn errno() -> std::io::Error {
 /// `fork()` (a raw `clone`, glibc's `_Fork`, `vfork`) runs no fork handler, so its generation
 /// is its parent's, and it inherits the parent's exit handlers; its pid tells it apart.
 fn whoami() -> u64 {
-    (crate::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0xFFFF_FFFF)
+    (crate::platform::sys::getpid() as u32 as u64) << 32 | (FORK_GENERATION.load(Acquire) & 0xFFFF_FFFF)
 }
 
 /// Where quota files live: the configured `state_dir` (`GPUSHIM_STATE_DIR` or the file's key),
@@ -211,7 +211,7 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
     }
     // (not in a secure-execution process: the caller's variable; and root's directory is not
     // one a user can make first in /tmp: see `secure`)
-    if crate::secure::secure_execution() {
+    if crate::settings::secure::secure_execution() {
         if owner_uid() == 0 {
             return PathBuf::from(SECURE_ROOT_DIR);
         }
@@ -257,7 +257,7 @@ fn check_private(st: &libc::stat, what: &Path, dir: bool) -> Result<(), String> 
 /// another directory.
 /// Checked on every call: the directory may have been removed or replaced since.
 pub fn private_dir(dir: &Path) -> Result<(), String> {
-    let hint = if crate::secure::secure_execution() {
+    let hint = if crate::settings::secure::secure_execution() {
         "set state_dir in /etc/gpushim/gpushim.toml to a directory of the program's owner (mode 0700)"
     } else {
         "set GPUSHIM_STATE_DIR to a directory of your own (mode 0700)"
@@ -271,11 +271,11 @@ fn private_dir_checked(dir: &Path) -> Result<(), String> {
     unsafe {
         let mut st: libc::stat = std::mem::zeroed();
         // (looked at first: it exists but the first time)
-        if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
-            if crate::sys::mkdir(c.as_ptr(), 0o700) != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
+        if crate::platform::sys::lstat(c.as_ptr(), &mut st) != 0 {
+            if crate::platform::sys::mkdir(c.as_ptr(), 0o700) != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
                 return Err(format!("cannot create {}: {}", dir.display(), errno()));
             }
-            if crate::sys::lstat(c.as_ptr(), &mut st) != 0 {
+            if crate::platform::sys::lstat(c.as_ptr(), &mut st) != 0 {
                 return Err(format!("{}: {}", dir.display(), errno()));
             }
         }
@@ -292,7 +292,7 @@ pub fn file_of(dir: &Path, name: &str) -> PathBuf {
 pub fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if let Ok(c) = cpath(dir) {
-        let _ = crate::sys::each_name(&c, |n| {
+        let _ = crate::platform::sys::each_name(&c, |n| {
             if let Some(name) = std::str::from_utf8(n).ok().and_then(|n| n.strip_prefix("quota-")) {
                 names.push(name.to_string());
             }
@@ -312,7 +312,7 @@ fn slot_lock(fd: libc::c_int, i: usize, cmd: libc::c_int) -> Result<bool, std::i
     fl.l_start = LOCK_BASE + i as i64;
     fl.l_len = 1;
     // SAFETY: `fd` is open; `fl` is a valid flock.
-    let rc = unsafe { crate::sys::fcntl_lock(fd, cmd, &mut fl) };
+    let rc = unsafe { crate::platform::sys::fcntl_lock(fd, cmd, &mut fl) };
     if rc != 0 {
         let e = errno();
         return match e.raw_os_error() {
@@ -400,7 +400,7 @@ impl Quota {
             }
             Err(_) => {
                 // SAFETY: our own fd, just opened.
-                unsafe { crate::sys::close(fd) };
+                unsafe { crate::platform::sys::close(fd) };
                 None
             }
         }
@@ -415,13 +415,13 @@ impl Quota {
         // reference made from it.
         unsafe {
             let mut st: libc::stat = std::mem::zeroed();
-            if crate::sys::fstat(self.fd, &mut st) != 0 {
+            if crate::platform::sys::fstat(self.fd, &mut st) != 0 {
                 return Err(format!("{p}: {}", errno()));
             }
             check_private(&st, &self.path, false)?;
             let size = st.st_size.max(0) as usize;
             let mut prefix = [0u8; PREFIX_BYTES];
-            let n = crate::sys::pread(self.fd, prefix.as_mut_ptr().cast(), PREFIX_BYTES, 0);
+            let n = crate::platform::sys::pread(self.fd, prefix.as_mut_ptr().cast(), PREFIX_BYTES, 0);
             let word = |at: usize, len: usize| prefix[at..at + len].iter().rev().fold(0u64, |a, &b| a << 8 | b as u64);
             if n < 8 || word(0, 8) != MAGIC {
                 return Err(format!("{p} is not a gpushim quota file ({size} bytes, no gpushim header): {way_out}"));
@@ -440,9 +440,9 @@ impl Quota {
             // them before it has its name; one sparse, as earlier builds made them, gets them
             // now, or is refused: a SIGBUS otherwise on a full file system).
             if join && (st.st_blocks.max(0) as u64).saturating_mul(512) < FILE_BYTES as u64 {
-                crate::sys::allocate(self.fd, FILE_BYTES as u64).map_err(|e| cannot_hold(&self.path, &e))?;
+                crate::platform::sys::allocate(self.fd, FILE_BYTES as u64).map_err(|e| cannot_hold(&self.path, &e))?;
             }
-            let m = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
+            let m = crate::platform::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.fd, 0);
             if m == libc::MAP_FAILED {
                 return Err(format!("cannot map {p}: {}", errno()));
             }
@@ -463,7 +463,7 @@ impl Quota {
     /// Takes the first slot whose lock is free, starting at a place that depends on the pid so
     /// that processes starting together rarely try the same slots.
     fn claim_slot(&self, fd: libc::c_int) -> Result<usize, String> {
-        let pid = crate::sys::getpid() as u32;
+        let pid = crate::platform::sys::getpid() as u32;
         for j in 0..SLOTS {
             let i = (pid as usize + j) % SLOTS;
             if !slot_lock(fd, i, libc::F_OFD_SETLK).map_err(|e| format!("{}: cannot lock: {e}", self.path.display()))? {
@@ -729,9 +729,9 @@ impl Drop for Quota {
         // outlives `self`.
         unsafe {
             if !self.header.is_null() {
-                crate::sys::munmap(self.header.cast(), FILE_BYTES);
+                crate::platform::sys::munmap(self.header.cast(), FILE_BYTES);
             }
-            crate::sys::close(self.fd);
+            crate::platform::sys::close(self.fd);
         }
     }
 }
@@ -774,7 +774,7 @@ pub fn comm() -> [u8; 16] {
     let mut out = [0u8; 16];
     let mut buf = [0 as libc::c_char; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes including the NUL into `buf`.
-    if unsafe { crate::sys::get_name(buf.as_mut_ptr()) } == 0 {
+    if unsafe { crate::platform::sys::get_name(buf.as_mut_ptr()) } == 0 {
         // SAFETY: `buf` is NUL-terminated (17 bytes, zeroed, at most 16 written).
         let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes();
         let n = name.len().min(15);
@@ -786,7 +786,7 @@ pub fn comm() -> [u8; 16] {
 fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `c` is NUL-terminated.
-    let fd = unsafe { crate::sys::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0) };
+    let fd = unsafe { crate::platform::sys::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0) };
     if fd < 0 {
         Err(errno())
     } else {
@@ -796,7 +796,7 @@ fn open_existing(path: &Path) -> Result<libc::c_int, std::io::Error> {
 
 /// The error of a state file `path` that cannot be given its blocks: it names the state
 /// directory and what to do.
-fn cannot_hold(path: &Path, e: &crate::sys::Unallocated) -> String {
+fn cannot_hold(path: &Path, e: &crate::platform::sys::Unallocated) -> String {
     let (dir, file) = (path.parent().unwrap_or(Path::new("")), path.file_name().unwrap_or_default());
     format!("the state directory {} cannot hold {}: {e}; {}", dir.display(), file.to_string_lossy(), e.advice())
 }
@@ -808,7 +808,7 @@ fn cannot_hold(path: &Path, e: &crate::sys::Unallocated) -> String {
 fn theirs_when_built(dir: &Path, path: &Path) -> Option<libc::c_int> {
     let building = || {
         let mut any = false;
-        let _ = cpath(dir).map(|d| crate::sys::each_name(&d, |n| any |= n.starts_with(b".quota-tmp-")));
+        let _ = cpath(dir).map(|d| crate::platform::sys::each_name(&d, |n| any |= n.starts_with(b".quota-tmp-")));
         any
     };
     for _ in 0..200 {
@@ -826,7 +826,7 @@ fn theirs_when_built(dir: &Path, path: &Path) -> Option<libc::c_int> {
 /// Builds an initialised quota file under a temporary name and links it to `path`; if another
 /// process linked first, opens theirs.
 fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
-    let pid = crate::sys::getpid();
+    let pid = crate::platform::sys::getpid();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let tmp = dir.join(format!(".quota-tmp-{pid}-{nanos}"));
     let ctmp = cpath(&tmp)?;
@@ -835,24 +835,24 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
     // blocks allocated, before it is mapped; the mutex is initialised in the mapping before
     // anyone else can open the file (it has no public name yet).
     unsafe {
-        let fd = crate::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+        let fd = crate::platform::sys::open(ctmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
         if fd < 0 {
             return Err(format!("cannot create {}: {}", tmp.display(), errno()));
         }
         let fail = |what: &str| {
             let e = format!("{what} {}: {}", tmp.display(), errno());
-            crate::sys::close(fd);
-            crate::sys::unlink(ctmp.as_ptr());
+            crate::platform::sys::close(fd);
+            crate::platform::sys::unlink(ctmp.as_ptr());
             e
         };
         // (its blocks allocated before it is mapped, and before it has its public name, so
         // that no member ever maps a page the file system cannot back: SIGBUS)
-        if let Err(e) = crate::sys::allocate(fd, FILE_BYTES as u64) {
-            crate::sys::close(fd);
-            crate::sys::unlink(ctmp.as_ptr());
+        if let Err(e) = crate::platform::sys::allocate(fd, FILE_BYTES as u64) {
+            crate::platform::sys::close(fd);
+            crate::platform::sys::unlink(ctmp.as_ptr());
             return theirs_when_built(dir, path).ok_or_else(|| cannot_hold(path, &e));
         }
-        let p = crate::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        let p = crate::platform::sys::mmap(std::ptr::null_mut(), FILE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         if p == libc::MAP_FAILED {
             return Err(fail("cannot map"));
         }
@@ -867,17 +867,17 @@ fn create(dir: &Path, path: &Path) -> Result<libc::c_int, String> {
         (*h).slots.store(SLOTS as u32, Relaxed);
         (*h).layout.store(LAYOUT, Relaxed);
         (*h).magic.store(MAGIC, Release);
-        crate::sys::munmap(p, FILE_BYTES);
+        crate::platform::sys::munmap(p, FILE_BYTES);
         if rc != 0 {
             return Err(fail("cannot initialise the lock of"));
         }
-        let linked = crate::sys::link(ctmp.as_ptr(), cpath_final.as_ptr());
+        let linked = crate::platform::sys::link(ctmp.as_ptr(), cpath_final.as_ptr());
         let link_error = errno();
-        crate::sys::unlink(ctmp.as_ptr());
+        crate::platform::sys::unlink(ctmp.as_ptr());
         if linked == 0 {
             return Ok(fd);
         }
-        crate::sys::close(fd);
+        crate::platform::sys::close(fd);
         if link_error.raw_os_error() != Some(libc::EEXIST) {
             return Err(format!("cannot create {}: {link_error}", path.display()));
         }
