@@ -6,33 +6,13 @@
 //! `cuGetProcAddress` (`intercept`); limits are enforced by atomic reservation (`memory`); the
 //! `grow` and `preallocate` memory modes serve allocations from a reserve (`modes`, `reserve`).
 
-mod api;
-mod devices;
+// The layers, bottom to top (scripts/layers.py checks that none imports one above it; below
+// them all is the gpushim-common crate: system calls, settings, the state files' formats).
+mod platform;
 mod driver;
-mod elfsym;
-mod ffi;
-mod fork;
-mod graphs;
-#[cfg(test)]
-mod fuzz;
-mod hooks;
-mod intercept;
-mod lane;
-mod log;
-mod md2;
-mod memory;
-mod modes;
-mod nvml_virtual;
-mod placement;
-mod pools;
-mod private;
-mod report;
-mod reserve;
+mod devices;
+mod accounting;
 mod sharing;
-mod split;
+mod placement;
 mod state;
-mod teardown;
-#[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]
-mod unwind;
-mod view;
-mod vmm;
+mod hooks;

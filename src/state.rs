@@ -15,11 +15,11 @@ use gpushim_common::once::ForkOnce;
 
 use gpushim_common::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
-use crate::ffi::CUdevice;
-use crate::log::{self, log, Level};
-use crate::memory::{DeviceBudget, LiveMap, MAX_DEVICES};
-use crate::split::{NvmlPart, Split};
-use crate::view::{self, Physical, View};
+use crate::driver::ffi::CUdevice;
+use crate::platform::log::{self, log, Level};
+use crate::accounting::memory::{DeviceBudget, LiveMap, MAX_DEVICES};
+use crate::devices::split::{NvmlPart, Split};
+use crate::devices::view::{self, Physical, View};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
@@ -51,17 +51,17 @@ pub struct State {
     announced: AtomicBool,
     /// One per device (`MAX_DEVICES`), on the heap: a `State` built by value would be copied
     /// several times on its way into its box (150,000 instructions of `memcpy` at start-up).
-    budgets: crate::memory::Budgets,
+    budgets: crate::accounting::memory::Budgets,
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
     pub pools: gpushim_common::bounded::Bounded<Vec<(usize, CUdevice)>>,
     /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
-    pub(crate) reserves: crate::modes::Reserves,
+    pub(crate) reserves: crate::accounting::modes::Reserves,
     /// What CUDA graphs' memory nodes hold (`graphs`).
-    pub(crate) graphs: crate::graphs::Graphs,
+    pub(crate) graphs: crate::accounting::graphs::Graphs,
     /// Context teardowns under way and the credits waiting for them (`teardown`).
-    pub(crate) teardowns: crate::teardown::Teardowns,
+    pub(crate) teardowns: crate::accounting::teardown::Teardowns,
     /// The placement log, while `GPUSHIM_LOG_PLACEMENT` is on (`placement`).
     pub(crate) placement: Option<crate::placement::Placement>,
     /// [`State::needs`], once worked out (`NEEDS_KNOWN` set).
@@ -123,7 +123,7 @@ fn init() -> Option<&'static State> {
         return None;
     }
     quiet_panics();
-    crate::fork::register();
+    crate::platform::fork::register();
     if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return wait_for_start_up();
     }
@@ -172,9 +172,9 @@ pub fn hold_for_fork() {
     if let Some(p) = &st.placement {
         p.hold_for_fork();
     }
-    crate::fork::hold(&st.pools);
+    crate::platform::fork::hold(&st.pools);
     st.graphs.hold_for_fork();
-    crate::vmm::hold_for_fork();
+    crate::accounting::vmm::hold_for_fork();
     if let Some(split) = st.split.get() {
         split.hold_for_fork();
     }
@@ -243,7 +243,7 @@ fn build() -> Box<State> {
         let _ = state.inventory();
     }
     if state.mode == Mode::Active && (state.settings.report.is_some() || state.placement.is_some()) {
-        crate::report::arm(state.settings.report.as_ref());
+        crate::sharing::report::arm(state.settings.report.as_ref());
     }
     for warning in &state.settings.warnings {
         log!(Level::Warn, "{warning}");
@@ -290,13 +290,13 @@ impl State {
             split: ForkOnce::new(),
             expected_devices: None,
             announced: AtomicBool::new(false),
-            budgets: crate::memory::Budgets::new(MAX_DEVICES),
+            budgets: crate::accounting::memory::Budgets::new(MAX_DEVICES),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
             pools: gpushim_common::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
-            reserves: crate::modes::Reserves::new(),
-            graphs: crate::graphs::Graphs::new(),
-            teardowns: crate::teardown::Teardowns::new(),
+            reserves: crate::accounting::modes::Reserves::new(),
+            graphs: crate::accounting::graphs::Graphs::new(),
+            teardowns: crate::accounting::teardown::Teardowns::new(),
             placement: None,
             needs_cache: std::sync::atomic::AtomicU8::new(0),
             only_device: AtomicBool::new(false),
@@ -339,15 +339,15 @@ impl State {
     }
 
     fn work_out_needs(&self) -> u8 {
-        let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
-        let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
-        let place = if self.placement.is_some() { crate::intercept::NEEDS_PLACE } else { 0 };
-        split | limit | place | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+        let split = if self.split_configured() { crate::hooks::intercept::NEEDS_SPLIT } else { 0 };
+        let limit = if self.limits_apply() { crate::hooks::intercept::NEEDS_LIMIT } else { 0 };
+        let place = if self.placement.is_some() { crate::hooks::intercept::NEEDS_PLACE } else { 0 };
+        split | limit | place | if self.pooled() { crate::hooks::intercept::NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
     fn reset_after_fork(&self) {
-        crate::memory::reset_gate_after_fork();
+        crate::accounting::memory::reset_gate_after_fork();
         for b in self.budgets.iter() {
             b.reset_after_fork();
         }
@@ -360,7 +360,7 @@ impl State {
             p.reset_after_fork();
         }
         self.pools.reset_after_fork(Vec::new());
-        crate::vmm::reset_after_fork();
+        crate::accounting::vmm::reset_after_fork();
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
         }
@@ -523,11 +523,11 @@ impl State {
         };
         match driver::open(lib, explicit, hint) {
             Ok(library) => {
-                crate::intercept::resolve_real(&library, lib);
+                crate::hooks::intercept::resolve_real(&library, lib);
                 log!(Level::Debug, "{} opened", library.path);
                 match lib {
-                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::intercept::resolved))),
-                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::intercept::resolved))),
+                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::hooks::intercept::resolved))),
+                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::hooks::intercept::resolved))),
                 }
             }
             Err(e) => {
@@ -579,7 +579,7 @@ impl State {
             // processes and may have to join it again, on the general path.)
             if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() && crate::sharing::quota().is_none() {
                 if let Some(budget) = self.budget(0) {
-                    if crate::lane::open(self, budget, &self.live) {
+                    if crate::accounting::lane::open(self, budget, &self.live) {
                         log!(Level::Debug, "cuMemAlloc_v2 and cuMemFree_v2 take the fast lane (one device, counted as the driver gives it)");
                     }
                 }
@@ -613,8 +613,8 @@ impl State {
             let publisher = self.publish_now(devices);
             // (the program's devices only: the others' budgets, if ever used, keep the gate)
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len()).min(self.budgets.len());
-            let budgets: &'static [crate::memory::DeviceBudget] = &self.budgets;
-            crate::memory::publish_budgets(&budgets[..count], |i| publisher.and_then(|p| p.device(i)).map(|d| &d.figures));
+            let budgets: &'static [crate::accounting::memory::DeviceBudget] = &self.budgets;
+            crate::accounting::memory::publish_budgets(&budgets[..count], |i| publisher.and_then(|p| p.device(i)).map(|d| &d.figures));
         });
     }
 
@@ -634,14 +634,14 @@ impl State {
     }
 
     /// Figures of every device the program touched, for the report.
-    pub fn usage_rows(&self) -> Vec<crate::report::Row> {
+    pub fn usage_rows(&self) -> Vec<crate::sharing::report::Row> {
         self.budgets
             .iter()
             .enumerate()
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
                 let quota = b.shared().map(|(q, d)| (q.name.clone(), q.peak(d)));
-                Some(crate::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
+                Some(crate::sharing::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
             })
             .collect()
     }
@@ -699,7 +699,7 @@ impl State {
                 let mut id = [0u8; 16];
                 let get = self.api().device_get_uuid?;
                 // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
-                (unsafe { get(&mut id, self.driver_of(dev)?) } == crate::ffi::CUDA_SUCCESS).then_some(id)
+                (unsafe { get(&mut id, self.driver_of(dev)?) } == crate::driver::ffi::CUDA_SUCCESS).then_some(id)
             });
             let uuid = uuid.map(|u| driver::uuid_string(&u));
             match crate::sharing::attach_device(&self.settings, dev, uuid.as_deref(), physical, limit, limited) {
@@ -731,15 +731,15 @@ impl State {
         what: &'static str,
         dev: Option<CUdevice>,
         bytes: u64,
-        kind: crate::memory::Kind,
-        stream: Option<crate::ffi::CUstream>,
-        alloc: impl FnOnce() -> (crate::ffi::CUresult, u64),
-    ) -> crate::ffi::CUresult {
+        kind: crate::accounting::memory::Kind,
+        stream: Option<crate::driver::ffi::CUstream>,
+        alloc: impl FnOnce() -> (crate::driver::ffi::CUresult, u64),
+    ) -> crate::driver::ffi::CUresult {
         let dev = dev.or_else(|| self.current_device());
         let Some((dev, budget, limit)) = dev.and_then(|d| Some((d, self.budget(d)?, self.limit(d)?))) else {
             if !self.limits_apply() {
                 let result = alloc().0;
-                if result == crate::ffi::CUDA_SUCCESS {
+                if result == crate::driver::ffi::CUDA_SUCCESS {
                     self.place_allocation(what, dev, bytes, stream);
                 }
                 return result;
@@ -751,21 +751,21 @@ impl State {
             // what they do not use, then try once more.
             if budget.pool_kept() == 0 || !self.trim_pools(dev) || budget.try_reserve(bytes, limit).is_err() {
                 self.report_refusal(what, dev, bytes);
-                return crate::ffi::CUDA_ERROR_OUT_OF_MEMORY;
+                return crate::driver::ffi::CUDA_ERROR_OUT_OF_MEMORY;
             }
         }
         let (result, key) = alloc();
-        if result == crate::ffi::CUDA_SUCCESS {
+        if result == crate::driver::ffi::CUDA_SUCCESS {
             budget.take(bytes);
             // arrays remember their context: the driver destroys them with it (`teardown`)
             let ctx = match kind {
-                crate::memory::Kind::Array | crate::memory::Kind::MipmappedArray => self.current_context_handle(),
+                crate::accounting::memory::Kind::Array | crate::accounting::memory::Kind::MipmappedArray => self.current_context_handle(),
                 _ => 0,
             };
             // (stream-ordered allocations come from a pool, which may keep them after the free)
             let pool = stream.is_some();
-            let id = crate::memory::entry_id();
-            if let Err(stuck) = self.record(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id }) {
+            let id = crate::accounting::memory::entry_id();
+            if let Err(stuck) = self.record(kind, key, crate::accounting::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id }) {
                 return self.unrecorded(what, kind, key, budget, bytes, pool, stuck);
             }
             self.place_allocation(what, Some(dev), bytes, stream);
@@ -778,7 +778,7 @@ impl State {
     /// Records a counted allocation in the live map, crediting an entry it replaces (one the
     /// driver freed behind the shim's back). `Err`: not recorded (`bounded`).
     #[inline]
-    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) -> Result<(), gpushim_common::bounded::Stuck> {
+    pub(crate) fn record(&self, kind: crate::accounting::memory::Kind, key: u64, live: crate::accounting::memory::Live) -> Result<(), gpushim_common::bounded::Stuck> {
         self.live.insert_then(kind, key, live, |stale| self.credit_stale(stale))
     }
 
@@ -792,14 +792,14 @@ impl State {
     /// Refuses a request the shim cannot count while limits are set (fail closed), with one
     /// rate-limited `warn` line saying why.
     #[cold]
-    fn refuse_unaccountable(&self, what: &str, dev: Option<CUdevice>, bytes: u64) -> crate::ffi::CUresult {
+    fn refuse_unaccountable(&self, what: &str, dev: Option<CUdevice>, bytes: u64) -> crate::driver::ffi::CUresult {
         let (result, why) = match dev {
-            None => (crate::ffi::CUDA_ERROR_INVALID_CONTEXT, "no current context tells which device it is for".to_string()),
+            None => (crate::driver::ffi::CUDA_ERROR_INVALID_CONTEXT, "no current context tells which device it is for".to_string()),
             Some(d) if self.budget(d).is_none() => (
-                crate::ffi::CUDA_ERROR_OUT_OF_MEMORY,
+                crate::driver::ffi::CUDA_ERROR_OUT_OF_MEMORY,
                 format!("device {d} is beyond the {MAX_DEVICES} devices gpushim can account for"),
             ),
-            Some(d) => (crate::ffi::CUDA_ERROR_OUT_OF_MEMORY, format!("the memory size of device {d} cannot be read from the driver")),
+            Some(d) => (crate::driver::ffi::CUDA_ERROR_OUT_OF_MEMORY, format!("the memory size of device {d} cannot be read from the driver")),
         };
         if let Some(b) = dev.and_then(|d| self.budget(d)) {
             b.count_refusal();
@@ -813,7 +813,7 @@ impl State {
     /// An entry the driver freed without the shim seeing it (its pointer or handle was handed
     /// out again): credits what it held.
     #[cold]
-    pub(crate) fn credit_stale(&self, stale: crate::memory::Live) {
+    pub(crate) fn credit_stale(&self, stale: crate::accounting::memory::Live) {
         if stale.served {
             return; // the reserve's blocks are the shim's own; never handed out twice
         }
@@ -828,12 +828,12 @@ impl State {
     /// it (after synchronising `stream` if given, else the context) without `free`.
     pub fn uncounted(
         &self,
-        kind: crate::memory::Kind,
+        kind: crate::accounting::memory::Kind,
         key: u64,
-        stream: Option<crate::ffi::CUstream>,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
-        if kind == crate::memory::Kind::DevicePtr {
+        stream: Option<crate::driver::ffi::CUstream>,
+        free: impl FnOnce() -> crate::driver::ffi::CUresult,
+    ) -> crate::driver::ffi::CUresult {
+        if kind == crate::accounting::memory::Kind::DevicePtr {
             // A table entry read as its two words: building and copying an entry costs ~17
             // instructions a free here (the lane, `lane`, does the same for one device).
             match self.live.remove_packed(key) {
@@ -854,8 +854,8 @@ impl State {
     /// [`State::uncounted`] of a key with no entry: passed to the driver, except addresses
     /// inside a reserve.
     #[inline(always)]
-    fn free_unrecorded(&self, kind: crate::memory::Kind, key: u64, free: impl FnOnce() -> crate::ffi::CUresult) -> crate::ffi::CUresult {
-        if kind == crate::memory::Kind::DevicePtr {
+    fn free_unrecorded(&self, kind: crate::accounting::memory::Kind, key: u64, free: impl FnOnce() -> crate::driver::ffi::CUresult) -> crate::driver::ffi::CUresult {
+        if kind == crate::accounting::memory::Kind::DevicePtr {
             if let Some(refused) = self.refuse_unknown_free(key) {
                 return refused;
             }
@@ -866,12 +866,12 @@ impl State {
     /// [`State::uncounted`] once the entry `live` of `key` was taken out of the live map.
     pub(crate) fn free_taken(
         &self,
-        kind: crate::memory::Kind,
+        kind: crate::accounting::memory::Kind,
         key: u64,
-        live: crate::memory::Live,
-        stream: Option<crate::ffi::CUstream>,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
+        live: crate::accounting::memory::Live,
+        stream: Option<crate::driver::ffi::CUstream>,
+        free: impl FnOnce() -> crate::driver::ffi::CUresult,
+    ) -> crate::driver::ffi::CUresult {
         if live.served {
             return self.release_served(key, live, stream);
         }
@@ -884,19 +884,19 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     fn free_counted(
         &self,
-        kind: crate::memory::Kind,
+        kind: crate::accounting::memory::Kind,
         key: u64,
         device: usize,
         bytes: u64,
         pool: bool,
-        entry: impl FnOnce() -> crate::memory::Live,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
+        entry: impl FnOnce() -> crate::accounting::memory::Live,
+        free: impl FnOnce() -> crate::driver::ffi::CUresult,
+    ) -> crate::driver::ffi::CUresult {
         let result = free();
-        if result == crate::ffi::CUDA_SUCCESS {
+        if result == crate::driver::ffi::CUDA_SUCCESS {
             self.credit_free(device, bytes, pool);
         } else if let Err(stuck) = self.record(kind, key, entry()) {
-            crate::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
+            crate::platform::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
         }
         result
     }

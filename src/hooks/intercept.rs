@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 use crate::driver::{self, Lib};
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::hooks::{BASE_INDEX, BY_BASE, BY_NAME, HOOKS, HOOK_COUNT, NAME_INDEX, REAL};
 use crate::state::{self, State};
 
@@ -104,8 +104,8 @@ macro_rules! hook_table {
 
         pub const HOOK_COUNT: usize = [$(stringify!($sym)),*].len();
 
-        pub static HOOKS: [$crate::intercept::HookInfo; HOOK_COUNT] = [$(
-            $crate::intercept::HookInfo {
+        pub static HOOKS: [$crate::hooks::intercept::HookInfo; HOOK_COUNT] = [$(
+            $crate::hooks::intercept::HookInfo {
                 name: concat!(stringify!($sym), "\0"),
                 cname: match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($sym), "\0").as_bytes()) {
                     Ok(c) => c,
@@ -113,28 +113,28 @@ macro_rules! hook_table {
                 },
                 base: $base,
                 since: $since,
-                per_thread: false $(|| $crate::intercept::hook_table!(@per_thread $flag))*,
-                needs: 0 $(| $crate::intercept::hook_table!(@needs $flag))*,
-                hook: $crate::intercept::FnAddr($sym as *const ()),
-                gnu_hash: $crate::elfsym::gnu_hash(stringify!($sym).as_bytes()),
+                per_thread: false $(|| $crate::hooks::intercept::hook_table!(@per_thread $flag))*,
+                needs: 0 $(| $crate::hooks::intercept::hook_table!(@needs $flag))*,
+                hook: $crate::hooks::intercept::FnAddr($sym as *const ()),
+                gnu_hash: $crate::platform::elfsym::gnu_hash(stringify!($sym).as_bytes()),
             },
         )*];
 
         /// The hooks' indices in the order of their exported names, and of their base names
         /// (ties in table order): binary searches instead of scans of the whole table for
         /// every `dlsym` and `cuGetProcAddress` of a driver name. Sorted at compile time.
-        pub static BY_NAME: [u16; HOOK_COUNT] = $crate::intercept::sorted(&[$(stringify!($sym)),*]);
-        pub static BY_BASE: [u16; HOOK_COUNT] = $crate::intercept::sorted(&[$($base),*]);
+        pub static BY_NAME: [u16; HOOK_COUNT] = $crate::hooks::intercept::sorted(&[$(stringify!($sym)),*]);
+        pub static BY_BASE: [u16; HOOK_COUNT] = $crate::hooks::intercept::sorted(&[$($base),*]);
         /// Hash tables of the names in those orders (`NameIndex`).
-        pub static NAME_INDEX: $crate::intercept::NameIndex = $crate::intercept::NameIndex::of(&[$(stringify!($sym)),*], &BY_NAME);
-        pub static BASE_INDEX: $crate::intercept::NameIndex = $crate::intercept::NameIndex::of(&[$($base),*], &BY_BASE);
+        pub static NAME_INDEX: $crate::hooks::intercept::NameIndex = $crate::hooks::intercept::NameIndex::of(&[$(stringify!($sym)),*], &BY_NAME);
+        pub static BASE_INDEX: $crate::hooks::intercept::NameIndex = $crate::hooks::intercept::NameIndex::of(&[$($base),*], &BY_BASE);
 
         /// The driver's own pointer for each hook, filled when the driver is opened.
         pub static REAL: [std::sync::atomic::AtomicUsize; HOOK_COUNT] =
             [const { std::sync::atomic::AtomicUsize::new(0) }; HOOK_COUNT];
 
         $(
-            $crate::intercept::hook_table!(@export $sym { $body } [$($lane)?] ($($arg: $ty),*));
+            $crate::hooks::intercept::hook_table!(@export $sym { $body } [$($lane)?] ($($arg: $ty),*));
         )*
     };
     // A hook without a fast lane: the general path.
@@ -142,7 +142,7 @@ macro_rules! hook_table {
         #[no_mangle]
         pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
             type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
-            $crate::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
+            $crate::hooks::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
         }
     };
     // A hook with a fast lane (`lane`): tried first; the general path is a function of its
@@ -159,14 +159,14 @@ macro_rules! hook_table {
             #[cold]
             #[inline(never)]
             unsafe extern "C" fn general($($arg: $ty),*) -> std::ffi::c_int {
-                $crate::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
+                $crate::hooks::intercept::hook_table!(@general $sym Real { $body } ($($arg),*))
             }
             // SAFETY: the program's arguments, passed on unchanged.
             unsafe { general($($arg),*) }
         }
     };
     (@general $sym:ident $real:ident { $body:path } ($($arg:ident),*)) => {
-        $crate::intercept::enter(Hook::$sym as usize, |st, real| {
+        $crate::hooks::intercept::enter(Hook::$sym as usize, |st, real| {
             // SAFETY: `real` is the driver's own `$sym` (looked up by that exact name),
             // whose C signature is the one declared in this table.
             let real = unsafe { std::mem::transmute::<usize, $real>(real) };
@@ -182,10 +182,10 @@ macro_rules! hook_table {
     };
     (@per_thread ptsz) => { true };
     (@per_thread $other:ident) => { false };
-    (@needs split) => { $crate::intercept::NEEDS_SPLIT };
-    (@needs pool) => { $crate::intercept::NEEDS_POOL };
-    (@needs limit) => { $crate::intercept::NEEDS_LIMIT };
-    (@needs place) => { $crate::intercept::NEEDS_PLACE };
+    (@needs split) => { $crate::hooks::intercept::NEEDS_SPLIT };
+    (@needs pool) => { $crate::hooks::intercept::NEEDS_POOL };
+    (@needs limit) => { $crate::hooks::intercept::NEEDS_LIMIT };
+    (@needs place) => { $crate::hooks::intercept::NEEDS_PLACE };
     (@needs ptsz) => { 0 };
 }
 pub(crate) use hook_table;
@@ -224,7 +224,7 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
     .unwrap_or_else(|payload| {
         // (a one-time step's wait that gave up unwinds with why: `once`)
         if let Some(&stuck) = payload.downcast_ref::<gpushim_common::bounded::Stuck>() {
-            crate::log::stuck(hook.name.trim_end_matches('\0'), stuck);
+            crate::platform::log::stuck(hook.name.trim_end_matches('\0'), stuck);
         }
         unknown
     })
@@ -512,8 +512,8 @@ extern "C" fn dlsym_verdict(handle: *mut c_void, symbol: *const c_char) -> usize
     let Some(index) = hook_by_name(name.to_bytes()) else {
         // Functions that take an NVML device handle: while devices are split, a trampoline that
         // turns virtual devices' handles into NVML's own (slow path: a lock, maybe allocation).
-        if crate::nvml_virtual::takes_device(name.to_bytes()) {
-            return catch_unwind(|| crate::nvml_virtual::lookup(handle, name)).unwrap_or(0);
+        if crate::devices::nvml_virtual::takes_device(name.to_bytes()) {
+            return catch_unwind(|| crate::devices::nvml_virtual::lookup(handle, name)).unwrap_or(0);
         }
         return 0;
     };
@@ -581,8 +581,8 @@ pub fn substitute<'a>(st: &State, symbol: &dyn Fn() -> &'a CStr, version: c_int,
     let want_pt = per_thread && candidates().any(|h| h.per_thread);
     match candidates().filter(|h| h.per_thread == want_pt).max_by_key(|h| h.since) {
         Some(h) => {
-            crate::log::log!(
-                crate::log::Level::Debug,
+            crate::platform::log::log!(
+                crate::platform::log::Level::Debug,
                 "cuGetProcAddress({}, {version}, {flags}): driver answered with an unexported address; using the hook for {}",
                 symbol.to_string_lossy(),
                 h.symbol().to_string_lossy()

@@ -198,7 +198,7 @@ pub fn publish_budgets(budgets: &'static [DeviceBudget], place: impl Fn(usize) -
         }
     });
     if let Err(stuck) = moved {
-        crate::log::stuck("publishing the memory figures", stuck);
+        crate::platform::log::stuck("publishing the memory figures", stuck);
     }
 }
 
@@ -407,7 +407,7 @@ impl DeviceBudget {
             None => self.try_update(move |f| reserve_in(f, bytes, limit)),
         };
         checked.unwrap_or_else(|stuck| {
-            crate::log::stuck("a reservation", stuck);
+            crate::platform::log::stuck("a reservation", stuck);
             Err(Refused { reserved: self.reserved(), limit })
         })
     }
@@ -785,7 +785,7 @@ impl Shards {
 
     fn hold_for_fork(&'static self) {
         for shard in self.shards.iter() {
-            crate::fork::hold(shard);
+            crate::platform::fork::hold(shard);
         }
     }
 
@@ -1413,7 +1413,7 @@ impl LiveMap {
             stuck = Some(e);
         }
         if let Some(e) = stuck {
-            crate::log::stuck("listing live allocations (some stay counted)", e);
+            crate::platform::log::stuck("listing live allocations (some stay counted)", e);
         }
         all
     }

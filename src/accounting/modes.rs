@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use gpushim_common::bounded::{Backoff, Bounded, Guard, Stuck};
 
 use gpushim_common::config::MemoryMode;
-use crate::ffi::*;
-use crate::log::{log, Level};
-use crate::memory::{Kind, Live, MAX_DEVICES};
-use crate::reserve::{self, Arena, Lookup, Preallocation, GRANULE};
+use crate::driver::ffi::*;
+use crate::platform::log::{log, Level};
+use crate::accounting::memory::{Kind, Live, MAX_DEVICES};
+use crate::accounting::reserve::{self, Arena, Lookup, Preallocation, GRANULE};
 use crate::state::{Mode, State};
 
 const MIB: u64 = 1 << 20;
@@ -60,7 +60,7 @@ impl Reserves {
     /// a lock held forever.)
     pub fn hold_for_fork(&'static self) {
         for arena in self.arenas().unwrap_or_default() {
-            crate::fork::hold(arena);
+            crate::platform::fork::hold(arena);
         }
     }
 
@@ -164,7 +164,7 @@ impl State {
             Ok(mut arena) => arena.alloc(id, size, requested),
             Err(stuck) => {
                 budget.count_refusal();
-                return Some(Err(crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
+                return Some(Err(crate::platform::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
             }
         };
         let ptr = match served {
@@ -184,13 +184,13 @@ impl State {
             },
         };
         // (recorded before it counts as in use: nobody else has the pointer yet)
-        if let Err(stuck) = self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::memory::entry_id() }) {
+        if let Err(stuck) = self.live.insert(Kind::DevicePtr, ptr, Live { device: index, bytes: size, served: true, pool: false, ctx: 0, id: crate::accounting::memory::entry_id() }) {
             // back to the reserve (the lock was had a moment ago: it is not this thread's)
             if let Ok(mut arena) = self.reserves.arena(index) {
                 arena.free(ptr);
             }
             budget.count_refusal();
-            return Some(Err(crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
+            return Some(Err(crate::platform::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)));
         }
         budget.take(size);
         self.place_allocation(what, Some(dev), requested, None);
@@ -246,7 +246,7 @@ impl State {
             Err(stuck) => {
                 crate::hooks::free_driver_ptr(ptr);
                 budget.release(bytes);
-                return Err(crate::log::refuse("a reserve's chunk", stuck, CUDA_ERROR_OUT_OF_MEMORY));
+                return Err(crate::platform::log::refuse("a reserve's chunk", stuck, CUDA_ERROR_OUT_OF_MEMORY));
             }
         };
         // Memory of a destroyed context the shim has not yet forgotten (another thread is between
@@ -321,7 +321,7 @@ impl State {
     fn finish_preallocation(&self, index: usize, id: u64) {
         match self.reserves.arena(index) {
             Ok(mut arena) => arena.finish_preallocation(id),
-            Err(stuck) => crate::log::stuck("the end of a preallocation", stuck),
+            Err(stuck) => crate::platform::log::stuck("the end of a preallocation", stuck),
         }
     }
 
@@ -386,14 +386,14 @@ impl State {
     /// counted until its context goes: closed).
     fn keep_served(&self, ptr: CUdeviceptr, live: Live) {
         if let Err(stuck) = self.live.insert(Kind::DevicePtr, ptr, live) {
-            crate::log::stuck("restoring a block's record (it stays counted)", stuck);
+            crate::platform::log::stuck("restoring a block's record (it stays counted)", stuck);
         }
     }
 
     #[cold]
     fn refuse_served_free(&self, ptr: CUdeviceptr, live: Live, stuck: Stuck) -> CUresult {
         self.keep_served(ptr, live);
-        crate::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)
+        crate::platform::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)
     }
 
     /// A free of `ptr` the live map does not know: inside a reserve it is an interior pointer or
@@ -408,7 +408,7 @@ impl State {
                 Lookup::Outside => None,
                 _ => Some(CUDA_ERROR_INVALID_VALUE),
             },
-            Err(stuck) => Some(crate::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)),
+            Err(stuck) => Some(crate::platform::log::refuse("cuMemFree", stuck, CUDA_ERROR_NOT_PERMITTED)),
         }
     }
 
@@ -440,7 +440,7 @@ impl State {
             let mut arena = match self.reserves.arena(dev) {
                 Ok(arena) => arena,
                 Err(stuck) => {
-                    crate::log::stuck("forgetting a destroyed context's reserve (it stays counted)", stuck);
+                    crate::platform::log::stuck("forgetting a destroyed context's reserve (it stays counted)", stuck);
                     continue;
                 }
             };
@@ -458,7 +458,7 @@ impl State {
 
     /// Credits chunks the driver freed and forgets what the program held in them. Called with
     /// the device's arena locked (the live map's locks are never held while taking it).
-    fn credit_dropped(&self, dev: usize, dropped: &crate::reserve::Dropped) {
+    fn credit_dropped(&self, dev: usize, dropped: &crate::accounting::reserve::Dropped) {
         let mut in_use = 0u64;
         for (ptr, size) in &dropped.live {
             // (an entry whose bucket cannot be had stays: a free of it then finds no block,

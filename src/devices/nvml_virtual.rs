@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::driver::NvmlDevice;
 
 /// How many program devices can have a fake handle (program ordinals `0..MAX_FAKES`).
-pub const MAX_FAKES: usize = crate::memory::MAX_DEVICES;
+pub const MAX_FAKES: usize = crate::accounting::memory::MAX_DEVICES;
 /// Size of one [`Fake`]; the trampoline checks handles are multiples of it from [`FAKES`].
 const FAKE_SIZE: usize = 16;
 
@@ -327,15 +327,15 @@ fn dynamic_slot(real: usize, name: &CStr) -> Option<usize> {
     static DYNAMIC: gpushim_common::bounded::Bounded<Vec<usize>> = gpushim_common::bounded::Bounded::new("gpushim's NVML trampolines", Vec::new());
     static EXHAUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     // (not to be had, `bounded`: handed out untranslated, as when the pool is exhausted)
-    let mut list = DYNAMIC.lock().map_err(|stuck| crate::log::stuck("a trampoline for an NVML function", stuck)).ok()?;
+    let mut list = DYNAMIC.lock().map_err(|stuck| crate::platform::log::stuck("a trampoline for an NVML function", stuck)).ok()?;
     if let Some(i) = list.iter().position(|&r| r == real) {
         return Some(EXPORTED.len() + i);
     }
     let slot = EXPORTED.len() + list.len();
     if slot >= POOL {
         if !EXHAUSTED.swap(true, Ordering::Relaxed) {
-            crate::log::log!(
-                crate::log::Level::Warn,
+            crate::platform::log::log!(
+                crate::platform::log::Level::Warn,
                 "{} is handed out without translating virtual devices' NVML handles: all {} trampolines are in use (later such functions too; passing them a virtual device fails)",
                 name.to_string_lossy(),
                 POOL - EXPORTED.len()

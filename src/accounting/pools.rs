@@ -5,7 +5,7 @@
 //! what it holds above its release threshold, `cuMemPoolTrimTo` trims it, or the pool is
 //! destroyed. The shim credits a pool allocation's free only once the driver shows its pools
 //! gave the memory back: until then the bytes stay reserved against the limit
-//! ([`DeviceBudget::pool_kept`](crate::memory::DeviceBudget::pool_kept)), so a program cannot
+//! ([`DeviceBudget::pool_kept`](crate::accounting::memory::DeviceBudget::pool_kept)), so a program cannot
 //! hold more than its limit through a pool's cache (e.g. a release threshold of `UINT64_MAX`).
 //!
 //! The figures are asked of the driver only off the allocation path: when an allocation would
@@ -17,7 +17,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
@@ -30,7 +30,7 @@ impl State {
     /// credited (closed).
     fn device_pools(&self, dev: CUdevice) -> Option<Vec<CUmemoryPool>> {
         let mut pools = self.device_pools_of_driver(dev);
-        let created = self.pools.lock().map_err(|stuck| crate::log::stuck("reading what memory pools keep", stuck)).ok()?;
+        let created = self.pools.lock().map_err(|stuck| crate::platform::log::stuck("reading what memory pools keep", stuck)).ok()?;
         for &(pool, d) in created.iter() {
             let pool = pool as CUmemoryPool;
             if d == dev && !pools.contains(&pool) {
@@ -43,7 +43,7 @@ impl State {
     /// The program device whose default or current pool `pool` is (asked of the driver).
     pub fn device_of_pool(&self, pool: CUmemoryPool) -> Option<CUdevice> {
         let count = self.program_devices().map(|d| d.list.len()).unwrap_or_else(|| self.api().devices().len());
-        (0..count.min(crate::memory::MAX_DEVICES)).map(|d| d as CUdevice).find(|&d| self.device_pools_of_driver(d).contains(&pool))
+        (0..count.min(crate::accounting::memory::MAX_DEVICES)).map(|d| d as CUdevice).find(|&d| self.device_pools_of_driver(d).contains(&pool))
     }
 
     /// The default and current pools of program device `dev` (the driver's handles).
@@ -100,7 +100,7 @@ impl State {
 
     /// Reads the pools' figures and credits what they gave back; tried again (a few times) when
     /// a pool free by another thread raced with the reading.
-    fn settle_pools(&self, budget: &crate::memory::DeviceBudget, pools: &[CUmemoryPool]) {
+    fn settle_pools(&self, budget: &crate::accounting::memory::DeviceBudget, pools: &[CUmemoryPool]) {
         for _ in 0..4 {
             let epoch = budget.pool_epoch();
             let Some(kept) = self.pools_kept_by_driver(pools) else { return };
@@ -126,7 +126,7 @@ impl State {
         self.settle_pools(budget, &pools);
         let credited = budget.pool_kept() < before;
         if credited {
-            crate::log::log!(crate::log::Level::Debug, "device {dev}: trimmed its memory pools; {} bytes they kept were given back", before - budget.pool_kept());
+            crate::platform::log::log!(crate::platform::log::Level::Debug, "device {dev}: trimmed its memory pools; {} bytes they kept were given back", before - budget.pool_kept());
         }
         credited
     }

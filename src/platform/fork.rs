@@ -68,7 +68,7 @@ pub fn hold<T: 'static>(m: &'static Bounded<T>) {
                 unsafe { (*h.get()).push(Box::new(guard)) };
             });
         }
-        Err(stuck) => crate::log::stuck("fork's hold of gpushim's locks", stuck),
+        Err(stuck) => crate::platform::log::stuck("fork's hold of gpushim's locks", stuck),
     }
 }
 
@@ -98,7 +98,7 @@ extern "C" fn in_child() {
         gpushim_common::quota::FORK_GENERATION.fetch_add(1, Release);
         // (inherited: registered, whatever the parent's registering thread had got to)
         let _ = REGISTERED.set(());
-        crate::report::disarm();
+        crate::sharing::report::disarm();
         crate::state::after_fork_in_child();
     });
 }

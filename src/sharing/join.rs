@@ -16,9 +16,9 @@ use gpushim_common::once::ForkOnce;
 
 
 use gpushim_common::config::{self, Settings};
-use crate::ffi::CUdevice;
+use crate::driver::ffi::CUdevice;
 use gpushim_common::live::{Publisher, ViewEntry};
-use crate::log::{log, Level};
+use crate::platform::log::{log, Level};
 use gpushim_common::quota::{self, Quota};
 
 /// The shared quota this process is a member of, joined at start-up.

@@ -54,11 +54,11 @@ extern "C" fn write_at_exit() {
         match target {
             // (the placement summary alone is part of the log: silent with GPUSHIM_LOG=off)
             // (a process that only used NVML, like nvidia-smi, has nothing to say)
-            None if crate::log::enabled(crate::log::Level::Error) && placement.as_ref().is_some_and(|p| !p.is_empty()) => {
-                crate::log::emit_plain(placement_text.trim_end())
+            None if crate::platform::log::enabled(crate::platform::log::Level::Error) && placement.as_ref().is_some_and(|p| !p.is_empty()) => {
+                crate::platform::log::emit_plain(placement_text.trim_end())
             }
             None => {}
-            Some(ReportTarget::Stderr) => crate::log::emit_plain((text(&rows) + &placement_text).trim_end()),
+            Some(ReportTarget::Stderr) => crate::platform::log::emit_plain((text(&rows) + &placement_text).trim_end()),
             Some(target @ ReportTarget::Path(path)) => {
                 let body = if target.is_json() {
                     json(&rows, placement.as_deref().map(crate::placement::json).as_deref())
@@ -68,9 +68,9 @@ extern "C" fn write_at_exit() {
                 // (a report longer than the file size limit would raise SIGXFSZ: not written)
                 let limit = gpushim_common::sys::file_size_limit().unwrap_or(0);
                 if body.len() as u64 > limit {
-                    crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
+                    crate::platform::log::log!(crate::platform::log::Level::Warn, "cannot write the report to {}: its {} bytes would pass this process' file size limit ({limit} bytes, ulimit -f)", path.display(), body.len());
                 } else if let Err(e) = write_file(path, &body) {
-                    crate::log::log!(crate::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
+                    crate::platform::log::log!(crate::platform::log::Level::Warn, "cannot write the report to {}: {e}", path.display());
                 }
             }
         }

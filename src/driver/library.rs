@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 
 /// glibc's own `dlsym`, found with `dlvsym` (which the shim does not interpose). Read by the
 /// `dlsym` trampoline in `intercept`, which jumps to it with the caller's registers and return
@@ -59,7 +59,7 @@ pub struct Library {
     pub handle: *mut c_void,
     pub path: String,
     /// Its own symbol tables, for look-ups cheaper than `dlsym` (`elfsym`).
-    symbols: Option<crate::elfsym::Symbols>,
+    symbols: Option<crate::platform::elfsym::Symbols>,
 }
 
 impl Library {
@@ -67,7 +67,7 @@ impl Library {
     /// time) is `hash`: from its own hash table when that gives a plain answer, else from
     /// `dlsym` (which also searches the library's dependencies).
     pub fn function_hashed(&self, name: &CStr, hash: u32) -> *mut c_void {
-        use crate::elfsym::Answer;
+        use crate::platform::elfsym::Answer;
         match self.symbols.as_ref().map_or(Answer::Ask, |s| s.function(name.to_bytes(), hash)) {
             Answer::Found(found) => found,
             Answer::Absent => std::ptr::null_mut(),
@@ -173,7 +173,7 @@ fn object_of(addr: *const c_void) -> Option<CString> {
 fn dlopen_flags(path: &CStr, flags: c_int) -> Option<Library> {
     // SAFETY: `path` is NUL-terminated.
     let handle = unsafe { libc::dlopen(path.as_ptr(), flags) };
-    (!handle.is_null()).then(|| Library { handle, path: path.to_string_lossy().into_owned(), symbols: crate::elfsym::Symbols::of(handle) })
+    (!handle.is_null()).then(|| Library { handle, path: path.to_string_lossy().into_owned(), symbols: crate::platform::elfsym::Symbols::of(handle) })
 }
 
 fn dlopen(path: &CStr) -> Option<Library> {
@@ -240,7 +240,7 @@ const NVML_ERROR_DRIVER_NOT_LOADED: c_int = 9;
 
 macro_rules! sym {
     ($lib:expr, $known:expr, $name:literal) => {{
-        let p = $known($name).unwrap_or_else(|| $lib.function_hashed($name, const { crate::elfsym::gnu_hash($name.to_bytes()) }));
+        let p = $known($name).unwrap_or_else(|| $lib.function_hashed($name, const { crate::platform::elfsym::gnu_hash($name.to_bytes()) }));
         // SAFETY: a non-NULL result is the library's function of that name, whose C signature
         // is the one of the field it is stored in (cuda.h, nvml.h).
         (!p.is_null()).then(|| unsafe { std::mem::transmute(p) })
@@ -486,7 +486,7 @@ impl NvmlApi {
     /// the default log level.
     pub const NO_DRIVER: &'static str = "nvmlInit: the NVIDIA driver is not loaded (error 9)";
 
-    pub fn inventory(&self) -> Result<Vec<crate::view::Physical>, String> {
+    pub fn inventory(&self) -> Result<Vec<crate::devices::view::Physical>, String> {
         let (init, shutdown, count, by_index, pci, memory) =
             match (self.init, self.shutdown, self.count, self.by_index, self.pci, self.memory) {
                 (Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)) => (a, b, c, d, e, f),
@@ -518,7 +518,7 @@ impl NvmlApi {
                     break;
                 };
                 let pci = format!("{:04x}:{:02x}:{:02x}.0", info.domain, info.bus, info.device);
-                out.push(crate::view::Physical { uuid, pci, total: mem[0] });
+                out.push(crate::devices::view::Physical { uuid, pci, total: mem[0] });
             }
             shutdown();
             if failed {

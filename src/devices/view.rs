@@ -217,7 +217,7 @@ fn split_extras(env: &impl Fn(&str) -> Option<String>) -> Option<usize> {
 /// (nothing in an empty view; at most the shim's number of devices).
 fn written(n: usize, extras: Option<usize>) -> String {
     let m = if n == 0 { 0 } else { n.saturating_add(extras.unwrap_or(0)) };
-    indices(m.min(crate::memory::MAX_DEVICES))
+    indices(m.min(crate::accounting::memory::MAX_DEVICES))
 }
 
 /// Whether `cvd` is what a rewrite wrote for a view of `n` devices: `0,…,k-1` with `k` at least

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use gpushim_common::bounded::{Bounded, Guard};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 /// The placement log's records (present only while it is on).
@@ -100,14 +100,14 @@ pub struct DeviceSummary {
 }
 
 /// The launch path's maps hash with the live map's cheap hasher (keys are handles).
-type Fast = std::hash::BuildHasherDefault<crate::memory::FastHasher>;
+type Fast = std::hash::BuildHasherDefault<crate::accounting::memory::FastHasher>;
 
 /// Allocations per (program device, API): how many, how many bytes.
 type Allocations = HashMap<(CUdevice, &'static str), (u64, u64), Fast>;
 
 /// `m` locked; `None` (after one line) when it cannot be had: the record is left out.
 fn lock<T>(m: &Bounded<T>) -> Option<Guard<'_, T>> {
-    m.lock().map_err(|stuck| crate::log::stuck("a record of the placement log", stuck)).ok()
+    m.lock().map_err(|stuck| crate::platform::log::stuck("a record of the placement log", stuck)).ok()
 }
 
 const WHAT: &str = "gpushim's placement log";
@@ -127,13 +127,13 @@ impl Placement {
 
     /// Takes its locks for a fork (`fork`).
     pub fn hold_for_fork(&'static self) {
-        crate::fork::hold(&self.names);
-        crate::fork::hold(&self.retired);
-        crate::fork::hold(&self.retired_graphs);
-        crate::fork::hold(&self.launches);
-        crate::fork::hold(&self.allocations);
-        crate::fork::hold(&self.places);
-        crate::fork::hold(&self.printed);
+        crate::platform::fork::hold(&self.names);
+        crate::platform::fork::hold(&self.retired);
+        crate::platform::fork::hold(&self.retired_graphs);
+        crate::platform::fork::hold(&self.launches);
+        crate::platform::fork::hold(&self.allocations);
+        crate::platform::fork::hold(&self.places);
+        crate::platform::fork::hold(&self.printed);
     }
 
     /// A forked child starts counting afresh (it writes no report); it keeps the names.
@@ -430,8 +430,8 @@ impl State {
 
 /// One placement line (printed unless the log is off).
 fn line(text: &str) {
-    if crate::log::enabled(crate::log::Level::Error) {
-        crate::log::emit_plain(&format!("gpushim: placement: {text}"));
+    if crate::platform::log::enabled(crate::platform::log::Level::Error) {
+        crate::platform::log::emit_plain(&format!("gpushim: placement: {text}"));
     }
 }
 

@@ -25,10 +25,10 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use gpushim_common::once::ForkOnce;
 
-use crate::ffi::*;
-use crate::log::{log, Level};
-use crate::md2;
-use crate::split::DeviceFacts;
+use crate::driver::ffi::*;
+use crate::platform::log::{log, Level};
+use crate::driver::md2;
+use crate::devices::split::DeviceFacts;
 use crate::state::{self, State};
 
 /// The runtime's context table (`6bd5fb6c-5bf4-e74a-8987-d93912fd9df9`), byte for byte as

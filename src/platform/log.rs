@@ -143,8 +143,8 @@ fn within_file_size_limit(fd: i32, len: usize) -> bool {
 
 macro_rules! log {
     ($level:expr, $($arg:tt)*) => {
-        if $crate::log::enabled($level) {
-            $crate::log::emit($level, format_args!($($arg)*))
+        if $crate::platform::log::enabled($level) {
+            $crate::platform::log::emit($level, format_args!($($arg)*))
         }
     };
 }
@@ -191,7 +191,7 @@ fn coarse_seconds() -> u64 {
 /// `result`, its answer (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation,
 /// `CUDA_ERROR_NOT_PERMITTED` for other calls).
 #[cold]
-pub fn refuse(call: &str, why: gpushim_common::bounded::Stuck, result: crate::ffi::CUresult) -> crate::ffi::CUresult {
+pub fn refuse(call: &str, why: gpushim_common::bounded::Stuck, result: crate::driver::ffi::CUresult) -> crate::driver::ffi::CUresult {
     stuck(call, why);
     result
 }

@@ -33,8 +33,8 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use gpushim_common::bounded::{Bounded, Stuck};
 
-use crate::ffi::*;
-use crate::memory::{Kind, Live};
+use crate::driver::ffi::*;
+use crate::accounting::memory::{Kind, Live};
 use crate::state::State;
 
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`
@@ -73,7 +73,7 @@ impl Teardowns {
 
     /// Takes the lock for a fork (`fork`).
     pub fn hold_for_fork(&'static self) {
-        crate::fork::hold(&self.0);
+        crate::platform::fork::hold(&self.0);
     }
 
     /// A forked child has no teardown under way and nothing to credit.
@@ -124,7 +124,7 @@ impl State {
         {
             let mut p = match self.teardowns.lock() {
                 Ok(p) => p,
-                Err(stuck) => return crate::log::stuck("a credit of memory the driver freed (it stays counted)", stuck),
+                Err(stuck) => return crate::platform::log::stuck("a credit of memory the driver freed (it stays counted)", stuck),
             };
             if !p.in_flight.is_empty() {
                 let after = p.next;
@@ -188,7 +188,7 @@ impl State {
             }
         }
         if credited > 0 {
-            crate::log::log!(crate::log::Level::Debug, "context destroyed: {credited} bytes the driver freed with it credited");
+            crate::platform::log::log!(crate::platform::log::Level::Debug, "context destroyed: {credited} bytes the driver freed with it credited");
         }
     }
 

@@ -28,7 +28,7 @@ struct Handles {
 static HANDLES: Bounded<Option<Handles>> = Bounded::new("gpushim's table of virtual memory handles", None);
 
 pub fn hold_for_fork() {
-    crate::fork::hold(&HANDLES);
+    crate::platform::fork::hold(&HANDLES);
 }
 
 /// A forked child holds nothing (`fork`).

@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use gpushim_common::bounded::{Bounded, Guard, Stuck};
 
-use crate::ffi::*;
-use crate::memory::MAX_DEVICES;
+use crate::driver::ffi::*;
+use crate::accounting::memory::MAX_DEVICES;
 use crate::state::State;
 
 const NODE_TYPE_MEM_ALLOC: c_int = 10;
@@ -73,7 +73,7 @@ impl Graphs {
     }
 
     pub fn hold_for_fork(&'static self) {
-        crate::fork::hold(&self.execs);
+        crate::platform::fork::hold(&self.execs);
     }
 
     /// A forked child holds nothing (`fork`).
@@ -171,7 +171,7 @@ impl State {
     pub fn graph_launch(&self, what: &str, exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
         let memory = match self.graphs.execs() {
             Ok(execs) => execs.get(&exec).cloned(),
-            Err(stuck) => return crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY),
+            Err(stuck) => return crate::platform::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY),
         };
         let Some(memory) = memory.filter(|m| !m.launched) else { return launch() };
         let mut reserved: Vec<(CUdevice, u64)> = Vec::new();

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use gpushim_common::config;
 use crate::devices::{Devices, DriverDevice, Part};
 use crate::driver;
-use crate::ffi::{CUcontext, CUdevice, CUresult, CUDA_ERROR_INVALID_DEVICE, CUDA_SUCCESS};
+use crate::driver::ffi::{CUcontext, CUdevice, CUresult, CUDA_ERROR_INVALID_DEVICE, CUDA_SUCCESS};
 use crate::state::State;
 
 /// What the runtime's integrity check hashes of a device: UUID, PCI domain, bus, device.
@@ -28,7 +28,7 @@ pub(crate) struct Split {
 
 impl Split {
     pub(crate) fn hold_for_fork(&'static self) {
-        crate::fork::hold(&self.contexts);
+        crate::platform::fork::hold(&self.contexts);
     }
 
     /// A forked child (`fork`): the parent's contexts do not survive the fork.
@@ -226,8 +226,8 @@ impl State {
     }
 
     /// The program device an allocation starting at `ptr` was counted on.
-    pub fn live_device(&self, ptr: crate::ffi::CUdeviceptr) -> Option<CUdevice> {
-        self.live.get(crate::memory::Kind::DevicePtr, ptr).ok().flatten().map(|l| l.device as CUdevice)
+    pub fn live_device(&self, ptr: crate::driver::ffi::CUdeviceptr) -> Option<CUdevice> {
+        self.live.get(crate::accounting::memory::Kind::DevicePtr, ptr).ok().flatten().map(|l| l.device as CUdevice)
     }
 
     /// Remembers `ctx` as a context on part `dev` (replacing what a handle the driver hands
@@ -273,14 +273,14 @@ impl State {
     }
 
     /// The program device a stream's work runs on.
-    pub fn stream_device(&self, stream: crate::ffi::CUstream) -> Option<CUdevice> {
+    pub fn stream_device(&self, stream: crate::driver::ffi::CUstream) -> Option<CUdevice> {
         if self.only_device() {
             return Some(0);
         }
         if self.split.get().is_none() {
             return self.api().stream_device(stream);
         }
-        if crate::ffi::is_default_stream(stream) {
+        if crate::driver::ffi::is_default_stream(stream) {
             return self.current_device();
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
@@ -302,18 +302,18 @@ impl State {
             return match api.primary_ctx_retain {
                 // SAFETY: the caller's out-pointer, checked by the driver.
                 Some(f) => unsafe { f(out, driver) },
-                None => crate::ffi::CUDA_ERROR_NOT_INITIALIZED,
+                None => crate::driver::ffi::CUDA_ERROR_NOT_INITIALIZED,
             };
         };
         let _ = part;
         if out.is_null() {
-            return crate::ffi::CUDA_ERROR_INVALID_VALUE;
+            return crate::driver::ffi::CUDA_ERROR_INVALID_VALUE;
         }
         let primary = &split.primaries[dev as usize];
         let mut ctx = primary.ctx.load(Ordering::Acquire);
         if ctx == 0 {
             let (Some(create), Some(pop), Some(destroy)) = (api.ctx_create, api.ctx_pop_current, api.ctx_destroy) else {
-                return crate::ffi::CUDA_ERROR_NOT_INITIALIZED;
+                return crate::driver::ffi::CUDA_ERROR_NOT_INITIALIZED;
             };
             let mut made: CUcontext = std::ptr::null_mut();
             // SAFETY: valid out-pointers; the new context is pushed by the driver and popped
@@ -351,7 +351,7 @@ impl State {
     pub fn part_primary_release(&self, dev: CUdevice) -> Option<CUresult> {
         let p = self.part_primary(dev)?;
         let released = p.refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1)).is_ok();
-        Some(if released { CUDA_SUCCESS } else { crate::ffi::CUDA_ERROR_INVALID_CONTEXT })
+        Some(if released { CUDA_SUCCESS } else { crate::driver::ffi::CUDA_ERROR_INVALID_CONTEXT })
     }
 
     pub fn part_primary_set_flags(&self, dev: CUdevice, flags: u32) -> Option<CUresult> {

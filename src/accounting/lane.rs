@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 use crate::hooks::{Hook, REAL};
 
-use crate::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
-use crate::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
+use crate::driver::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
+use crate::accounting::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
 use crate::state::State;
 
 /// What the lane works on: device 0's budget and the live map's table, and the state for the
@@ -174,7 +174,7 @@ fn record(state: &'static State, key: u64, bytes: u64, id: u64) -> Result<(), gp
 #[inline(never)]
 fn restore(state: &'static State, key: u64, bytes: u64, id: u64) {
     if let Err(stuck) = record(state, key, bytes, id) {
-        crate::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
+        crate::platform::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
     }
 }
 
@@ -191,7 +191,7 @@ fn record_new(lane: &Lane, key: u64, bytes: u64, id: u64) -> CUresult {
         None => lane.budget.freed(bytes),
     }
     lane.budget.count_refusal();
-    crate::log::refuse("cuMemAlloc", stuck, CUDA_ERROR_OUT_OF_MEMORY)
+    crate::platform::log::refuse("cuMemAlloc", stuck, CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Credits an entry the driver freed behind the shim's back (its pointer was handed out again).
