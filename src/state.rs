@@ -123,7 +123,7 @@ fn init() -> Option<&'static State> {
         return None;
     }
     quiet_panics();
-    crate::platform::fork::register();
+    crate::platform::fork::register(hold_for_fork, in_forked_child);
     if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return wait_for_start_up();
     }
@@ -182,6 +182,13 @@ pub fn hold_for_fork() {
 
 /// In a forked child (`fork`): a start-up another parent thread had under way will never end
 /// here, so it is started afresh; a built state is emptied of what the parent held.
+/// What a forked child does after the fork handlers let the locks go (`platform::fork`): it
+/// writes no exit report, and empties the state it inherited.
+fn in_forked_child() {
+    crate::sharing::report::disarm();
+    after_fork_in_child();
+}
+
 pub fn after_fork_in_child() {
     match get_if_ready() {
         None => BUILDING.store(false, Ordering::Release),

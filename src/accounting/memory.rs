@@ -25,10 +25,7 @@ use gpushim_common::bounded::{self, Backoff, BitWait, Bounded, Stuck};
 use gpushim_common::live::Figures;
 use gpushim_common::quota::Quota;
 
-/// Device ordinals the shim accounts for (the program's, after hiding and splitting). A
-/// configuration that makes more devices is an error; an allocation on a device beyond this
-/// (a driver showing more GPUs) is refused while any limit is set, never passed uncounted.
-pub const MAX_DEVICES: usize = 256;
+pub use crate::devices::MAX_DEVICES;
 
 /// The published limit of a device not yet resolved (`live`).
 const UNRESOLVED: u64 = u64::MAX;

@@ -107,7 +107,7 @@ fn every_parser_survives_random_input() {
             let _ = config::parse_visible_devices(&a);
             if let Ok(splits) = config::parse_virtual_devices(&a) {
                 if let Ok(d) = devices::expand(&splits, &drv) {
-                    assert!(d.list.len() <= crate::accounting::memory::MAX_DEVICES);
+                    assert!(d.list.len() <= crate::devices::MAX_DEVICES);
                 }
             }
         });

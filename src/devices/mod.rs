@@ -2,9 +2,13 @@
 
 #[cfg(test)]
 mod fuzz;
-pub mod nvml_virtual;
 mod physical;
 pub mod split;
 pub mod view;
 
 pub use physical::*;
+
+/// Device ordinals the shim accounts for (the program's, after hiding and splitting). A
+/// configuration that makes more devices is an error; an allocation on a device beyond this
+/// (a driver showing more GPUs) is refused while any limit is set, never passed uncounted.
+pub const MAX_DEVICES: usize = 256;

@@ -85,11 +85,11 @@ pub fn expand(splits: &[VirtualSplit], driver: &[DriverDevice]) -> Result<Device
             })),
         }
     }
-    if list.len() > crate::accounting::memory::MAX_DEVICES {
+    if list.len() > crate::devices::MAX_DEVICES {
         return Err(format!(
             "this makes {} devices; gpushim accounts for at most {} (fewer virtual devices, or hide some GPUs)",
             list.len(),
-            crate::accounting::memory::MAX_DEVICES
+            crate::devices::MAX_DEVICES
         ));
     }
     Ok(Devices { list })

@@ -28,16 +28,7 @@ use gpushim_common::config::Selector;
 pub const APPLIED_MARKER: &str = gpushim_common::config::ENV_VIEW_APPLIED;
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 
-/// One physical device as NVML lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Physical {
-    /// `GPU-…`, lower case.
-    pub uuid: String,
-    /// `0000:3b:00.0`, lower case.
-    pub pci: String,
-    /// Memory in bytes, as NVML counts it.
-    pub total: u64,
-}
+pub use crate::driver::Physical;
 
 /// The devices of the program's view, in its order, as indices into the inventory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,7 +208,7 @@ fn split_extras(env: &impl Fn(&str) -> Option<String>) -> Option<usize> {
 /// (nothing in an empty view; at most the shim's number of devices).
 fn written(n: usize, extras: Option<usize>) -> String {
     let m = if n == 0 { 0 } else { n.saturating_add(extras.unwrap_or(0)) };
-    indices(m.min(crate::accounting::memory::MAX_DEVICES))
+    indices(m.min(crate::devices::MAX_DEVICES))
 }
 
 /// Whether `cvd` is what a rewrite wrote for a view of `n` devices: `0,…,k-1` with `k` at least

@@ -486,7 +486,7 @@ impl NvmlApi {
     /// the default log level.
     pub const NO_DRIVER: &'static str = "nvmlInit: the NVIDIA driver is not loaded (error 9)";
 
-    pub fn inventory(&self) -> Result<Vec<crate::devices::view::Physical>, String> {
+    pub fn inventory(&self) -> Result<Vec<Physical>, String> {
         let (init, shutdown, count, by_index, pci, memory) =
             match (self.init, self.shutdown, self.count, self.by_index, self.pci, self.memory) {
                 (Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)) => (a, b, c, d, e, f),
@@ -518,7 +518,7 @@ impl NvmlApi {
                     break;
                 };
                 let pci = format!("{:04x}:{:02x}:{:02x}.0", info.domain, info.bus, info.device);
-                out.push(crate::devices::view::Physical { uuid, pci, total: mem[0] });
+                out.push(Physical { uuid, pci, total: mem[0] });
             }
             shutdown();
             if failed {
@@ -527,6 +527,17 @@ impl NvmlApi {
             Ok(out)
         }
     }
+}
+
+/// One physical device as NVML lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Physical {
+    /// `GPU-…`, lower case.
+    pub uuid: String,
+    /// `0000:3b:00.0`, lower case.
+    pub pci: String,
+    /// Memory in bytes, as NVML counts it.
+    pub total: u64,
 }
 
 #[cfg(test)]

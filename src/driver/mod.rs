@@ -3,6 +3,5 @@
 pub mod ffi;
 mod library;
 pub mod md2;
-pub mod private;
 
 pub use library::*;

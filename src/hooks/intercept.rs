@@ -512,8 +512,8 @@ extern "C" fn dlsym_verdict(handle: *mut c_void, symbol: *const c_char) -> usize
     let Some(index) = hook_by_name(name.to_bytes()) else {
         // Functions that take an NVML device handle: while devices are split, a trampoline that
         // turns virtual devices' handles into NVML's own (slow path: a lock, maybe allocation).
-        if crate::devices::nvml_virtual::takes_device(name.to_bytes()) {
-            return catch_unwind(|| crate::devices::nvml_virtual::lookup(handle, name)).unwrap_or(0);
+        if crate::hooks::nvml_virtual::takes_device(name.to_bytes()) {
+            return catch_unwind(|| crate::hooks::nvml_virtual::lookup(handle, name)).unwrap_or(0);
         }
         return 0;
     };

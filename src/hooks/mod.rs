@@ -17,6 +17,8 @@ pub mod intercept;
 mod launch;
 mod memory;
 mod nvml;
+pub mod nvml_virtual;
+pub mod private;
 mod procaddr;
 mod reserve;
 
@@ -132,7 +134,7 @@ hook_table! {
     cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split pool  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
     // The runtime's private tables (src/private.rs): wrapped while splitting.
-    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::driver::private::get_export_table;
+    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::hooks::private::get_export_table;
     cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split pool (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // Graph memory (src/graphs.rs): handed out while a limit applies.

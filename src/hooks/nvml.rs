@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use crate::driver::NvmlDevice;
-use crate::devices::nvml_virtual;
+use crate::hooks::nvml_virtual;
 use crate::devices::split::NvmlPart;
 use crate::state::State;
 

@@ -27,7 +27,8 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::sync::atomic::Ordering::Release;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Release};
 
 use gpushim_common::bounded::Bounded;
 use gpushim_common::once::ForkOnce;
@@ -45,8 +46,28 @@ thread_local! {
 /// registration under way): then the child handler, which runs, marks it done.
 static REGISTERED: ForkOnce<()> = ForkOnce::new();
 
-/// Registers the handlers, once per process.
-pub fn register() {
+/// What the layers above do at a fork, registered with the handlers (plain functions: no
+/// allocation, no lock to reach them): `prepare` takes their locks, `child` empties what the
+/// child inherited. Stored before the handlers are registered, read by them.
+static PREPARE: AtomicUsize = AtomicUsize::new(0);
+static CHILD: AtomicUsize = AtomicUsize::new(0);
+
+/// Calls the function stored in `slot`, if any.
+fn call(slot: &AtomicUsize) {
+    let f = slot.load(Acquire);
+    if f != 0 {
+        // SAFETY: only `register` stores here, and only a `fn()`.
+        let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
+        f();
+    }
+}
+
+/// Registers the handlers, once per process: `take_locks` runs in the forking thread before
+/// the fork, `empty_child` in the child once the locks are let go and the fork generation is
+/// stepped.
+pub fn register(take_locks: fn(), empty_child: fn()) {
+    PREPARE.store(take_locks as usize, Release);
+    CHILD.store(empty_child as usize, Release);
     REGISTERED.call_once(|| {
         // SAFETY: registers plain extern "C" functions that never unwind.
         unsafe { libc::pthread_atfork(Some(prepare), Some(in_parent), Some(in_child)) };
@@ -85,7 +106,7 @@ fn release_all() {
 }
 
 extern "C" fn prepare() {
-    let _ = std::panic::catch_unwind(crate::state::hold_for_fork);
+    let _ = std::panic::catch_unwind(|| call(&PREPARE));
 }
 
 extern "C" fn in_parent() {
@@ -98,8 +119,7 @@ extern "C" fn in_child() {
         gpushim_common::quota::FORK_GENERATION.fetch_add(1, Release);
         // (inherited: registered, whatever the parent's registering thread had got to)
         let _ = REGISTERED.set(());
-        crate::sharing::report::disarm();
-        crate::state::after_fork_in_child();
+        call(&CHILD);
     });
 }
 

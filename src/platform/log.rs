@@ -191,7 +191,7 @@ fn coarse_seconds() -> u64 {
 /// `result`, its answer (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation,
 /// `CUDA_ERROR_NOT_PERMITTED` for other calls).
 #[cold]
-pub fn refuse(call: &str, why: gpushim_common::bounded::Stuck, result: crate::driver::ffi::CUresult) -> crate::driver::ffi::CUresult {
+pub fn refuse(call: &str, why: gpushim_common::bounded::Stuck, result: std::ffi::c_int) -> std::ffi::c_int {
     stuck(call, why);
     result
 }

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::driver::NvmlDevice;
 
 /// How many program devices can have a fake handle (program ordinals `0..MAX_FAKES`).
-pub const MAX_FAKES: usize = crate::accounting::memory::MAX_DEVICES;
+pub const MAX_FAKES: usize = crate::devices::MAX_DEVICES;
 /// Size of one [`Fake`]; the trampoline checks handles are multiples of it from [`FAKES`].
 const FAKE_SIZE: usize = 16;
 
