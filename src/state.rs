@@ -8,6 +8,16 @@
 //! configuration is remembered (it is what the environment says), reported once, and makes
 //! CUDA initialisation fail: the program never runs unconstrained.
 
+
+// Where the parts meet: the state's methods that need more than one part (src/state/).
+mod graphs;
+mod modes;
+mod placement;
+mod pools;
+pub mod report;
+mod split;
+mod teardown;
+
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -185,7 +195,7 @@ pub fn hold_for_fork() {
 /// What a forked child does after the fork handlers let the locks go (`platform::fork`): it
 /// writes no exit report, and empties the state it inherited.
 fn in_forked_child() {
-    crate::sharing::report::disarm();
+    crate::state::report::disarm();
     after_fork_in_child();
 }
 
@@ -250,7 +260,7 @@ fn build() -> Box<State> {
         let _ = state.inventory();
     }
     if state.mode == Mode::Active && (state.settings.report.is_some() || state.placement.is_some()) {
-        crate::sharing::report::arm(state.settings.report.as_ref());
+        crate::state::report::arm(state.settings.report.as_ref());
     }
     for warning in &state.settings.warnings {
         log!(Level::Warn, "{warning}");
@@ -641,14 +651,14 @@ impl State {
     }
 
     /// Figures of every device the program touched, for the report.
-    pub fn usage_rows(&self) -> Vec<crate::sharing::report::Row> {
+    pub fn usage_rows(&self) -> Vec<crate::state::report::Row> {
         self.budgets
             .iter()
             .enumerate()
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
                 let quota = b.shared().map(|(q, d)| (q.name.clone(), q.peak(d)));
-                Some(crate::sharing::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
+                Some(crate::state::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
             })
             .collect()
     }

@@ -29,37 +29,36 @@
 //! before the driver is called (`CUDA_ERROR_NOT_PERMITTED`, `stuck`); a credit that cannot be
 //! queued is not made (the bytes stay counted: closed), with one line.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::c_int;
 
 use gpushim_common::bounded::{Bounded, Stuck};
 
-use crate::driver::ffi::*;
 use crate::accounting::memory::{Kind, Live};
 use crate::state::State;
 
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`
-const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 
 /// Context teardowns under way, and the credits waiting for them (see the module
 /// documentation).
 pub struct Teardowns(Bounded<Pending>);
 
 #[derive(Default)]
-struct Pending {
+pub(crate) struct Pending {
     /// The number the next teardown gets.
-    next: u64,
+    pub(crate) next: u64,
     /// The numbers of the teardowns under way.
-    in_flight: Vec<u64>,
+    pub(crate) in_flight: Vec<u64>,
     /// Credits to apply once no teardown numbered below `.0` is under way:
     /// (that number, device, bytes reserved, bytes in use).
-    credits: Vec<(u64, usize, u64, u64)>,
+    pub(crate) credits: Vec<(u64, usize, u64, u64)>,
 }
 
 /// One teardown under way: ends (and applies the credits that waited only for it and older
 /// ones) when dropped, so a teardown hook that unwinds still ends it.
 pub struct Teardown<'a> {
-    state: &'a State,
-    number: u64,
+    pub(crate) state: &'a State,
+    pub(crate) number: u64,
 }
 
 impl Teardowns {
@@ -67,7 +66,7 @@ impl Teardowns {
         Teardowns(Bounded::new("gpushim's list of context teardowns", Pending { next: 0, in_flight: Vec::new(), credits: Vec::new() }))
     }
 
-    fn lock(&self) -> Result<gpushim_common::bounded::Guard<'_, Pending>, Stuck> {
+    pub(crate) fn lock(&self) -> Result<gpushim_common::bounded::Guard<'_, Pending>, Stuck> {
         self.0.lock()
     }
 
@@ -103,115 +102,8 @@ impl Drop for Teardown<'_> {
 }
 
 /// The arrays a context takes with it when it is destroyed.
-pub struct Doomed(Vec<(Kind, u64, Live)>);
+pub struct Doomed(pub(crate) Vec<(Kind, u64, Live)>);
 
-impl State {
-    /// Starts a teardown (before the driver's destroy, release or reset is called); it ends
-    /// when the returned guard is dropped, after its own credits were made. `Err`: not
-    /// started (the caller refuses its call before the driver's).
-    pub fn teardown_begins(&self) -> Result<Teardown<'_>, Stuck> {
-        let mut p = self.teardowns.lock()?;
-        let number = p.next;
-        p.next += 1;
-        p.in_flight.push(number);
-        Ok(Teardown { state: self, number })
-    }
-
-    /// Credits memory the driver freed without a free call (a torn-down context's, or one whose
-    /// address the driver handed out again): at once if no teardown is under way, else once
-    /// every teardown under way now has returned.
-    pub fn credit_freed(&self, device: usize, reserved: u64, in_use: u64) {
-        {
-            let mut p = match self.teardowns.lock() {
-                Ok(p) => p,
-                Err(stuck) => return crate::platform::log::stuck("a credit of memory the driver freed (it stays counted)", stuck),
-            };
-            if !p.in_flight.is_empty() {
-                let after = p.next;
-                p.credits.push((after, device, reserved, in_use));
-                return;
-            }
-        }
-        self.credit_now(device, reserved, in_use);
-    }
-
-    fn credit_now(&self, device: usize, reserved: u64, in_use: u64) {
-        let budget = self.budgets_of(device);
-        budget.release(reserved);
-        budget.give(in_use);
-    }
-
-    /// The current context's handle (0: none).
-    pub(crate) fn current_context_handle(&self) -> usize {
-        self.current_context().map_or(0, |c| c as usize)
-    }
-
-    /// The arrays of context `ctx` (before it is torn down; no driver call).
-    pub fn context_allocations(&self, ctx: CUcontext) -> Doomed {
-        if ctx.is_null() || !self.limits_apply() {
-            return Doomed(Vec::new());
-        }
-        let of_ctx = |kind| self.live.entries(kind).into_iter().filter(|(_, l)| l.ctx == ctx as usize).map(move |(k, l)| (kind, k, l));
-        Doomed(of_ctx(Kind::Array).chain(of_ctx(Kind::MipmappedArray)).collect())
-    }
-
-    /// The driver destroyed the context `doomed` was taken from: credits its arrays and every
-    /// device allocation the driver no longer knows. An entry freed or replaced meanwhile
-    /// (another thread) is left alone.
-    pub fn credit_context(&self, doomed: Doomed) {
-        if !self.limits_apply() {
-            return;
-        }
-        let mut gone: Vec<(Kind, u64, Live)> = doomed.0;
-        if let Some(get) = self.api().pointer_get_attribute {
-            for (ptr, live) in self.live.entries(Kind::DevicePtr) {
-                if live.served {
-                    continue;
-                }
-                let mut start: CUdeviceptr = 0;
-                // SAFETY: a valid out-pointer of the attribute's size (a CUdeviceptr); `ptr` is
-                // an address the driver handed out (it answers an error if it is gone).
-                let r = unsafe { get((&mut start as *mut CUdeviceptr).cast::<c_void>(), POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) };
-                // (a pool allocation's range may be reported as its pool's: only "unknown
-                // pointer" proves it gone; pools are the device's, not the context's)
-                if r == CUDA_ERROR_INVALID_VALUE || (r == CUDA_SUCCESS && start != ptr && !live.pool) {
-                    gone.push((Kind::DevicePtr, ptr, live));
-                }
-            }
-        }
-        let mut credited = 0u64;
-        for (kind, key, live) in gone {
-            // (an entry whose bucket or shard cannot be had stays counted: closed)
-            if self.live.remove_if(kind, key, &live).is_ok_and(|r| r.is_some()) {
-                self.credit_freed(live.device, live.bytes, live.bytes);
-                credited = credited.saturating_add(live.bytes);
-            }
-        }
-        if credited > 0 {
-            crate::platform::log::log!(crate::platform::log::Level::Debug, "context destroyed: {credited} bytes the driver freed with it credited");
-        }
-    }
-
-    /// The primary context of driver device `driver`, if it is active.
-    pub fn active_primary(&self, driver: CUdevice) -> Option<CUcontext> {
-        let api = self.api();
-        let (state, retain, release) = (api.primary_ctx_get_state?, api.primary_ctx_retain?, api.primary_ctx_release?);
-        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-        // SAFETY: valid out-pointers.
-        if unsafe { state(driver, &mut flags, &mut active) } != CUDA_SUCCESS || active == 0 {
-            return None;
-        }
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: the primary context is active: retaining and releasing it again only moves its
-        // reference count up and back.
-        if unsafe { retain(&mut ctx, driver) } != CUDA_SUCCESS {
-            return None;
-        }
-        // SAFETY: releases the reference taken just above.
-        unsafe { release(driver) };
-        Some(ctx)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@ use crate::state::State;
 
 const POINTER_ATTRIBUTE_BUFFER_ID: c_int = 7;
 const POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
-const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 const POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
 /// `cuMemGetAddressRange_v2`: the sub-allocation containing `ptr` (start, bytes requested);
