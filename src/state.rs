@@ -21,7 +21,11 @@ mod teardown;
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use gpushim_common::bounded::Stuck;
 use gpushim_common::once::ForkOnce;
+
+use crate::accounting::memory::Kind;
+use crate::driver::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_NOT_PERMITTED};
 
 use gpushim_common::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
@@ -112,6 +116,18 @@ pub fn get_if_ready() -> Option<&'static State> {
 /// Set while one thread builds the state: the others wait for it (one state, one NVML
 /// initialisation, one quota place, one `setenv`).
 static BUILDING: AtomicBool = AtomicBool::new(false);
+
+// Which conditional hooks a configuration needs (`State::needs`; the hook table's `split`,
+// `pool`, `limit` and `place` marks, `hooks::intercept::HookInfo::wanted`).
+/// `split` in the hook table: needed while devices are split (`GPUSHIM_VIRTUAL_DEVICES`).
+pub const NEEDS_SPLIT: u8 = 1;
+/// `pool` in the hook table: needed in the `grow` and `preallocate` memory modes.
+pub const NEEDS_POOL: u8 = 2;
+/// `limit` in the hook table: needed while any limit applies (context teardown credits what
+/// the driver freed).
+pub const NEEDS_LIMIT: u8 = 4;
+/// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
+pub const NEEDS_PLACE: u8 = 8;
 
 /// `State::needs_cache`: the figure is known.
 const NEEDS_KNOWN: u8 = 0x80;
@@ -356,10 +372,10 @@ impl State {
     }
 
     fn work_out_needs(&self) -> u8 {
-        let split = if self.split_configured() { crate::hooks::intercept::NEEDS_SPLIT } else { 0 };
-        let limit = if self.limits_apply() { crate::hooks::intercept::NEEDS_LIMIT } else { 0 };
-        let place = if self.placement.is_some() { crate::hooks::intercept::NEEDS_PLACE } else { 0 };
-        split | limit | place | if self.pooled() { crate::hooks::intercept::NEEDS_POOL } else { 0 }
+        let split = if self.split_configured() { NEEDS_SPLIT } else { 0 };
+        let limit = if self.limits_apply() { NEEDS_LIMIT } else { 0 };
+        let place = if self.placement.is_some() { NEEDS_PLACE } else { 0 };
+        split | limit | place | if self.pooled() { NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
@@ -540,11 +556,11 @@ impl State {
         };
         match driver::open(lib, explicit, hint) {
             Ok(library) => {
-                crate::hooks::intercept::resolve_real(&library, lib);
+                crate::driver::table::resolve(&library, lib);
                 log!(Level::Debug, "{} opened", library.path);
                 match lib {
-                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::hooks::intercept::resolved))),
-                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::hooks::intercept::resolved))),
+                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::driver::table::resolved))),
+                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::driver::table::resolved))),
                 }
             }
             Err(e) => {
@@ -596,7 +612,8 @@ impl State {
             // processes and may have to join it again, on the general path.)
             if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() && crate::sharing::quota().is_none() {
                 if let Some(budget) = self.budget(0) {
-                    if crate::accounting::lane::open(self, budget, &self.live) {
+                    let real = |name: &std::ffi::CStr| crate::driver::table::resolved(name).map_or(0, |p| p as usize);
+                    if crate::accounting::lane::open(self, budget, &self.live, real(c"cuMemAlloc_v2"), real(c"cuMemFree_v2")) {
                         log!(Level::Debug, "cuMemAlloc_v2 and cuMemFree_v2 take the fast lane (one device, counted as the driver gives it)");
                     }
                 }
@@ -864,7 +881,7 @@ impl State {
             Ok(Some(live)) => self.free_taken(kind, key, live, stream, free),
             Ok(None) => self.free_unrecorded(kind, key, free),
             // (before the driver's free: the memory stays the program's, recorded and counted)
-            Err(stuck) => crate::hooks::refuse_free(kind, stuck),
+            Err(stuck) => refuse_free(kind, stuck),
         }
     }
 
@@ -976,5 +993,45 @@ impl State {
             }
             _ => (driver_free, driver_total),
         }
+    }
+}
+
+/// Gives an allocation the driver just made back to it (its own `cuMemFree_v2`), when what
+/// should follow cannot be done.
+pub(crate) fn free_driver_ptr(ptr: CUdeviceptr) {
+    let real = crate::driver::table::resolved(c"cuMemFree_v2").map_or(0, |p| p as usize);
+    if real != 0 {
+        // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(real)(ptr) };
+    }
+}
+
+/// Refuses a free whose entry cannot be taken out of the live map (`bounded`), before the
+/// driver frees anything: the memory stays the program's, recorded and counted, and a later
+/// free (outside the signal handler) frees it.
+#[cold]
+pub(crate) fn refuse_free(kind: Kind, stuck: Stuck) -> CUresult {
+    let call = match kind {
+        Kind::DevicePtr => "cuMemFree",
+        Kind::VmmHandle => "cuMemRelease",
+        Kind::Array => "cuArrayDestroy",
+        Kind::MipmappedArray => "cuMipmappedArrayDestroy",
+    };
+    crate::platform::log::refuse(call, stuck, CUDA_ERROR_NOT_PERMITTED)
+}
+
+/// The fast lane's rare outcomes take the state's general path (`accounting::lane`).
+impl crate::accounting::lane::General for State {
+    fn record(&self, key: u64, entry: crate::accounting::memory::Live) -> Result<(), gpushim_common::bounded::Stuck> {
+        State::record(self, crate::accounting::memory::Kind::DevicePtr, key, entry)
+    }
+
+    fn credit_stale(&self, entry: crate::accounting::memory::Live) {
+        State::credit_stale(self, entry)
+    }
+
+    fn free_taken(&self, dptr: crate::driver::ffi::CUdeviceptr, entry: crate::accounting::memory::Live, real: crate::accounting::lane::RealFree) -> crate::driver::ffi::CUresult {
+        // SAFETY: the program's argument, passed on unchanged to the driver's own cuMemFree_v2.
+        State::free_taken(self, crate::accounting::memory::Kind::DevicePtr, dptr, entry, None, || unsafe { real(dptr) })
     }
 }

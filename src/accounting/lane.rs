@@ -32,40 +32,49 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
-use crate::hooks::{Hook, REAL};
 
 use crate::driver::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
-use crate::accounting::memory::{entry_id, DeviceBudget, Kind, Live, LiveMap, Packed, PtrTable};
-use crate::state::State;
+use crate::accounting::memory::{entry_id, DeviceBudget, Live, LiveMap, Packed, PtrTable};
 
 /// What the lane works on: device 0's budget and the live map's table, and the state for the
 /// rare outcomes. Made once, never freed.
 pub struct Lane {
-    state: &'static State,
+    state: &'static dyn General,
     budget: &'static DeviceBudget,
     table: PtrTable<'static>,
-    /// The driver's own `cuMemAlloc_v2` and `cuMemFree_v2` (`hooks::REAL`, resolved before
-    /// the lane opens; the driver is never unloaded).
+    /// The driver's own `cuMemAlloc_v2` and `cuMemFree_v2` (resolved before the lane opens;
+    /// the driver is never unloaded).
     real_alloc: RealAlloc,
     real_free: RealFree,
 }
 
 type RealAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-type RealFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+pub type RealFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+
+/// The general path, for the lane's rare outcomes (the state implements it): what the lane
+/// cannot do on its own, reached through one indirect call off the fast path.
+pub trait General: Sync {
+    /// Records the entry of device memory at `key` (the state's `record`).
+    fn record(&self, key: u64, entry: Live) -> Result<(), gpushim_common::bounded::Stuck>;
+    /// Credits an entry the driver freed behind the shim's back (its pointer handed out again).
+    fn credit_stale(&self, entry: Live);
+    /// The free of an entry already taken out of the map, by the general path, with the
+    /// driver's own `cuMemFree_v2`.
+    fn free_taken(&self, dptr: CUdeviceptr, entry: Live, real: RealFree) -> CUresult;
+}
 
 /// The open lane (null: closed).
 static LANE: AtomicPtr<Lane> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Opens the lane on `budget` (device 0's) and `live` (the state checks its configuration:
-/// see the module documentation). Once: whether this call opened it (not if the map has no
-/// table of two buckets or more: the general path then keeps the pair).
-pub fn open(state: &'static State, budget: &'static DeviceBudget, live: &'static LiveMap) -> bool {
+/// see the module documentation), with the driver's own `cuMemAlloc_v2` and `cuMemFree_v2`
+/// (`alloc`, `free`: 0 when not resolved). Once: whether this call opened it (not if the map
+/// has no table of two buckets or more: the general path then keeps the pair).
+pub fn open(state: &'static dyn General, budget: &'static DeviceBudget, live: &'static LiveMap, alloc: usize, free: usize) -> bool {
     if !LANE.load(Acquire).is_null() {
         return false;
     }
     let Some(table) = live.ptr_table() else { return false };
-    let real = |hook: Hook| REAL[hook as usize].load(Relaxed);
-    let (alloc, free) = (real(Hook::cuMemAlloc_v2), real(Hook::cuMemFree_v2));
     if alloc == 0 || free == 0 {
         return false;
     }
@@ -164,15 +173,15 @@ fn entry(bytes: u64, id: u64) -> Live {
 /// fields passed rather than a `Live`, which would be built on the stack of the lane's frame.)
 #[cold]
 #[inline(never)]
-fn record(state: &'static State, key: u64, bytes: u64, id: u64) -> Result<(), gpushim_common::bounded::Stuck> {
-    catch_unwind(AssertUnwindSafe(|| state.record(Kind::DevicePtr, key, entry(bytes, id)))).unwrap_or(Ok(()))
+fn record(state: &'static dyn General, key: u64, bytes: u64, id: u64) -> Result<(), gpushim_common::bounded::Stuck> {
+    catch_unwind(AssertUnwindSafe(|| state.record(key, entry(bytes, id)))).unwrap_or(Ok(()))
 }
 
 /// Restores the entry of a free the driver refused (if even that gives up, its bytes stay
 /// counted: closed).
 #[cold]
 #[inline(never)]
-fn restore(state: &'static State, key: u64, bytes: u64, id: u64) {
+fn restore(state: &'static dyn General, key: u64, bytes: u64, id: u64) {
     if let Err(stuck) = record(state, key, bytes, id) {
         crate::platform::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
     }
@@ -197,7 +206,7 @@ fn record_new(lane: &Lane, key: u64, bytes: u64, id: u64) -> CUresult {
 /// Credits an entry the driver freed behind the shim's back (its pointer was handed out again).
 #[cold]
 #[inline(never)]
-fn credit_stale(state: &'static State, stale: Packed) {
+fn credit_stale(state: &'static dyn General, stale: Packed) {
     let _ = catch_unwind(AssertUnwindSafe(|| state.credit_stale(stale.live())));
 }
 
@@ -205,7 +214,6 @@ fn credit_stale(state: &'static State, stale: Packed) {
 /// another device's): the state's general path for it, the entry already taken out.
 #[cold]
 #[inline(never)]
-fn free_other(state: &'static State, real: RealFree, dptr: CUdeviceptr, entry: Packed) -> CUresult {
-    // SAFETY: the program's argument, passed on unchanged.
-    catch_unwind(AssertUnwindSafe(|| state.free_taken(Kind::DevicePtr, dptr, entry.live(), None, || unsafe { real(dptr) }))).unwrap_or(CUDA_ERROR_UNKNOWN)
+fn free_other(state: &'static dyn General, real: RealFree, dptr: CUdeviceptr, entry: Packed) -> CUresult {
+    catch_unwind(AssertUnwindSafe(|| state.free_taken(dptr, entry.live(), real))).unwrap_or(CUDA_ERROR_UNKNOWN)
 }

@@ -3,5 +3,6 @@
 pub mod ffi;
 mod library;
 pub mod md2;
+pub mod table;
 
 pub use library::*;

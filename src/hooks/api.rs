@@ -18,7 +18,7 @@ pub extern "C" fn gpushim_version() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn gpushim_memory_usage(ordinal: c_int, in_use: *mut u64, peak: *mut u64, limit: *mut u64) -> c_int {
     let answer = std::panic::catch_unwind(|| {
-        let st = state::get().filter(|s| s.mode == state::Mode::Active)?;
+        let st = crate::hooks::state().filter(|s| s.mode == state::Mode::Active)?;
         let budget = st.budget(ordinal)?;
         Some((budget.in_use(), budget.peak_in_use(), st.limit(ordinal)?))
     });

@@ -55,15 +55,7 @@ pub struct HookInfo {
     pub gnu_hash: u32,
 }
 
-/// `split` in the hook table: needed while devices are split (`GPUSHIM_VIRTUAL_DEVICES`).
-pub const NEEDS_SPLIT: u8 = 1;
-/// `pool` in the hook table: needed in the `grow` and `preallocate` memory modes.
-pub const NEEDS_POOL: u8 = 2;
-/// `limit` in the hook table: needed while any limit applies (context teardown credits what
-/// the driver freed).
-pub const NEEDS_LIMIT: u8 = 4;
-/// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
-pub const NEEDS_PLACE: u8 = 8;
+pub use crate::state::{NEEDS_LIMIT, NEEDS_PLACE, NEEDS_POOL, NEEDS_SPLIT};
 
 impl HookInfo {
     /// Whether the hook is handed out when the configuration needs `active` ([`State::needs`]).
@@ -200,7 +192,7 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         Lib::Nvml => (NVML_ERROR_UNINITIALIZED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_UNKNOWN),
     };
     catch_unwind(AssertUnwindSafe(|| {
-        let Some(st) = state::get() else { return uninitialised };
+        let Some(st) = crate::hooks::state() else { return uninitialised };
         let mut real = REAL[index].load(Relaxed);
         if real == 0 {
             st.load(hook.lib(), None, true);
@@ -436,6 +428,9 @@ pub fn resolved(name: &CStr) -> Option<*mut c_void> {
     hook_by_name(name.to_bytes()).map(|i| REAL[i].load(Relaxed) as *mut c_void)
 }
 
+/// The hook table as the layers below reach it (`driver::table`): registered by [`state`](crate::hooks::state) before the state first opens a library.
+pub static REALS: driver::table::Reals = driver::table::Reals { resolve: resolve_real, resolved };
+
 /// Fills [`REAL`] for the hooks of `which` from the opened library.
 pub fn resolve_real(lib: &driver::Library, which: Lib) {
     for (index, (hook, slot)) in HOOKS.iter().zip(REAL.iter()).enumerate() {
@@ -538,7 +533,7 @@ fn hooked_lookup(handle: *mut c_void, name: &CStr, index: usize) -> usize {
     }
     // The driver's own address tells which library the program uses.
     let hint = Some(found as *const c_void);
-    let Some(st) = state::get() else {
+    let Some(st) = crate::hooks::state() else {
         // This thread's own start-up (a library's own look-ups): the driver's function. Any
         // other thread that could not wait for start-up gets the hook, which refuses until
         // the state exists: never the driver's function unlimited.

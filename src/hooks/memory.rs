@@ -17,7 +17,7 @@ use gpushim_common::bounded::Stuck;
 use crate::driver::ffi::*;
 use crate::hooks::{Hook, REAL};
 use crate::accounting::memory::Kind;
-use crate::state::State;
+use crate::state::{free_driver_ptr, State};
 
 type Alloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 
@@ -153,28 +153,6 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
 /// The driver's own function of `hook` (0: not resolved).
 fn real_of(hook: Hook) -> usize {
     REAL[hook as usize].load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn free_driver_ptr(ptr: CUdeviceptr) {
-    let real = real_of(Hook::cuMemFree_v2);
-    if real != 0 {
-        // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(real)(ptr) };
-    }
-}
-
-/// Refuses a free whose entry cannot be taken out of the live map (`bounded`), before the
-/// driver frees anything: the memory stays the program's, recorded and counted, and a later
-/// free (outside the signal handler) frees it.
-#[cold]
-pub(crate) fn refuse_free(kind: Kind, stuck: Stuck) -> CUresult {
-    let call = match kind {
-        Kind::DevicePtr => "cuMemFree",
-        Kind::VmmHandle => "cuMemRelease",
-        Kind::Array => "cuArrayDestroy",
-        Kind::MipmappedArray => "cuMipmappedArrayDestroy",
-    };
-    crate::platform::log::refuse(call, stuck, CUDA_ERROR_NOT_PERMITTED)
 }
 
 impl State {

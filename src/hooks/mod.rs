@@ -31,7 +31,25 @@ use devices::CUmemAccessDesc;
 use launch::CUlaunchConfigHead;
 use nvml::{NvmlMemory, NvmlMemoryV2};
 
-pub(crate) use memory::{free_driver_ptr, refuse_free};
+
+/// The shim's state, initialising it on first use (`state::get`), the hook table registered
+/// with the driver layer first: the state opens the driver through it (`driver::table`). The
+/// way in for every hook, `dlsym` and the API; the same single atomic load once the state is
+/// there.
+#[inline]
+pub fn state() -> Option<&'static crate::state::State> {
+    match crate::state::get_if_ready() {
+        Some(st) => Some(st),
+        None => first_state(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn first_state() -> Option<&'static crate::state::State> {
+    crate::driver::table::register(&intercept::REALS);
+    crate::state::get()
+}
 
 hook_table! {
     // exported symbol        = base name               @ since  [ptsz] (C arguments)                                                          => body

@@ -256,7 +256,7 @@ fn nvml_library() -> Option<*mut std::ffi::c_void> {
     if h != 0 {
         return Some(h as *mut std::ffi::c_void);
     }
-    crate::state::get()?.nvml_api()?;
+    crate::hooks::state()?.nvml_api()?;
     let anchor = crate::hooks::REAL[crate::hooks::Hook::nvmlDeviceGetIndex as usize].load(Ordering::Relaxed);
     if anchor == 0 {
         return None;
@@ -299,7 +299,7 @@ fn in_shim(addr: usize) -> bool {
 /// or the pool exhausted). Slow path: takes a lock, may allocate.
 #[cfg(target_arch = "x86_64")]
 pub fn lookup(handle: *mut std::ffi::c_void, name: &CStr) -> usize {
-    let Some(st) = crate::state::get() else { return 0 };
+    let Some(st) = crate::hooks::state() else { return 0 };
     if !st.split_configured() {
         return 0;
     }

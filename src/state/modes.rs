@@ -161,7 +161,7 @@ impl State {
         let mut arena = match self.reserves.arena(dev as usize) {
             Ok(arena) => arena,
             Err(stuck) => {
-                crate::hooks::free_driver_ptr(ptr);
+                crate::state::free_driver_ptr(ptr);
                 budget.release(bytes);
                 return Err(crate::platform::log::refuse("a reserve's chunk", stuck, CUDA_ERROR_OUT_OF_MEMORY));
             }

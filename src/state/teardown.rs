@@ -116,3 +116,62 @@ impl State {
         Some(ctx)
     }
 }
+
+/// One teardown under way: ends (and applies the credits that waited only for it and older
+/// ones) when dropped, so a teardown hook that unwinds still ends it.
+pub struct Teardown<'a> {
+    pub(crate) state: &'a State,
+    pub(crate) number: u64,
+}
+
+impl Drop for Teardown<'_> {
+    /// (If the lock cannot be had, the teardown stays "under way": later credits wait for ever,
+    /// the bytes stay counted: closed. Only a thread stopped inside the lock for the whole
+    /// bound can cause it: a signal handler that interrupted its holder cannot have started
+    /// this teardown.)
+    fn drop(&mut self) {
+        let due: Vec<(u64, usize, u64, u64)> = {
+            let Ok(mut p) = self.state.teardowns.lock() else { return };
+            p.in_flight.retain(|&n| n != self.number);
+            let oldest = p.in_flight.iter().copied().min().unwrap_or(u64::MAX);
+            let (due, waiting) = std::mem::take(&mut p.credits).into_iter().partition(|c| c.0 <= oldest);
+            p.credits = waiting;
+            due
+        };
+        for (_, device, reserved, in_use) in due {
+            self.state.credit_now(device, reserved, in_use);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credits made while teardowns are under way wait for exactly those teardowns; later
+    /// teardowns do not hold them back.
+    #[test]
+    fn credits_wait_for_the_teardowns_under_way() {
+        let st = State::for_tests();
+        let budget = st.budgets_of(3);
+        budget.try_reserve(100, 1000).unwrap();
+        budget.take(100);
+        st.credit_freed(3, 10, 10); // nothing under way: at once
+        assert_eq!((budget.reserved(), budget.in_use()), (90, 90));
+
+        let a = st.teardown_begins().unwrap();
+        st.credit_freed(3, 20, 5); // waits for a
+        let b = st.teardown_begins().unwrap();
+        st.credit_freed(3, 30, 0); // waits for a and b
+        assert_eq!(budget.reserved(), 90);
+        drop(a);
+        assert_eq!((budget.reserved(), budget.in_use()), (70, 85), "the first credit waited for a only");
+        let c = st.teardown_begins().unwrap();
+        drop(b);
+        assert_eq!(budget.reserved(), 40, "c began after the second credit: it does not hold it back");
+        st.credit_freed(3, 40, 0);
+        assert_eq!(budget.reserved(), 40);
+        drop(c);
+        assert_eq!(budget.reserved(), 0);
+    }
+}
