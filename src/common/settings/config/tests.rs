@@ -250,7 +250,7 @@ fn per_device_suffix_must_be_an_ordinal() {
     assert_eq!(
         err(&[("GPUSHIM_MEMORY_LIMIT_X", "4GiB")]),
         "gpushim: GPUSHIM_MEMORY_LIMIT_X=\"4GiB\": \"X\" after GPUSHIM_MEMORY_LIMIT_ is not a device \
-         ordinal; name the device by the ordinal the program sees, like GPUSHIM_MEMORY_LIMIT_0"
+             ordinal; name the device by the ordinal the program sees, like GPUSHIM_MEMORY_LIMIT_0"
     );
 }
 
@@ -263,7 +263,7 @@ fn malformed_names_in_the_namespace_are_errors() {
             e,
             format!(
                 "gpushim: {}=\"4GiB\": the variable's name holds characters no setting has (only A-Z, a-z, \
-                 0-9 and _; bytes that are not UTF-8 are shown as \u{fffd}); rename or unset it",
+                     0-9 and _; bytes that are not UTF-8 are shown as \u{fffd}); rename or unset it",
                 var.escape_debug()
             )
         );
@@ -312,7 +312,7 @@ fn secure_execution_wants_absolute_paths() {
             e,
             format!(
                 "gpushim: {key} (in {})=\"{value}\": must be an absolute path in a set-user-ID, set-group-ID \
-                 or file-capability program (a relative one would name a file in the caller's current directory)",
+                     or file-capability program (a relative one would name a file in the caller's current directory)",
                 path.display()
             )
         );
@@ -798,7 +798,7 @@ fn config_file_errors() {
     assert_eq!(
         e,
         "gpushim: GPUSHIM_CONFIG=\"/nonexistent/gpushim.toml\": cannot open the config file: \
-         No such file or directory (os error 2)"
+             No such file or directory (os error 2)"
     );
     let dir = std::env::temp_dir();
     let dir_s = dir.to_string_lossy().into_owned();
@@ -892,22 +892,22 @@ fn default_config_path() {
 #[test]
 fn file_keys_and_types() {
     let text = r#"
-        visible_devices = [1, "GPU-8F3A", "3b:00.0"]
-        memory_limit = 0.4
-        virtual_devices = ["0:2x8GiB", "1:10GiB,6GiB"]
-        memory_mode = "preallocate"
-        log = "TRACE"
-        log_file = "/tmp/g.log"
-        report = "stderr"
-        shared_quota = "q1"
-        disable = false
-        driver_path = "/d/libcuda.so.1"
-        nvml_path = "/d/libnvidia-ml.so.1"
-        state_dir = "/run/q"
-        [memory_limits]
-        0 = "8GiB"
-        1 = 0.5
-    "#;
+            visible_devices = [1, "GPU-8F3A", "3b:00.0"]
+            memory_limit = 0.4
+            virtual_devices = ["0:2x8GiB", "1:10GiB,6GiB"]
+            memory_mode = "preallocate"
+            log = "TRACE"
+            log_file = "/tmp/g.log"
+            report = "stderr"
+            shared_quota = "q1"
+            disable = false
+            driver_path = "/d/libcuda.so.1"
+            nvml_path = "/d/libnvidia-ml.so.1"
+            state_dir = "/run/q"
+            [memory_limits]
+            0 = "8GiB"
+            1 = 0.5
+        "#;
     let (path, s) = file_ok(text, &[]);
     assert_eq!(
         s.visible_devices,
