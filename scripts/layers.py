@@ -28,13 +28,13 @@ LAYERS = [
     ("common/settings", "environment, config file, units, secure execution (shared crate)"),
     ("common/state_files", "shared quotas, live figures: the state files' formats (shared crate)"),
     ("platform", "ELF symbols, the unwinder's object finder, the log, fork handlers"),
-    ("driver", "C types, opening the driver, function tables, private export tables"),
-    ("devices", "the view, driver devices, splits, NVML's virtual handles"),
+    ("driver", "C types, opening the driver, its function tables, MD2"),
+    ("devices", "the view, the driver's devices, splits into program devices"),
     ("accounting", "budgets, live map, fast lane, reserves, modes, VMM, pools, graphs, teardown"),
-    ("sharing", "joining quotas and the registry, publishing, the exit report"),
+    ("sharing", "joining a shared quota or the registry, publishing live figures"),
     ("placement", "the placement log"),
-    ("state", "where the parts are put together (state.rs, state/)"),
-    ("hooks", "the hook table, dlsym/cuGetProcAddress interception, the hook bodies, the API"),
+    ("state", "where the parts are put together (state.rs, state/), the exit report"),
+    ("hooks", "the hook table, dlsym/cuGetProcAddress, hook bodies, NVML handles, private tables, the API"),
     ("bin/gpushim", "the gpushim command (uses the shared crate only)"),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
@@ -153,8 +153,16 @@ def main():
         for name in m.group(2).split(","):
             reexports[name.strip()] = (m.group(1), name.strip())
 
+    # the command's root imports of the shared crate (`use gpushim_common::{config, …}`)
+    cli_root = open(os.path.join(SRC, "bin", "gpushim", "main.rs"), encoding="utf-8").read()
+    cli_aliases = set()
+    for m in re.finditer(r"use gpushim_common::\{([^}]*)\};", cli_root):
+        cli_aliases.update(n.strip() for n in m.group(1).split(","))
+
     def resolve(crate, here, head, tail):
         """The file a path names: the longest module prefix that is a file."""
+        if head in ("crate", "$crate") and crate == "gpushim_cli" and tail and tail[0] in cli_aliases:
+            head = "gpushim_common"
         if head in ("crate", "$crate"):
             parts = []
         elif head == "gpushim_common":

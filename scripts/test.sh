@@ -29,5 +29,6 @@ bash scripts/fetch-deps.sh
 bash scripts/fetch-drivers.sh
 bash scripts/fetch-frameworks.sh
 bash scripts/fetch-prometheus.sh
+python3 scripts/layers.py  # a lower layer never imports a higher one (docs/src/architecture.md)
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"

@@ -1,4 +1,4 @@
-//! What devices the program sees: the view (hide, reorder), the driver's devices, their splits into program devices, and NVML's virtual handles.
+//! What devices the program sees: the view (hide, reorder), the driver's devices, and their splits into program devices.
 
 #[cfg(test)]
 mod fuzz;

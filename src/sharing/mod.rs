@@ -1,4 +1,4 @@
-//! This process' part in what is shared with others: shared quotas, the registry, live figures, and the exit report.
+//! This process' part in what is shared with others: its place in a shared quota or the registry, and its published live figures.
 
 mod join;
 

@@ -1,3 +1,5 @@
+//! Unit tests of the live map against a model (random operations, the table and the sharded map together).
+
 use super::*;
 use std::collections::HashMap as Model;
 use std::sync::Arc;

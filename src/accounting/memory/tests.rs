@@ -1,3 +1,5 @@
+//! Unit tests of the budgets and the live map.
+
 use super::*;
 use std::sync::Arc;
 

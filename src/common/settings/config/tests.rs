@@ -1,3 +1,5 @@
+//! Unit tests of the settings: every variable, the config file, precedence and the error messages.
+
 use super::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,3 +1,5 @@
+//! Unit tests of shared quotas and the registry: joining, reserving, leaving, reclaiming.
+
 use super::*;
 
 fn dir(name: &str) -> PathBuf {
