@@ -128,7 +128,7 @@ fn a_member_killed_holding_the_lock_is_repaired() {
     let dev = a.device("GPU-k", 100, 100).unwrap().unwrap();
     assert_eq!(a.reserve(dev, 10, 100), Ok(()));
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "quota::tests::killed_holding_the_lock_child", "--test-threads=1"])
+        .args(["--exact", "state_files::quota::tests::killed_holding_the_lock_child", "--test-threads=1"])
         .env("GPUSHIM_QUOTA_TEST_CHILD", &d)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
