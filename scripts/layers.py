@@ -193,7 +193,16 @@ def main():
             continue
         crate, here = crate_of(r), module_path(r)
         text = open(path, encoding="utf-8").read()
+        pending = None  # a `use` statement over several lines, joined: (first line, text)
         for no, line in code_lines(text):
+            if pending is not None:
+                pending = (pending[0], pending[1] + " " + line.strip())
+                if ";" not in line:
+                    continue
+                no, line, pending = pending[0], pending[1], None
+            elif re.match(r"\s*(pub(\([a-z]+\))?\s+)?use\b", line) and ";" not in line:
+                pending = (no, line)
+                continue
             targets = []
             for m in USE_GROUP.finditer(line):
                 for item in m.group(2).split(","):
