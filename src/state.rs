@@ -11,7 +11,7 @@
 
 // Where the parts meet: the state's methods that need more than one part (src/state/).
 mod accounting;
-pub(crate) use accounting::free_driver_ptr;
+pub(crate) use accounting::{free_driver_ptr, undo_allocation};
 mod graphs;
 mod modes;
 mod placement;

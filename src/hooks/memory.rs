@@ -8,7 +8,7 @@
 //!
 //! Where a wait of the shim's bookkeeping gives up (`bounded`: CUDA called from a signal
 //! handler that interrupted the shim), a call is refused before the driver's, or the driver's
-//! call undone where it has an exact inverse ([`undo_allocation`]); what cannot be undone (a
+//! call undone where it has an exact inverse (`state::undo_allocation`); what cannot be undone (a
 //! release, an unmap) leaves the memory counted (closed).
 
 use std::ffi::c_uint;
@@ -17,7 +17,7 @@ use gpushim_common::bounded::Stuck;
 use crate::driver::ffi::*;
 use crate::hooks::{Hook, REAL};
 use crate::accounting::memory::Kind;
-use crate::state::{free_driver_ptr, State};
+use crate::state::{free_driver_ptr, undo_allocation, State};
 
 type Alloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 
@@ -153,43 +153,6 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
 /// The driver's own function of `hook` (0: not resolved).
 fn real_of(hook: Hook) -> usize {
     REAL[hook as usize].load(std::sync::atomic::Ordering::Relaxed)
-}
-
-impl State {
-    /// An allocation the driver made whose record cannot be made (`bounded`): given back to
-    /// the driver, uncounted again (`bytes` were reserved and taken; a stream-ordered one's
-    /// pool may keep them: counted as kept), refused.
-    #[cold]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn unrecorded(&self, what: &str, kind: Kind, key: u64, budget: &crate::accounting::memory::DeviceBudget, bytes: u64, pool: bool, stuck: Stuck) -> CUresult {
-        undo_allocation(kind, key);
-        if pool {
-            budget.keep_in_pool(bytes);
-        } else {
-            budget.freed(bytes);
-        }
-        budget.count_refusal();
-        crate::platform::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)
-    }
-}
-
-/// Gives back to the driver what it just allocated under `key` (an allocation whose record
-/// could not be made: refused rather than left uncounted). A device pointer (of any
-/// allocation function, stream-ordered ones included: `cuMemFree` frees them too), a VMM
-/// handle, an array or a mipmapped array.
-pub(crate) fn undo_allocation(kind: Kind, key: u64) {
-    let hook = match kind {
-        Kind::DevicePtr => return free_driver_ptr(key),
-        Kind::VmmHandle => Hook::cuMemRelease,
-        Kind::Array => Hook::cuArrayDestroy,
-        Kind::MipmappedArray => Hook::cuMipmappedArrayDestroy,
-    };
-    let real = real_of(hook);
-    if real != 0 {
-        // SAFETY: the slot holds the driver's function of that name, which takes the handle or
-        // array (a pointer-sized value) the driver just made.
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> CUresult>(real)(key) };
-    }
 }
 
 pub unsafe fn free(st: &State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> CUresult {

@@ -2,7 +2,7 @@
 
 use gpushim_common::bounded::Stuck;
 use crate::accounting::memory::Kind;
-use crate::driver::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_NOT_PERMITTED};
+use crate::driver::ffi::{CUdeviceptr, CUresult, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::driver::{self};
 use crate::driver::ffi::CUdevice;
 use crate::platform::log::{self, log, Level};
@@ -354,5 +354,42 @@ impl crate::accounting::lane::General for State {
     fn free_taken(&self, dptr: crate::driver::ffi::CUdeviceptr, entry: crate::accounting::memory::Live, real: crate::accounting::lane::RealFree) -> crate::driver::ffi::CUresult {
         // SAFETY: the program's argument, passed on unchanged to the driver's own cuMemFree_v2.
         State::free_taken(self, crate::accounting::memory::Kind::DevicePtr, dptr, entry, None, || unsafe { real(dptr) })
+    }
+}
+
+impl State {
+    /// An allocation the driver made whose record cannot be made (`bounded`): given back to
+    /// the driver, uncounted again (`bytes` were reserved and taken; a stream-ordered one's
+    /// pool may keep them: counted as kept), refused.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn unrecorded(&self, what: &str, kind: Kind, key: u64, budget: &crate::accounting::memory::DeviceBudget, bytes: u64, pool: bool, stuck: Stuck) -> CUresult {
+        undo_allocation(kind, key);
+        if pool {
+            budget.keep_in_pool(bytes);
+        } else {
+            budget.freed(bytes);
+        }
+        budget.count_refusal();
+        crate::platform::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)
+    }
+}
+
+/// Gives back to the driver what it just allocated under `key` (an allocation whose record
+/// could not be made: refused rather than left uncounted). A device pointer (of any
+/// allocation function, stream-ordered ones included: `cuMemFree` frees them too), a VMM
+/// handle, an array or a mipmapped array.
+pub(crate) fn undo_allocation(kind: Kind, key: u64) {
+    let name = match kind {
+        Kind::DevicePtr => return free_driver_ptr(key),
+        Kind::VmmHandle => c"cuMemRelease",
+        Kind::Array => c"cuArrayDestroy",
+        Kind::MipmappedArray => c"cuMipmappedArrayDestroy",
+    };
+    let real = crate::driver::table::resolved(name).map_or(0, |p| p as usize);
+    if real != 0 {
+        // SAFETY: the slot holds the driver's function of that name, which takes the handle or
+        // array (a pointer-sized value) the driver just made.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> CUresult>(real)(key) };
     }
 }
