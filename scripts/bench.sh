@@ -290,15 +290,15 @@ startup() {
     echo "-- the shim's steps, limit 8 GiB (inclusive instructions; the build with symbols)"
     printf '%-58s %10s %6s\n' step instructions calls
     python3 scripts/bench/steps.py "$work/cgp.out" \
-        "settings~(environment,~config~file)=gpushim::config::load" \
+        "settings~(environment,~config~file)=gpushim_common::settings::config::load::load" \
         "state~(budgets,~reserves,~live~map)=gpushim::state::State::empty" \
         "view~(GPUSHIM_VISIBLE_DEVICES)=gpushim::state::State::apply_view" \
-        "shared~quota~(join)=gpushim::sharing::join_quota" \
+        "shared~quota~(join)=gpushim::sharing::join::join_quota" \
         "opening~the~driver,~looking~its~functions~up=gpushim::state::State::load" \
         "after~cuInit~(view~check,~publishing)=gpushim::state::State::after_cuda_init" \
-        "first~use~of~a~device~(limit,~registry)=gpushim::sharing::attach_device" \
-        "cuGetProcAddress~substitutions=gpushim::intercept::substitute" \
-        "the~whole~first~look-up~(all~of~start-up)=gpushim::intercept::hooked_lookup" |
+        "first~use~of~a~device~(limit,~registry)=gpushim::sharing::join::attach_device" \
+        "cuGetProcAddress~substitutions=gpushim::hooks::intercept::substitute" \
+        "the~whole~first~look-up~(all~of~start-up)=gpushim::hooks::intercept::hooked_lookup" |
         while read -r label n calls; do printf '%-58s %10s %6s\n' "${label//\~/ }" "$n" "$calls"; done
     echo "   (the rest of what the shim adds: loading it (see load cost) and the hooks' own work)"
 }

@@ -3,44 +3,18 @@
 //! Loaded with `LD_PRELOAD`, the library sits between the program and the driver. Nothing
 //! happens until the program asks for a CUDA function (`state`); the hooked functions are
 //! declared once in `hooks` and reached through exports, an interposed `dlsym` and
-//! `cuGetProcAddress` (`intercept`); limits are enforced by atomic reservation (`memory`); the
-//! `grow` and `preallocate` memory modes serve allocations from a reserve (`modes`, `reserve`).
+//! `cuGetProcAddress` (`hooks::intercept`); limits are enforced by atomic reservation
+//! (`accounting::memory`); the `grow` and `preallocate` memory modes serve allocations from a
+//! reserve (`accounting::modes`, `accounting::reserve`). The layers and the path of one
+//! allocation through them: docs/src/architecture.md.
 
-mod api;
-mod bounded;
-mod config;
-mod devices;
+// The layers, bottom to top (scripts/layers.py checks that none imports one above it; below
+// them all is the gpushim-common crate: system calls, settings, the state files' formats).
+mod platform;
 mod driver;
-mod elfsym;
-mod ffi;
-mod fork;
-mod graphs;
-#[cfg(test)]
-mod fuzz;
-mod hooks;
-mod intercept;
-mod lane;
-mod live;
-mod log;
-mod md2;
-mod memory;
-mod once;
-mod modes;
-mod nvml_virtual;
-mod placement;
-mod pools;
-mod private;
-mod quota;
-mod report;
-mod reserve;
-mod secure;
+mod devices;
+mod accounting;
 mod sharing;
-mod split;
+mod placement;
 mod state;
-mod sys;
-mod teardown;
-mod units;
-#[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]
-mod unwind;
-mod view;
-mod vmm;
+mod hooks;

@@ -8,18 +8,31 @@
 //! configuration is remembered (it is what the environment says), reported once, and makes
 //! CUDA initialisation fail: the program never runs unconstrained.
 
+
+// Where the parts meet: the state's methods that need more than one part (src/state/).
+mod accounting;
+pub(crate) use accounting::{free_driver_ptr, undo_allocation};
+mod graphs;
+mod modes;
+mod placement;
+mod pools;
+pub mod report;
+mod split;
+mod teardown;
+
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use crate::once::ForkOnce;
+use gpushim_common::once::ForkOnce;
 
-use crate::config::{self, Settings};
+
+use gpushim_common::config::{self, Settings};
 use crate::driver::{self, Api, Lib, NvmlApi};
-use crate::ffi::CUdevice;
-use crate::log::{self, log, Level};
-use crate::memory::{DeviceBudget, LiveMap, MAX_DEVICES};
-use crate::split::{NvmlPart, Split};
-use crate::view::{self, Physical, View};
+use crate::driver::ffi::CUdevice;
+use crate::platform::log::{self, log, Level};
+use crate::accounting::memory::{LiveMap, MAX_DEVICES};
+use crate::devices::split::{NvmlPart, Split};
+use crate::devices::view::{self, Physical, View};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
@@ -51,17 +64,17 @@ pub struct State {
     announced: AtomicBool,
     /// One per device (`MAX_DEVICES`), on the heap: a `State` built by value would be copied
     /// several times on its way into its box (150,000 instructions of `memcpy` at start-up).
-    budgets: crate::memory::Budgets,
+    budgets: crate::accounting::memory::Budgets,
     pub live: LiveMap,
     pub refusal_log: log::RateLimit,
     /// Pools the program created, with the device each one allocates on.
-    pub pools: crate::bounded::Bounded<Vec<(usize, CUdevice)>>,
+    pub pools: gpushim_common::bounded::Bounded<Vec<(usize, CUdevice)>>,
     /// The reserves of the `grow` and `preallocate` memory modes (`modes`).
-    pub(crate) reserves: crate::modes::Reserves,
+    pub(crate) reserves: crate::accounting::modes::Reserves,
     /// What CUDA graphs' memory nodes hold (`graphs`).
-    pub(crate) graphs: crate::graphs::Graphs,
+    pub(crate) graphs: crate::accounting::graphs::Graphs,
     /// Context teardowns under way and the credits waiting for them (`teardown`).
-    pub(crate) teardowns: crate::teardown::Teardowns,
+    pub(crate) teardowns: crate::accounting::teardown::Teardowns,
     /// The placement log, while `GPUSHIM_LOG_PLACEMENT` is on (`placement`).
     pub(crate) placement: Option<crate::placement::Placement>,
     /// [`State::needs`], once worked out (`NEEDS_KNOWN` set).
@@ -103,13 +116,25 @@ pub fn get_if_ready() -> Option<&'static State> {
 /// initialisation, one quota place, one `setenv`).
 static BUILDING: AtomicBool = AtomicBool::new(false);
 
+// Which conditional hooks a configuration needs (`State::needs`; the hook table's `split`,
+// `pool`, `limit` and `place` marks, `hooks::intercept::HookInfo::wanted`).
+/// `split` in the hook table: needed while devices are split (`GPUSHIM_VIRTUAL_DEVICES`).
+pub const NEEDS_SPLIT: u8 = 1;
+/// `pool` in the hook table: needed in the `grow` and `preallocate` memory modes.
+pub const NEEDS_POOL: u8 = 2;
+/// `limit` in the hook table: needed while any limit applies (context teardown credits what
+/// the driver freed).
+pub const NEEDS_LIMIT: u8 = 4;
+/// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
+pub const NEEDS_PLACE: u8 = 8;
+
 /// `State::needs_cache`: the figure is known.
 const NEEDS_KNOWN: u8 = 0x80;
 
 /// How long a thread waits for another one's start-up before it gives up (fail closed: its
 /// hooks refuse). Start-up takes milliseconds; this only bounds a pathological wait, e.g. on a
 /// loader lock the waiting thread itself holds.
-const START_UP_WAIT: std::time::Duration = crate::bounded::WAIT_BOUND;
+const START_UP_WAIT: std::time::Duration = gpushim_common::bounded::WAIT_BOUND;
 
 /// Whether this thread is building the state (its lookups are the start-up's own).
 pub fn initialising_here() -> bool {
@@ -123,7 +148,7 @@ fn init() -> Option<&'static State> {
         return None;
     }
     quiet_panics();
-    crate::fork::register();
+    crate::platform::fork::register(hold_for_fork, in_forked_child);
     if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return wait_for_start_up();
     }
@@ -172,9 +197,9 @@ pub fn hold_for_fork() {
     if let Some(p) = &st.placement {
         p.hold_for_fork();
     }
-    crate::fork::hold(&st.pools);
+    crate::platform::fork::hold(&st.pools);
     st.graphs.hold_for_fork();
-    crate::vmm::hold_for_fork();
+    crate::accounting::vmm::hold_for_fork();
     if let Some(split) = st.split.get() {
         split.hold_for_fork();
     }
@@ -182,6 +207,13 @@ pub fn hold_for_fork() {
 
 /// In a forked child (`fork`): a start-up another parent thread had under way will never end
 /// here, so it is started afresh; a built state is emptied of what the parent held.
+/// What a forked child does after the fork handlers let the locks go (`platform::fork`): it
+/// writes no exit report, and empties the state it inherited.
+fn in_forked_child() {
+    crate::state::report::disarm();
+    after_fork_in_child();
+}
+
 pub fn after_fork_in_child() {
     match get_if_ready() {
         None => BUILDING.store(false, Ordering::Release),
@@ -219,7 +251,7 @@ fn boxed_empty() -> Box<State> {
 
 fn build() -> Box<State> {
     // (again: a library's constructor may reach CUDA before the shim's own ran)
-    crate::secure::scrub_environment();
+    gpushim_common::secure::scrub_environment();
     let mut state = boxed_empty();
     match config::load() {
         Ok(s) => {
@@ -243,7 +275,7 @@ fn build() -> Box<State> {
         let _ = state.inventory();
     }
     if state.mode == Mode::Active && (state.settings.report.is_some() || state.placement.is_some()) {
-        crate::report::arm(state.settings.report.as_ref());
+        crate::state::report::arm(state.settings.report.as_ref());
     }
     for warning in &state.settings.warnings {
         log!(Level::Warn, "{warning}");
@@ -290,13 +322,13 @@ impl State {
             split: ForkOnce::new(),
             expected_devices: None,
             announced: AtomicBool::new(false),
-            budgets: crate::memory::Budgets::new(MAX_DEVICES),
+            budgets: crate::accounting::memory::Budgets::new(MAX_DEVICES),
             live: LiveMap::new(),
             refusal_log: log::RateLimit::new(),
-            pools: crate::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
-            reserves: crate::modes::Reserves::new(),
-            graphs: crate::graphs::Graphs::new(),
-            teardowns: crate::teardown::Teardowns::new(),
+            pools: gpushim_common::bounded::Bounded::new("gpushim's list of memory pools", Vec::new()),
+            reserves: crate::accounting::modes::Reserves::new(),
+            graphs: crate::accounting::graphs::Graphs::new(),
+            teardowns: crate::accounting::teardown::Teardowns::new(),
             placement: None,
             needs_cache: std::sync::atomic::AtomicU8::new(0),
             only_device: AtomicBool::new(false),
@@ -339,15 +371,15 @@ impl State {
     }
 
     fn work_out_needs(&self) -> u8 {
-        let split = if self.split_configured() { crate::intercept::NEEDS_SPLIT } else { 0 };
-        let limit = if self.limits_apply() { crate::intercept::NEEDS_LIMIT } else { 0 };
-        let place = if self.placement.is_some() { crate::intercept::NEEDS_PLACE } else { 0 };
-        split | limit | place | if self.pooled() { crate::intercept::NEEDS_POOL } else { 0 }
+        let split = if self.split_configured() { NEEDS_SPLIT } else { 0 };
+        let limit = if self.limits_apply() { NEEDS_LIMIT } else { 0 };
+        let place = if self.placement.is_some() { NEEDS_PLACE } else { 0 };
+        split | limit | place | if self.pooled() { NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
     fn reset_after_fork(&self) {
-        crate::memory::reset_gate_after_fork();
+        crate::accounting::memory::reset_gate_after_fork();
         for b in self.budgets.iter() {
             b.reset_after_fork();
         }
@@ -360,7 +392,7 @@ impl State {
             p.reset_after_fork();
         }
         self.pools.reset_after_fork(Vec::new());
-        crate::vmm::reset_after_fork();
+        crate::accounting::vmm::reset_after_fork();
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
         }
@@ -523,11 +555,11 @@ impl State {
         };
         match driver::open(lib, explicit, hint) {
             Ok(library) => {
-                crate::intercept::resolve_real(&library, lib);
+                crate::driver::table::resolve(&library, lib);
                 log!(Level::Debug, "{} opened", library.path);
                 match lib {
-                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::intercept::resolved))),
-                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::intercept::resolved))),
+                    Lib::Cuda => drop(self.cuda.set(Api::load(&library, &crate::driver::table::resolved))),
+                    Lib::Nvml => drop(self.nvml.set(NvmlApi::load(&library, &crate::driver::table::resolved))),
                 }
             }
             Err(e) => {
@@ -579,7 +611,8 @@ impl State {
             // processes and may have to join it again, on the general path.)
             if self.mode == Mode::Active && !self.pooled() && self.placement.is_none() && crate::sharing::quota().is_none() {
                 if let Some(budget) = self.budget(0) {
-                    if crate::lane::open(self, budget, &self.live) {
+                    let real = |name: &std::ffi::CStr| crate::driver::table::resolved(name).map_or(0, |p| p as usize);
+                    if crate::accounting::lane::open(self, budget, &self.live, real(c"cuMemAlloc_v2"), real(c"cuMemFree_v2")) {
                         log!(Level::Debug, "cuMemAlloc_v2 and cuMemFree_v2 take the fast lane (one device, counted as the driver gives it)");
                     }
                 }
@@ -613,35 +646,35 @@ impl State {
             let publisher = self.publish_now(devices);
             // (the program's devices only: the others' budgets, if ever used, keep the gate)
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len()).min(self.budgets.len());
-            let budgets: &'static [crate::memory::DeviceBudget] = &self.budgets;
-            crate::memory::publish_budgets(&budgets[..count], |i| publisher.and_then(|p| p.device(i)).map(|d| &d.figures));
+            let budgets: &'static [crate::accounting::memory::DeviceBudget] = &self.budgets;
+            crate::accounting::memory::publish_budgets(&budgets[..count], |i| publisher.and_then(|p| p.device(i)).map(|d| &d.figures));
         });
     }
 
-    fn publish_now(&self, devices: &[(String, [u8; 16])]) -> Option<&'static crate::live::Publisher> {
+    fn publish_now(&self, devices: &[(String, [u8; 16])]) -> Option<&'static gpushim_common::live::Publisher> {
         let count = self.program_devices().map_or(devices.len(), |d| d.list.len());
-        let view: Vec<crate::live::ViewEntry> = (0..count)
+        let view: Vec<gpushim_common::live::ViewEntry> = (0..count)
             .map(|i| {
                 let uuid = self.driver_of(i as CUdevice).and_then(|d| devices.get(d as usize)).map(|(_, u)| driver::uuid_string(u)).unwrap_or_default();
                 let part = self.program_devices().and_then(|d| d.get(i as CUdevice)).and_then(|d| d.part).map(|p| {
                     let derived = self.part_uuid(i as CUdevice).map(|u| driver::uuid_string(&u)).unwrap_or_default();
                     (p.index + 1, p.count, derived)
                 });
-                crate::live::ViewEntry { uuid, part }
+                gpushim_common::live::ViewEntry { uuid, part }
             })
             .collect();
         crate::sharing::publish(&self.settings, &view)
     }
 
     /// Figures of every device the program touched, for the report.
-    pub fn usage_rows(&self) -> Vec<crate::report::Row> {
+    pub fn usage_rows(&self) -> Vec<crate::state::report::Row> {
         self.budgets
             .iter()
             .enumerate()
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
                 let quota = b.shared().map(|(q, d)| (q.name.clone(), q.peak(d)));
-                Some(crate::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
+                Some(crate::state::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
             })
             .collect()
     }
@@ -656,308 +689,4 @@ impl State {
         self.mode == Mode::Broken
     }
 
-    /// The budget of a device ordinal, if it is one the shim accounts for.
-    #[inline]
-    pub fn budget(&self, dev: CUdevice) -> Option<&DeviceBudget> {
-        usize::try_from(dev).ok().and_then(|d| self.budgets.get(d))
-    }
-
-    /// The budget of an ordinal already checked (a live entry's device).
-    pub(crate) fn budgets_of(&self, dev: usize) -> &DeviceBudget {
-        &self.budgets[dev.min(MAX_DEVICES - 1)]
-    }
-
-    /// The effective limit of `dev`: min(configured limit, physical memory), resolved on first
-    /// use (fractions need the device's size).
-    #[inline]
-    pub fn limit(&self, dev: CUdevice) -> Option<u64> {
-        match self.budget(dev)?.limit() {
-            Some(l) => Some(l),
-            None => self.resolve_limit(dev),
-        }
-    }
-
-    /// [`State::limit`] the first time: works it out, joins the shared quota and the registry.
-    #[cold]
-    #[inline(never)]
-    fn resolve_limit(&self, dev: CUdevice) -> Option<u64> {
-        let budget = self.budget(dev)?;
-        if let Some(l) = budget.limit() {
-            return Some(l);
-        }
-        let part = self.program_devices().and_then(|d| d.get(dev)).and_then(|d| d.part);
-        let physical = match part {
-            Some(p) => p.size,
-            None => self.api().physical_total(self.driver_of(dev)?)?,
-        };
-        let configured = self.settings.limit_for(dev as u32);
-        let limit = configured.resolve(physical);
-        let limited = !matches!(configured, crate::units::Limit::Unlimited);
-        if crate::sharing::quota().is_some() || limited {
-            // a quota's device, and the registry's, is keyed by its UUID (the part's, when split)
-            let uuid = self.part_uuid(dev).or_else(|| {
-                let mut id = [0u8; 16];
-                let get = self.api().device_get_uuid?;
-                // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
-                (unsafe { get(&mut id, self.driver_of(dev)?) } == crate::ffi::CUDA_SUCCESS).then_some(id)
-            });
-            let uuid = uuid.map(|u| driver::uuid_string(&u));
-            match crate::sharing::attach_device(&self.settings, dev, uuid.as_deref(), physical, limit, limited) {
-                Ok(Some((q, index))) => budget.share(q, index),
-                Ok(None) => {}
-                Err(e) => {
-                    let name = crate::sharing::quota().map_or("", |q| q.name.as_str());
-                    log!(Level::Error, "device {dev}: cannot take part in shared quota {name}: {e}; its allocations are refused");
-                    budget.set_limit(0);
-                    return Some(0);
-                }
-            }
-        }
-        budget.set_limit(limit);
-        log!(Level::Debug, "device {dev}: {physical} bytes, limit {limit} bytes");
-        Some(limit)
-    }
-
-    /// Reserves `bytes` on `dev`, runs `alloc` (which returns the driver's result and the key
-    /// of what it allocated), and records the allocation or rolls the reservation back.
-    ///
-    /// While any limit is set, nothing passes uncounted: a device the caller could not tell
-    /// (`None`: no stream context, a driver that lacks a function or refused a query) is the
-    /// current context's; if even that is unknown, or the device is one the shim cannot account
-    /// for (beyond [`MAX_DEVICES`], or its size unknown), the request is refused. Without any
-    /// limit such a request goes to the driver, which answers for it.
-    pub fn counted(
-        &self,
-        what: &'static str,
-        dev: Option<CUdevice>,
-        bytes: u64,
-        kind: crate::memory::Kind,
-        stream: Option<crate::ffi::CUstream>,
-        alloc: impl FnOnce() -> (crate::ffi::CUresult, u64),
-    ) -> crate::ffi::CUresult {
-        let dev = dev.or_else(|| self.current_device());
-        let Some((dev, budget, limit)) = dev.and_then(|d| Some((d, self.budget(d)?, self.limit(d)?))) else {
-            if !self.limits_apply() {
-                let result = alloc().0;
-                if result == crate::ffi::CUDA_SUCCESS {
-                    self.place_allocation(what, dev, bytes, stream);
-                }
-                return result;
-            }
-            return self.refuse_unaccountable(what, dev, bytes);
-        };
-        if budget.try_reserve(bytes, limit).is_err() {
-            // What pools keep after frees counts until they give it back: make them give back
-            // what they do not use, then try once more.
-            if budget.pool_kept() == 0 || !self.trim_pools(dev) || budget.try_reserve(bytes, limit).is_err() {
-                self.report_refusal(what, dev, bytes);
-                return crate::ffi::CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        }
-        let (result, key) = alloc();
-        if result == crate::ffi::CUDA_SUCCESS {
-            budget.take(bytes);
-            // arrays remember their context: the driver destroys them with it (`teardown`)
-            let ctx = match kind {
-                crate::memory::Kind::Array | crate::memory::Kind::MipmappedArray => self.current_context_handle(),
-                _ => 0,
-            };
-            // (stream-ordered allocations come from a pool, which may keep them after the free)
-            let pool = stream.is_some();
-            let id = crate::memory::entry_id();
-            if let Err(stuck) = self.record(kind, key, crate::memory::Live { device: dev as usize, bytes, served: false, pool, ctx, id }) {
-                return self.unrecorded(what, kind, key, budget, bytes, pool, stuck);
-            }
-            self.place_allocation(what, Some(dev), bytes, stream);
-        } else {
-            budget.release(bytes);
-        }
-        result
-    }
-
-    /// Records a counted allocation in the live map, crediting an entry it replaces (one the
-    /// driver freed behind the shim's back). `Err`: not recorded (`bounded`).
-    #[inline]
-    pub(crate) fn record(&self, kind: crate::memory::Kind, key: u64, live: crate::memory::Live) -> Result<(), crate::bounded::Stuck> {
-        self.live.insert_then(kind, key, live, |stale| self.credit_stale(stale))
-    }
-
-    /// Whether any device of the program can have a limit: a memory limit (global or per
-    /// device), virtual devices (each part is limited to its size), a shared quota, or a memory
-    /// mode that serves from a reserve. Then every allocation must be counted or refused.
-    pub fn limits_apply(&self) -> bool {
-        self.mode == Mode::Active && self.settings.limits_anything()
-    }
-
-    /// Refuses a request the shim cannot count while limits are set (fail closed), with one
-    /// rate-limited `warn` line saying why.
-    #[cold]
-    fn refuse_unaccountable(&self, what: &str, dev: Option<CUdevice>, bytes: u64) -> crate::ffi::CUresult {
-        let (result, why) = match dev {
-            None => (crate::ffi::CUDA_ERROR_INVALID_CONTEXT, "no current context tells which device it is for".to_string()),
-            Some(d) if self.budget(d).is_none() => (
-                crate::ffi::CUDA_ERROR_OUT_OF_MEMORY,
-                format!("device {d} is beyond the {MAX_DEVICES} devices gpushim can account for"),
-            ),
-            Some(d) => (crate::ffi::CUDA_ERROR_OUT_OF_MEMORY, format!("the memory size of device {d} cannot be read from the driver")),
-        };
-        if let Some(b) = dev.and_then(|d| self.budget(d)) {
-            b.count_refusal();
-        }
-        if log::enabled(Level::Warn) && self.refusal_log.admit().is_some() {
-            log::emit(Level::Warn, format_args!("{what} of {bytes} bytes refused: {why}, and limits are set (refused rather than left uncounted)"));
-        }
-        result
-    }
-
-    /// An entry the driver freed without the shim seeing it (its pointer or handle was handed
-    /// out again): credits what it held.
-    #[cold]
-    pub(crate) fn credit_stale(&self, stale: crate::memory::Live) {
-        if stale.served {
-            return; // the reserve's blocks are the shim's own; never handed out twice
-        }
-        // (the driver may still be giving the old memory back: see `teardown`)
-        self.credit_freed(stale.device, stale.bytes, stale.bytes);
-        log!(Level::Debug, "device {}: {} bytes freed by the driver behind gpushim's back credited", stale.device, stale.bytes);
-    }
-
-    /// Forgets the allocation `key`, runs `free`, and credits its bytes once the driver freed
-    /// it (or restores the entry if the driver refused). Unknown keys are passed through,
-    /// except addresses inside a reserve (`modes`). Memory served from a reserve goes back to
-    /// it (after synchronising `stream` if given, else the context) without `free`.
-    pub fn uncounted(
-        &self,
-        kind: crate::memory::Kind,
-        key: u64,
-        stream: Option<crate::ffi::CUstream>,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
-        if kind == crate::memory::Kind::DevicePtr {
-            // A table entry read as its two words: building and copying an entry costs ~17
-            // instructions a free here (the lane, `lane`, does the same for one device).
-            match self.live.remove_packed(key) {
-                Ok(Some(p)) if !p.served() => return self.free_counted(kind, key, p.device(), p.bytes(), p.pool(), || p.live(), free),
-                Ok(Some(p)) => return self.free_taken(kind, key, p.live(), stream, free),
-                Ok(None) => return self.free_unrecorded(kind, key, free),
-                Err(()) => {}
-            }
-        }
-        match self.live.remove(kind, key) {
-            Ok(Some(live)) => self.free_taken(kind, key, live, stream, free),
-            Ok(None) => self.free_unrecorded(kind, key, free),
-            // (before the driver's free: the memory stays the program's, recorded and counted)
-            Err(stuck) => crate::hooks::refuse_free(kind, stuck),
-        }
-    }
-
-    /// [`State::uncounted`] of a key with no entry: passed to the driver, except addresses
-    /// inside a reserve.
-    #[inline(always)]
-    fn free_unrecorded(&self, kind: crate::memory::Kind, key: u64, free: impl FnOnce() -> crate::ffi::CUresult) -> crate::ffi::CUresult {
-        if kind == crate::memory::Kind::DevicePtr {
-            if let Some(refused) = self.refuse_unknown_free(key) {
-                return refused;
-            }
-        }
-        free()
-    }
-
-    /// [`State::uncounted`] once the entry `live` of `key` was taken out of the live map.
-    pub(crate) fn free_taken(
-        &self,
-        kind: crate::memory::Kind,
-        key: u64,
-        live: crate::memory::Live,
-        stream: Option<crate::ffi::CUstream>,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
-        if live.served {
-            return self.release_served(key, live, stream);
-        }
-        self.free_counted(kind, key, live.device, live.bytes, live.pool, || live, free)
-    }
-
-    /// The free of a counted (not served) entry taken out of the live map: credited once the
-    /// driver freed it, restored (`entry`) if the driver refused.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn free_counted(
-        &self,
-        kind: crate::memory::Kind,
-        key: u64,
-        device: usize,
-        bytes: u64,
-        pool: bool,
-        entry: impl FnOnce() -> crate::memory::Live,
-        free: impl FnOnce() -> crate::ffi::CUresult,
-    ) -> crate::ffi::CUresult {
-        let result = free();
-        if result == crate::ffi::CUDA_SUCCESS {
-            self.credit_free(device, bytes, pool);
-        } else if let Err(stuck) = self.record(kind, key, entry()) {
-            crate::log::stuck("restoring the record of a free the driver refused (its bytes stay counted)", stuck);
-        }
-        result
-    }
-
-    /// The driver freed an allocation of `bytes` on `device`: the program holds it no more;
-    /// unless its pool may keep it, it is no longer reserved either.
-    #[inline(always)]
-    fn credit_free(&self, device: usize, bytes: u64, pool: bool) {
-        let budget = self.budgets_of(device);
-        if pool {
-            budget.keep_in_pool(bytes);
-        } else {
-            budget.freed(bytes);
-        }
-    }
-
-    /// Counts a refused request and says so in one `warn` line (rate-limited): the device, the
-    /// request, what is in use (and reserved, when a reserve is in play) and the limit.
-    pub fn report_refusal(&self, what: &str, dev: CUdevice, bytes: u64) {
-        let Some(budget) = self.budget(dev) else { return };
-        budget.count_refusal();
-        if !log::enabled(Level::Warn) {
-            return;
-        }
-        if let Some(suppressed) = self.refusal_log.admit() {
-            let more = if suppressed > 0 { format!(" ({suppressed} similar lines suppressed)") } else { String::new() };
-            let mut reserved = if self.pooled() { format!(", {} bytes reserved", budget.reserved()) } else { String::new() };
-            if let Some((q, _)) = budget.shared() {
-                reserved.push_str(&format!(", {} bytes held by all processes of shared quota {}", budget.held(), q.name));
-            }
-            log::emit(
-                Level::Warn,
-                format_args!(
-                    "device {dev}: {what} of {bytes} bytes refused: {} bytes in use{reserved}, limit {} bytes{more}",
-                    budget.in_use(),
-                    self.limit(dev).unwrap_or(0)
-                ),
-            );
-        }
-    }
-
-    /// (free, total) as the program may see them on `dev`, from the driver's answer: total is
-    /// the limit; free is what the limit still allows and the driver has, plus what the
-    /// reserve has free (`grow`/`preallocate`; nothing in `passthrough`).
-    pub fn clamp_mem_info(&self, dev: CUdevice, driver_free: u64, driver_total: u64) -> (u64, u64) {
-        if self.budget(dev).is_some_and(|b| b.pool_kept() > 0) {
-            self.reconcile_pools(dev);
-        }
-        match (self.budget(dev), self.limit(dev)) {
-            (Some(b), Some(limit)) => {
-                // `held`: what counts against the limit (with a shared quota, every member's)
-                // `kept`: what stream-ordered pools may still hold after frees (`pools`): neither
-                // the program's nor free
-                let (reserved, in_use, held, kept) = (b.reserved(), b.in_use(), b.held(), b.pool_kept());
-                let others = held.saturating_sub(reserved);
-                let headroom = limit.saturating_sub(held).min(driver_free);
-                let cap = limit.saturating_sub(others).saturating_sub(in_use).saturating_sub(kept);
-                let reserve_free = reserved.saturating_sub(in_use).saturating_sub(kept);
-                (headroom.saturating_add(reserve_free).min(cap), limit)
-            }
-            _ => (driver_free, driver_total),
-        }
-    }
 }

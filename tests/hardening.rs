@@ -39,7 +39,7 @@ fn modes_run(mode: MemoryMode, env: &[(&str, &str)], args: &[String]) -> RunOutp
 }
 
 /// [`modes_run`] with `devices` simulated GPUs (one: the allocation pair takes the fast lane,
-/// `src/lane.rs`, in `passthrough`; two: the general path).
+/// `src/accounting/lane.rs`, in `passthrough`; two: the general path).
 fn modes_run_on(devices: u32, mode: MemoryMode, env: &[(&str, &str)], args: &[String]) -> RunOutput {
     modes_run(mode, &[env, &[("GPUSIM_DEVICES", if devices == 1 { "1" } else { "2" })]].concat(), args)
 }

@@ -532,7 +532,7 @@ fn stream_ordered_memory_freed_with_cu_mem_free() {
 }
 
 /// One device, not split, counted as the driver gives it: `cuMemAlloc_v2`/`cuMemFree_v2`
-/// take the fast lane (`src/lane.rs`, said at debug level), and the limit holds as on the
+/// take the fast lane (`src/accounting/lane.rs`, said at debug level), and the limit holds as on the
 /// general path: the standard fill, and stream-ordered memory freed with `cuMemFree` (which
 /// the lane hands to the general path). With two devices the lane stays closed.
 #[test]

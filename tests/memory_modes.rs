@@ -1374,7 +1374,7 @@ fn primary_ctx_reset_gives_the_reserve_back() {
 }
 
 /// passthrough: the driver frees what a destroyed context held, so the shim stops counting it
-/// (`src/teardown.rs`; more cases in `tests/hardening.rs`).
+/// (`src/accounting/teardown.rs`; more cases in `tests/hardening.rs`).
 #[test]
 fn passthrough_ctx_destroy_credits_the_context() {
     // 1 ctx=v2, 2 alloc 900M, 3 ctxdestroy, 4 sim, 5 ctx=v2, 6 info, 7 alloc 900M

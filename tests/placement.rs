@@ -1,4 +1,4 @@
-//! The placement log (`GPUSHIM_LOG_PLACEMENT`, `src/placement.rs`): one line per first
+//! The placement log (`GPUSHIM_LOG_PLACEMENT`, `src/placement/mod.rs`): one line per first
 //! (kernel, device) launch and per first (allocation API, device), a summary per device in the
 //! exit report — checked against the simulated driver's own record of launches — through the
 //! driver API (`tests/c/placement.c`: a PTX module, a library kernel, `cuLaunchKernelEx`, a

@@ -105,7 +105,7 @@ fn memory_of_a_context_being_torn_down_is_not_allocated_twice() {
     // leave exactly room for `again`, which the driver places where the torn-down one was.
     let cases: [(&str, MemoryMode, [u64; 3]); 5] = [
         ("alloc", Grow, [24, 8, 8]),       // chunks: 24 MiB, 20 MiB, 20 MiB again
-        ("alloc", Passthrough, [32, 16, 16]), // one device: the fast lane (`src/lane.rs`)
+        ("alloc", Passthrough, [32, 16, 16]), // one device: the fast lane (`src/accounting/lane.rs`)
         ("managed", Grow, [32, 16, 16]),
         ("managed", Passthrough, [32, 16, 16]),
         ("managed", NoShim, [32, 16, 16]),

@@ -16,7 +16,7 @@
 /// Links the static unwinder instead of libgcc_s into the crate's cdylib (only: its test
 /// programs and command-line tool keep libgcc_s) where the compiler has one; returns whether
 /// it does. x86-64 Linux only: the unwinder calls glibc 2.35's `_dl_find_object`, which
-/// libgpushim answers itself (`src/unwind.rs`) so as to load on glibc 2.34.
+/// libgpushim answers itself (`src/platform/unwind.rs`) so as to load on glibc 2.34.
 fn link_static_unwinder() -> bool {
     println!("cargo:rerun-if-env-changed=GPUSHIM_DYNAMIC_UNWINDER");
     let target = (std::env::var("CARGO_CFG_TARGET_OS"), std::env::var("CARGO_CFG_TARGET_ARCH"));

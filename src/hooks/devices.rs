@@ -10,7 +10,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 /// Runs `call` with the driver ordinal of program device `dev`, or answers
@@ -157,7 +157,7 @@ fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -
         // (begun before the state probe: its retain and release may be the last release)
         let _teardown = match (st.pooled() || st.limits_apply()).then(|| st.teardown_begins()).transpose() {
             Ok(teardown) => teardown,
-            Err(stuck) => return crate::log::refuse("cuDevicePrimaryCtxRelease/Reset", stuck, CUDA_ERROR_NOT_PERMITTED),
+            Err(stuck) => return crate::platform::log::refuse("cuDevicePrimaryCtxRelease/Reset", stuck, CUDA_ERROR_NOT_PERMITTED),
         };
         let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
         let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
@@ -224,7 +224,7 @@ fn created(st: &State, result: CUresult, ctx: *mut CUcontext, dev: CUdevice) -> 
                     // SAFETY: the driver's cuCtxDestroy of the context it just created.
                     unsafe { destroy(ctx) };
                 }
-                return crate::log::refuse("cuCtxCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+                return crate::platform::log::refuse("cuCtxCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
             }
         }
         st.context_created(dev, ctx);
@@ -249,7 +249,7 @@ pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> C
     let doomed = st.context_allocations(ctx);
     let _teardown = match st.limits_apply().then(|| st.teardown_begins()).transpose() {
         Ok(teardown) => teardown,
-        Err(stuck) => return crate::log::refuse("cuCtxDestroy", stuck, CUDA_ERROR_NOT_PERMITTED),
+        Err(stuck) => return crate::platform::log::refuse("cuCtxDestroy", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
     let result = real(ctx);
     if result == CUDA_SUCCESS {
@@ -280,7 +280,7 @@ pub unsafe fn ctx_get_device_v2(st: &State, real: unsafe extern "C" fn(*mut CUde
             (true, _) => st.current_device().unwrap_or(*dev),
             (false, Ok(Some(d))) => d,
             (false, Ok(None)) => st.program_of(*dev),
-            (false, Err(stuck)) => return crate::log::refuse("cuCtxGetDevice", stuck, CUDA_ERROR_NOT_PERMITTED),
+            (false, Err(stuck)) => return crate::platform::log::refuse("cuCtxGetDevice", stuck, CUDA_ERROR_NOT_PERMITTED),
         };
     }
     result

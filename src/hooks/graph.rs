@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 type Graph = *mut c_void;
@@ -21,7 +21,7 @@ unsafe fn instantiated(st: &State, result: CUresult, exec: *mut Exec, graph: Gra
                 // SAFETY: the driver's cuGraphExecDestroy of the executable graph it just made.
                 std::mem::transmute::<usize, unsafe extern "C" fn(Exec) -> CUresult>(destroy)(*exec);
             }
-            return crate::log::refuse("cuGraphInstantiate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+            return crate::platform::log::refuse("cuGraphInstantiate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
         }
     }
     result

@@ -4,7 +4,7 @@
 
 use std::ffi::c_uint;
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 /// `cuInit`: the device view was applied when the shim initialised (before this); once the
@@ -14,7 +14,7 @@ pub unsafe fn init(st: &'static State, real: unsafe extern "C" fn(c_uint) -> CUr
     if result == CUDA_SUCCESS {
         if let Err(e) = st.after_cuda_init() {
             if !e.is_empty() {
-                crate::log::log!(crate::log::Level::Error, "{e}");
+                crate::platform::log::log!(crate::platform::log::Level::Error, "{e}");
             }
             return CUDA_ERROR_NOT_INITIALIZED;
         }

@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_uint, c_void};
 
-use crate::ffi::*;
+use crate::driver::ffi::*;
 use crate::state::State;
 
 type Function = *mut c_void;

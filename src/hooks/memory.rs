@@ -8,16 +8,16 @@
 //!
 //! Where a wait of the shim's bookkeeping gives up (`bounded`: CUDA called from a signal
 //! handler that interrupted the shim), a call is refused before the driver's, or the driver's
-//! call undone where it has an exact inverse ([`undo_allocation`]); what cannot be undone (a
+//! call undone where it has an exact inverse (`state::undo_allocation`); what cannot be undone (a
 //! release, an unmap) leaves the memory counted (closed).
 
 use std::ffi::c_uint;
 
-use crate::bounded::Stuck;
-use crate::ffi::*;
+use gpushim_common::bounded::Stuck;
+use crate::driver::ffi::*;
 use crate::hooks::{Hook, REAL};
-use crate::memory::Kind;
-use crate::state::State;
+use crate::accounting::memory::Kind;
+use crate::state::{free_driver_ptr, undo_allocation, State};
 
 type Alloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 
@@ -140,12 +140,12 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     } else {
         budget.take(actual - live.bytes);
     }
-    if let Err(stuck) = st.live.insert(Kind::DevicePtr, ptr, crate::memory::Live { bytes: actual, ..live }) {
+    if let Err(stuck) = st.live.insert(Kind::DevicePtr, ptr, crate::accounting::memory::Live { bytes: actual, ..live }) {
         undo_allocation(Kind::DevicePtr, ptr);
         budget.release(actual);
         budget.give(actual);
         budget.count_refusal();
-        return crate::log::refuse("cuMemAllocPitch", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+        return crate::platform::log::refuse("cuMemAllocPitch", stuck, CUDA_ERROR_OUT_OF_MEMORY);
     }
     CUDA_SUCCESS
 }
@@ -153,65 +153,6 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
 /// The driver's own function of `hook` (0: not resolved).
 fn real_of(hook: Hook) -> usize {
     REAL[hook as usize].load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn free_driver_ptr(ptr: CUdeviceptr) {
-    let real = real_of(Hook::cuMemFree_v2);
-    if real != 0 {
-        // SAFETY: the slot holds the driver's cuMemFree_v2; `ptr` is an allocation it just made.
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(real)(ptr) };
-    }
-}
-
-/// Refuses a free whose entry cannot be taken out of the live map (`bounded`), before the
-/// driver frees anything: the memory stays the program's, recorded and counted, and a later
-/// free (outside the signal handler) frees it.
-#[cold]
-pub(crate) fn refuse_free(kind: Kind, stuck: Stuck) -> CUresult {
-    let call = match kind {
-        Kind::DevicePtr => "cuMemFree",
-        Kind::VmmHandle => "cuMemRelease",
-        Kind::Array => "cuArrayDestroy",
-        Kind::MipmappedArray => "cuMipmappedArrayDestroy",
-    };
-    crate::log::refuse(call, stuck, CUDA_ERROR_NOT_PERMITTED)
-}
-
-impl State {
-    /// An allocation the driver made whose record cannot be made (`bounded`): given back to
-    /// the driver, uncounted again (`bytes` were reserved and taken; a stream-ordered one's
-    /// pool may keep them: counted as kept), refused.
-    #[cold]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn unrecorded(&self, what: &str, kind: Kind, key: u64, budget: &crate::memory::DeviceBudget, bytes: u64, pool: bool, stuck: Stuck) -> CUresult {
-        undo_allocation(kind, key);
-        if pool {
-            budget.keep_in_pool(bytes);
-        } else {
-            budget.freed(bytes);
-        }
-        budget.count_refusal();
-        crate::log::refuse(what, stuck, CUDA_ERROR_OUT_OF_MEMORY)
-    }
-}
-
-/// Gives back to the driver what it just allocated under `key` (an allocation whose record
-/// could not be made: refused rather than left uncounted). A device pointer (of any
-/// allocation function, stream-ordered ones included: `cuMemFree` frees them too), a VMM
-/// handle, an array or a mipmapped array.
-pub(crate) fn undo_allocation(kind: Kind, key: u64) {
-    let hook = match kind {
-        Kind::DevicePtr => return free_driver_ptr(key),
-        Kind::VmmHandle => Hook::cuMemRelease,
-        Kind::Array => Hook::cuArrayDestroy,
-        Kind::MipmappedArray => Hook::cuMipmappedArrayDestroy,
-    };
-    let real = real_of(hook);
-    if real != 0 {
-        // SAFETY: the slot holds the driver's function of that name, which takes the handle or
-        // array (a pointer-sized value) the driver just made.
-        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> CUresult>(real)(key) };
-    }
 }
 
 pub unsafe fn free(st: &State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> CUresult {
@@ -252,11 +193,11 @@ pub unsafe fn alloc_from_pool_async(
         Ok(None) => match st.stream_device(stream) {
             Some(dev) => match remember_pool(st, pool, dev) {
                 Ok(()) => Some(dev),
-                Err(stuck) => return crate::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
+                Err(stuck) => return crate::platform::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
             },
             None => None,
         },
-        Err(stuck) => return crate::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
+        Err(stuck) => return crate::platform::log::refuse("cuMemAllocFromPoolAsync", stuck, CUDA_ERROR_OUT_OF_MEMORY),
     };
     let result = st.counted("cuMemAllocFromPoolAsync", dev, bytes as u64, Kind::DevicePtr, Some(stream), || (real(dptr, bytes, pool, stream), *dptr));
     refused_unserved(st, result, "cuMemAllocFromPoolAsync");
@@ -305,7 +246,7 @@ pub unsafe fn pool_create(st: &State, real: unsafe extern "C" fn(*mut CUmemoryPo
                 // SAFETY: the driver's cuMemPoolDestroy of the pool it just created.
                 std::mem::transmute::<usize, unsafe extern "C" fn(CUmemoryPool) -> CUresult>(destroy)(*pool);
             }
-            return crate::log::refuse("cuMemPoolCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+            return crate::platform::log::refuse("cuMemPoolCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
         }
     }
     result
@@ -359,14 +300,14 @@ pub unsafe fn vmm_create(
     on_driver.location.id = driver;
     let result = st.counted("cuMemCreate", Some(dev), bytes as u64, Kind::VmmHandle, None, || (real(handle, bytes, &on_driver, flags), *handle));
     if result == CUDA_SUCCESS {
-        if let Err(stuck) = crate::vmm::created(*handle) {
+        if let Err(stuck) = crate::accounting::vmm::created(*handle) {
             // (untracked, its release would be credited while it is still mapped: undone)
             let entry = st.live.remove(Kind::VmmHandle, *handle);
             undo_allocation(Kind::VmmHandle, *handle);
             if let Ok(Some(live)) = entry {
                 st.credit_freed(live.device, live.bytes, live.bytes);
             }
-            return crate::log::refuse("cuMemCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
+            return crate::platform::log::refuse("cuMemCreate", stuck, CUDA_ERROR_OUT_OF_MEMORY);
         }
     }
     refused_unserved(st, result, "cuMemCreate");
@@ -374,10 +315,10 @@ pub unsafe fn vmm_create(
 }
 
 /// A handle the shim counted is credited once the driver freed it: released (every reference)
-/// and unmapped (`crate::vmm`). Unknown handles go to the driver as they are.
+/// and unmapped (`crate::accounting::vmm`). Unknown handles go to the driver as they are.
 pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult, handle: CUmemGenericAllocationHandle) -> CUresult {
-    let refuse = |stuck| crate::log::refuse("cuMemRelease", stuck, CUDA_ERROR_NOT_PERMITTED);
-    match crate::vmm::known(handle) {
+    let refuse = |stuck| crate::platform::log::refuse("cuMemRelease", stuck, CUDA_ERROR_NOT_PERMITTED);
+    match crate::accounting::vmm::known(handle) {
         Ok(true) => {}
         Ok(false) => return st.uncounted(Kind::VmmHandle, handle, None, || real(handle)),
         Err(stuck) => return refuse(stuck),
@@ -397,7 +338,7 @@ pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAll
     };
     let result = real(handle);
     // (a release whose bookkeeping cannot be done after the driver's leaves the handle counted)
-    if result == CUDA_SUCCESS && crate::vmm::released(handle).unwrap_or(false) {
+    if result == CUDA_SUCCESS && crate::accounting::vmm::released(handle).unwrap_or(false) {
         credit_vmm(st, handle, entry);
     }
     result
@@ -405,7 +346,7 @@ pub unsafe fn vmm_release(st: &State, real: unsafe extern "C" fn(CUmemGenericAll
 
 /// Credits the entry a handle had before its memory was freed, unless a newer one replaced it
 /// (the replacement credited it then).
-fn credit_vmm(st: &State, handle: CUmemGenericAllocationHandle, entry: Option<crate::memory::Live>) {
+fn credit_vmm(st: &State, handle: CUmemGenericAllocationHandle, entry: Option<crate::accounting::memory::Live>) {
     if let Some(live) = entry {
         if st.live.remove_if(Kind::VmmHandle, handle, &live).is_ok_and(|r| r.is_some()) {
             st.credit_stale(live);
@@ -419,14 +360,14 @@ pub unsafe fn vmm_export(st: &State, real: unsafe extern "C" fn(*mut std::ffi::c
     // (checked first: an export the shim could not record would be credited at release while
     // an importer may keep the memory)
     if st.limits_apply() {
-        if let Err(stuck) = crate::vmm::known(handle) {
-            return crate::log::refuse("cuMemExportToShareableHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
+        if let Err(stuck) = crate::accounting::vmm::known(handle) {
+            return crate::platform::log::refuse("cuMemExportToShareableHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
         }
     }
     let result = real(shareable, handle, kind, flags);
     if result == CUDA_SUCCESS && st.limits_apply() {
-        if let Err(stuck) = crate::vmm::exported(handle) {
-            crate::log::stuck("recording an exported handle (it may be credited at its release)", stuck);
+        if let Err(stuck) = crate::accounting::vmm::exported(handle) {
+            crate::platform::log::stuck("recording an exported handle (it may be credited at its release)", stuck);
         }
     }
     result
@@ -443,14 +384,14 @@ pub unsafe fn vmm_map(
 ) -> CUresult {
     let result = real(ptr, size, offset, handle, flags);
     if result == CUDA_SUCCESS {
-        if let Err(stuck) = crate::vmm::mapped(ptr, size as u64, handle) {
+        if let Err(stuck) = crate::accounting::vmm::mapped(ptr, size as u64, handle) {
             // (unrecorded, its handle's release would be credited while mapped: undone)
             let unmap = real_of(Hook::cuMemUnmap);
             if unmap != 0 {
                 // SAFETY: the driver's cuMemUnmap of the range it just mapped.
                 std::mem::transmute::<usize, unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult>(unmap)(ptr, size);
             }
-            return crate::log::refuse("cuMemMap", stuck, CUDA_ERROR_NOT_PERMITTED);
+            return crate::platform::log::refuse("cuMemMap", stuck, CUDA_ERROR_NOT_PERMITTED);
         }
     }
     result
@@ -458,8 +399,8 @@ pub unsafe fn vmm_map(
 
 pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     // (entries as they are before the driver frees anything: see `vmm_release`)
-    let entries = crate::vmm::mapped_handles(ptr, size as u64).and_then(|handles| {
-        let mut entries: Vec<(u64, crate::memory::Live)> = Vec::new();
+    let entries = crate::accounting::vmm::mapped_handles(ptr, size as u64).and_then(|handles| {
+        let mut entries: Vec<(u64, crate::accounting::memory::Live)> = Vec::new();
         for h in handles {
             if let Some(live) = st.live.get(Kind::VmmHandle, h)? {
                 entries.push((h, live));
@@ -469,12 +410,12 @@ pub unsafe fn vmm_unmap(st: &State, real: unsafe extern "C" fn(CUdeviceptr, usiz
     });
     let (entries, _freeing) = match entries.and_then(|e| Ok((e, st.teardown_begins()?))) {
         Ok(both) => both,
-        Err(stuck) => return crate::log::refuse("cuMemUnmap", stuck, CUDA_ERROR_NOT_PERMITTED),
+        Err(stuck) => return crate::platform::log::refuse("cuMemUnmap", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
     let result = real(ptr, size);
     if result == CUDA_SUCCESS {
         // (an unmap whose bookkeeping cannot be done after the driver's leaves its handles counted)
-        for handle in crate::vmm::unmapped(ptr, size as u64).unwrap_or_default() {
+        for handle in crate::accounting::vmm::unmapped(ptr, size as u64).unwrap_or_default() {
             credit_vmm(st, handle, entries.iter().find(|(h, _)| *h == handle).map(|&(_, l)| l));
         }
     }
@@ -489,14 +430,14 @@ pub unsafe fn vmm_retain(
 ) -> CUresult {
     let result = real(handle, addr);
     if result == CUDA_SUCCESS && !handle.is_null() {
-        if let Err(stuck) = crate::vmm::retained(*handle) {
+        if let Err(stuck) = crate::accounting::vmm::retained(*handle) {
             // (uncounted, the reference's release would credit the handle early: undone)
             let release = real_of(Hook::cuMemRelease);
             if release != 0 {
                 // SAFETY: the driver's cuMemRelease of the reference it just handed out.
                 std::mem::transmute::<usize, unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult>(release)(*handle);
             }
-            return crate::log::refuse("cuMemRetainAllocationHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
+            return crate::platform::log::refuse("cuMemRetainAllocationHandle", stuck, CUDA_ERROR_NOT_PERMITTED);
         }
     }
     result

@@ -9,25 +9,47 @@
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
 //! `cuGetProcAddress` callers ask with.
 
+pub mod api;
 mod devices;
 mod graph;
 mod info;
+pub mod intercept;
 mod launch;
 mod memory;
 mod nvml;
+pub mod nvml_virtual;
+pub mod private;
 mod procaddr;
 mod reserve;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::driver::NvmlDevice;
-use crate::ffi::*;
-use crate::intercept::hook_table;
+use crate::driver::ffi::*;
+use crate::hooks::intercept::hook_table;
 use devices::CUmemAccessDesc;
 use launch::CUlaunchConfigHead;
 use nvml::{NvmlMemory, NvmlMemoryV2};
 
-pub(crate) use memory::{free_driver_ptr, refuse_free};
+
+/// The shim's state, initialising it on first use (`state::get`), the hook table registered
+/// with the driver layer first: the state opens the driver through it (`driver::table`). The
+/// way in for every hook, `dlsym` and the API; the same single atomic load once the state is
+/// there.
+#[inline]
+pub fn state() -> Option<&'static crate::state::State> {
+    match crate::state::get_if_ready() {
+        Some(st) => Some(st),
+        None => first_state(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn first_state() -> Option<&'static crate::state::State> {
+    crate::driver::table::register(&intercept::REALS);
+    crate::state::get()
+}
 
 hook_table! {
     // exported symbol        = base name               @ since  [ptsz] (C arguments)                                                          => body
@@ -43,12 +65,12 @@ hook_table! {
 
     // Linear device memory.
     cuMemAlloc                = "cuMemAlloc"            @ 2000  (dptr: *mut CUdeviceptr_v1, bytes: c_uint)                                   => memory::alloc_v1;
-    cuMemAlloc_v2             = "cuMemAlloc"            @ 3020  (dptr: *mut CUdeviceptr, bytes: usize)                                       => memory::alloc, lane crate::lane::alloc;
+    cuMemAlloc_v2             = "cuMemAlloc"            @ 3020  (dptr: *mut CUdeviceptr, bytes: usize)                                       => memory::alloc, lane crate::accounting::lane::alloc;
     cuMemAllocPitch           = "cuMemAllocPitch"       @ 2000  (dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) => memory::alloc_pitch_v1;
     cuMemAllocPitch_v2        = "cuMemAllocPitch"       @ 3020  (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => memory::alloc_pitch;
     cuMemAllocManaged         = "cuMemAllocManaged"     @ 6000  (dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint)                        => memory::alloc_managed;
     cuMemFree                 = "cuMemFree"             @ 2000  (dptr: CUdeviceptr_v1)                                                       => memory::free_v1;
-    cuMemFree_v2              = "cuMemFree"             @ 3020  (dptr: CUdeviceptr)                                                          => memory::free, lane crate::lane::free;
+    cuMemFree_v2              = "cuMemFree"             @ 3020  (dptr: CUdeviceptr)                                                          => memory::free, lane crate::accounting::lane::free;
 
     // Stream-ordered allocation and pools.
     cuMemAllocAsync           = "cuMemAllocAsync"       @ 11020      (dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream)                => memory::alloc_async;
@@ -130,7 +152,7 @@ hook_table! {
     cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split pool  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
     // The runtime's private tables (src/private.rs): wrapped while splitting.
-    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::private::get_export_table;
+    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::hooks::private::get_export_table;
     cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split pool (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // Graph memory (src/graphs.rs): handed out while a limit applies.

@@ -13,8 +13,8 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use crate::driver::NvmlDevice;
-use crate::nvml_virtual;
-use crate::split::NvmlPart;
+use crate::hooks::nvml_virtual;
+use crate::devices::split::NvmlPart;
 use crate::state::State;
 
 const NVML_SUCCESS: c_int = 0;
@@ -65,7 +65,7 @@ fn cuda_ordinal_of(st: &State, dev: NvmlDevice) -> Option<usize> {
     position(st, st.cuda_ordinals()?, dev)
 }
 
-fn position(st: &State, view: &crate::view::View, dev: NvmlDevice) -> Option<usize> {
+fn position(st: &State, view: &crate::devices::view::View, dev: NvmlDevice) -> Option<usize> {
     let physical = physical_of(st, dev)?;
     view.devices.iter().position(|&p| p == physical)
 }

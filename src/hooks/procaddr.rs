@@ -3,8 +3,8 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use crate::ffi::*;
-use crate::intercept::substitute;
+use crate::driver::ffi::*;
+use crate::hooks::intercept::substitute;
 use crate::state::State;
 
 type V1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;

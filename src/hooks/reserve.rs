@@ -4,14 +4,14 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::ffi::*;
-use crate::log::{log, Level};
-use crate::reserve::Lookup;
+use crate::driver::ffi::*;
+use crate::platform::log::{log, Level};
+use crate::accounting::reserve::Lookup;
 use crate::state::State;
 
 const POINTER_ATTRIBUTE_BUFFER_ID: c_int = 7;
 const POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
-const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 const POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
 /// `cuMemGetAddressRange_v2`: the sub-allocation containing `ptr` (start, bytes requested);
@@ -19,7 +19,7 @@ const POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 pub unsafe fn address_range(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult, base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult {
     let found = match st.reserve_lookup(ptr) {
         Ok(found) => found.map(|(_, l)| l),
-        Err(stuck) => return crate::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
+        Err(stuck) => return crate::platform::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
     match found {
         Some(Lookup::Live(f)) => {
@@ -36,7 +36,7 @@ pub unsafe fn address_range(st: &State, real: unsafe extern "C" fn(*mut CUdevice
 pub unsafe fn address_range_v1(st: &State, real: unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, CUdeviceptr_v1) -> CUresult, base: *mut CUdeviceptr_v1, size: *mut c_uint, ptr: CUdeviceptr_v1) -> CUresult {
     let found = match st.reserve_lookup(ptr as u64) {
         Ok(found) => found.map(|(_, l)| l),
-        Err(stuck) => return crate::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
+        Err(stuck) => return crate::platform::log::refuse("cuMemGetAddressRange", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
     match found {
         Some(Lookup::Live(f)) if f.base <= u32::MAX as u64 && f.requested <= u32::MAX as u64 => {
@@ -56,7 +56,7 @@ pub unsafe fn address_range_v1(st: &State, real: unsafe extern "C" fn(*mut CUdev
 pub unsafe fn ipc_get_mem_handle(st: &State, real: unsafe extern "C" fn(*mut c_void, CUdeviceptr) -> CUresult, handle: *mut c_void, ptr: CUdeviceptr) -> CUresult {
     let found = match st.reserve_lookup(ptr) {
         Ok(found) => found.map(|(_, l)| l),
-        Err(stuck) => return crate::log::refuse("cuIpcGetMemHandle", stuck, CUDA_ERROR_NOT_PERMITTED),
+        Err(stuck) => return crate::platform::log::refuse("cuIpcGetMemHandle", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
     match found {
         Some(Lookup::Outside) | None => real(handle, ptr),
@@ -82,7 +82,7 @@ pub unsafe fn patch_attribute(st: &State, attr: c_int, data: *mut c_void, ptr: C
     }
     let looked = match st.reserve_lookup(ptr) {
         Ok(looked) => looked,
-        Err(stuck) => return Some(crate::log::refuse("cuPointerGetAttribute", stuck, CUDA_ERROR_NOT_PERMITTED)),
+        Err(stuck) => return Some(crate::platform::log::refuse("cuPointerGetAttribute", stuck, CUDA_ERROR_NOT_PERMITTED)),
     };
     let found = match looked?.1 {
         Lookup::Outside => return None,

@@ -17,7 +17,7 @@ mod graphs;
 mod ipc;
 mod kernels;
 /// MD2 and HMAC-MD2 for the integrity check: the shim's own file, one implementation for both.
-#[path = "../../../src/md2.rs"]
+#[path = "../../../src/driver/md2.rs"]
 mod md2;
 mod memory;
 mod node;

@@ -1,41 +1,13 @@
 //! `gpushim`: runs programs under `libgpushim.so` and checks configurations.
 //!
-//! The settings are read by the same code the library uses (`config.rs` and `units.rs` are
-//! compiled into this binary too), so `gpushim check` and the shim never disagree about what a
+//! The settings are read by the same code the library uses (the `gpushim-common` crate,
+//! shared with the library), so `gpushim check` and the shim never disagree about what a
 //! variable or a config file means. What the devices look like is not computed here: `check`
 //! starts itself again under the library (`gpushim __probe`) and asks the driver, as any
 //! program would.
 
-#[allow(dead_code)]
-#[path = "../../config.rs"]
-mod config;
-#[allow(dead_code)]
-#[path = "../../units.rs"]
-mod units;
-
-#[allow(dead_code)]
-#[path = "../../quota.rs"]
-mod quota;
-
-#[allow(dead_code)]
-#[path = "../../live.rs"]
-mod live;
-
-#[allow(dead_code)]
-#[path = "../../sys.rs"]
-mod sys;
-
-#[allow(dead_code)]
-#[path = "../../once.rs"]
-mod once;
-
-#[allow(dead_code)]
-#[path = "../../secure.rs"]
-mod secure;
-
-#[allow(dead_code)]
-#[path = "../../bounded.rs"]
-mod bounded;
+#[allow(unused_imports)]
+use gpushim_common::{bounded, config, live, once, quota, secure, sys, units};
 
 mod check;
 mod cli;
