@@ -143,15 +143,22 @@ fn every_parser_survives_random_input() {
             let _ = config::load_from(&env, &names);
         });
     }
+    // (the config files' directory, removed at the end, the test passed or not)
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = RemoveOnDrop(std::env::temp_dir().join(format!("gpushim-fuzz-{}", std::process::id())));
     for _ in 0..3_000 {
         let a = input(&mut r);
         let key = ["memory_limit", "visible_devices", "virtual_devices", "memory_mode", "log", "memory_limits", "shared_quota", "report", "disable"][r.below(9)];
         let texts = [format!("{key} = {a:?}\n"), format!("{key} = {a}\n"), format!("[{key}]\n\"{a}\" = \"{a}\"\n"), a.clone()];
         for text in texts {
             no_panic("the config file", &text, || {
-                let dir = std::env::temp_dir().join(format!("gpushim-fuzz-{}", std::process::id()));
-                let _ = std::fs::create_dir_all(&dir);
-                let path = dir.join("c.toml");
+                let _ = std::fs::create_dir_all(&dir.0);
+                let path = dir.0.join("c.toml");
                 std::fs::write(&path, &text).unwrap();
                 let p = path.to_string_lossy().into_owned();
                 let env = |name: &str| (name == "GPUSHIM_CONFIG").then(|| p.clone());

@@ -306,10 +306,19 @@ mod tests {
         CString::new(p.as_os_str().as_bytes()).unwrap()
     }
 
+    /// A test's directory in /tmp, removed when dropped, the test passed or not.
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn each_call_answers_as_the_c_library_does() {
         let d = std::env::temp_dir().join(format!("gpushim-sys-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
+        let _rm = RemoveOnDrop(d.clone());
         let (cd, f, g) = (c(&d), c(&d.join("f")), c(&d.join("g")));
         // SAFETY: NUL-terminated paths, our own descriptors and buffers.
         unsafe {
@@ -395,6 +404,7 @@ mod tests {
         use std::os::unix::io::AsRawFd;
         let d = std::env::temp_dir().join(format!("gpushim-sys-alloc-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
+        let _rm = RemoveOnDrop(d.clone());
         for (name, fallback) in [("fallocate", false), ("zeros", true)] {
             let path = d.join(name);
             std::fs::write(&path, b"abc").unwrap();

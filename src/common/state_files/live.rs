@@ -512,11 +512,20 @@ mod tests {
         dir
     }
 
+    /// A test's directory in /tmp, removed when dropped, the test passed or not.
+    struct RemoveOnDrop(PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn publishers_with_one_pid_keep_their_own_files() {
         // Two processes with one PID (other PID namespaces sharing the state directory) are
         // two publishers of one process here: neither replaces nor removes the other's file.
         let dir = fresh_dir("samepid");
+        let _rm = RemoveOnDrop(dir.clone());
         let view = [ViewEntry { uuid: "GPU-a".into(), part: None }];
         let a = Publisher::start(&dir, None, &view).unwrap();
         let b = Publisher::start(&dir, Some("q"), &view).unwrap();
@@ -541,6 +550,7 @@ mod tests {
     #[test]
     fn dead_temporaries_are_reaped_only_when_old() {
         let dir = fresh_dir("tmp");
+        let _rm = RemoveOnDrop(dir.clone());
         crate::state_files::quota::private_dir(&dir).unwrap();
         let (young, old) = (dir.join(".proc-tmp-1-00000001"), dir.join(".proc-tmp-2-00000002"));
         for p in [&young, &old] {

@@ -38,6 +38,14 @@ fn err(vars: &[(&str, &str)]) -> String {
     }
 }
 
+/// A test's file in /tmp, removed when dropped, the test passed or not.
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn temp_file(contents: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
@@ -836,6 +844,7 @@ fn config_file_errors() {
 #[test]
 fn config_file_not_utf8() {
     let path = temp_file("");
+    let _rm = RemoveOnDrop(path.clone());
     std::fs::write(&path, [0xffu8, 0xfe, b'\n']).expect("write");
     let p = path.to_string_lossy().into_owned();
     let e = load_vars(&[("GPUSHIM_CONFIG", &p)])
@@ -855,11 +864,13 @@ fn default_config_path() {
     );
     // A parent that is a file, not a directory: absent too.
     let file = temp_file("");
+    let _rm_file = RemoveOnDrop(file.clone());
     let under_file = file.join("gpushim.toml");
     assert_eq!(load_vars_default(&[], &under_file), Ok(Settings::default()));
     let _ = std::fs::remove_file(&file);
     // Present and valid: read, unless GPUSHIM_CONFIG names another file.
     let default = temp_file("memory_limit = \"3GiB\"\n");
+    let _rm_valid = RemoveOnDrop(default.clone());
     let s = load_vars_default(&[], &default).expect("default file");
     assert_eq!(s.memory_limit, Limit::Bytes(3 * GIB));
     assert_eq!(s.source_of("memory_limit"), &Source::File(default.clone()));
@@ -868,6 +879,7 @@ fn default_config_path() {
     let _ = std::fs::remove_file(&default);
     // Present and invalid: an error naming GPUSHIM_CONFIG and the default file.
     let default = temp_file("memory_limit = \"4 gigs\"\n");
+    let _rm_invalid = RemoveOnDrop(default.clone());
     let e = load_vars_default(&[], &default)
         .map(|_| ())
         .unwrap_err()

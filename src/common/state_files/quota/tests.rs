@@ -2,10 +2,30 @@
 
 use super::*;
 
-fn dir(name: &str) -> PathBuf {
+fn dir(name: &str) -> TestDir {
     let d = std::env::temp_dir().join(format!("gpushim-quota-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    d
+    TestDir(d)
+}
+
+/// A test's directory (or file) in /tmp, removed when dropped, the test passed or not.
+struct TestDir(PathBuf);
+impl std::ops::Deref for TestDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Each call looks again: a directory removed since is made again, one replaced by a
@@ -129,7 +149,7 @@ fn a_member_killed_holding_the_lock_is_repaired() {
     assert_eq!(a.reserve(dev, 10, 100), Ok(()));
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "state_files::quota::tests::killed_holding_the_lock_child", "--test-threads=1"])
-        .env("GPUSHIM_QUOTA_TEST_CHILD", &d)
+        .env("GPUSHIM_QUOTA_TEST_CHILD", &*d)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -159,7 +179,7 @@ fn others_cannot_use_an_open_directory() {
 
 /// A quota file of `bytes` in a fresh private directory, as a file of another build or a
 /// damaged one would be; returns the directory.
-fn crafted(name: &str, bytes: &[u8]) -> PathBuf {
+fn crafted(name: &str, bytes: &[u8]) -> TestDir {
     let d = dir(name);
     private_dir(&d).unwrap();
     use std::os::unix::fs::OpenOptionsExt;
@@ -196,7 +216,8 @@ fn a_file_of_another_layout_is_refused_by_name() {
 
 #[test]
 fn a_truncated_or_foreign_file_is_refused_not_mapped() {
-    let q = Quota::open(&dir("trunc-src"), "q", true).unwrap();
+    let src = dir("trunc-src");
+    let q = Quota::open(&src, "q", true).unwrap();
     let mut whole = std::fs::read(&q.path).unwrap();
     whole.truncate(FILE_BYTES / 2);
     let d = crafted("trunc", &whole);
