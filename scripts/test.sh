@@ -45,6 +45,7 @@ bash scripts/fetch-drivers.sh
 [ "$quick" = 1 ] || bash scripts/fetch-frameworks.sh
 bash scripts/fetch-prometheus.sh
 python3 scripts/layers.py  # a lower layer never imports a higher one (docs/src/architecture.md)
+python3 scripts/layers-selftest.py  # each known way around layers.py fails it
 cargo build --release --workspace --all-targets
 
 # leftovers: the suite's names in /tmp and the state directories, and what the state
