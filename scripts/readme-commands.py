@@ -14,6 +14,19 @@ just before its opening fence (invisible on the rendered page):
 Keep those few. Blocks in other languages (`text`, `toml`, ...) are output or file contents,
 never run.
 
+A block's exit status is not enough to catch a broken tour (a program that prints the wrong
+figures still exits 0), so a `text` block that shows the output of the `sh` block just above it
+can be checked against that output. An HTML comment on the line just before its fence says so:
+
+    <!-- output: each line below appears in the output of the block above -->
+    <!-- output: each line below appears in the output above, except those with "pid " or "(/run" -->
+
+Then every non-empty line of the text block (trailing blanks aside) must be a whole line of
+what the sh block printed (stdout and stderr together), in any order, and a line shown twice
+must be printed at least twice; blank lines are not compared; lines containing one of
+the quoted strings after `except` (pids, paths, user names: what varies from run to run) are
+not compared. A block that does not match fails the run, naming the missing lines.
+
 Nothing is left behind: TMPDIR, XDG_RUNTIME_DIR and GPUSHIM_STATE_DIR point into a temporary
 directory that is removed at the end, and the run fails when the blocks changed the
 repository's work tree (`git status`, ignored build outputs aside). Relative links of the
@@ -24,6 +37,7 @@ README must name files that exist.
 """
 
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -33,11 +47,13 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.*?)\s*-->$")
+OUTPUT = re.compile(r"^<!--\s*output:\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(```+|~~~+)\s*([A-Za-z0-9_+-]*)")
 
 
 def blocks(path):
-    """Yield (line number, language, text, not-run reason or None) for each fenced block."""
+    """Yield (line number, language, text, not-run reason or None, output mark or None) for
+    each fenced block; an output mark is the list of strings whose lines are not compared."""
     lines = open(path, encoding="utf-8").read().split("\n")
     i = 0
     while i < len(lines):
@@ -54,7 +70,7 @@ def blocks(path):
         if i == len(lines):
             sys.exit(f"{path}:{start + 1}: the block opened here is never closed")
         i += 1
-        reason = None
+        reason = output = None
         j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
@@ -64,7 +80,28 @@ def blocks(path):
                 reason = n.group(1)
                 if not reason:
                     sys.exit(f"{path}:{j + 1}: a 'not run' mark must say why")
-        yield start + 1, lang, "\n".join(body) + "\n", reason
+            o = OUTPUT.match(lines[j].strip())
+            if o:
+                if lang == "sh":
+                    sys.exit(f"{path}:{j + 1}: an 'output' mark belongs before a block of output, not an sh block")
+                words = o.group(1)
+                output = re.findall(r'"([^"]+)"', words.split("except", 1)[1]) if "except" in words else []
+        yield start + 1, lang, "\n".join(body) + "\n", reason, output
+
+
+def unmatched(expected, output, excepts):
+    """The lines of an output block that the sh block's output does not hold."""
+    got = collections.Counter(line.rstrip() for line in output.split("\n"))
+    lost = []
+    for line in expected.split("\n"):
+        line = line.rstrip()
+        if not line.strip() or any(e in line for e in excepts):
+            continue
+        if got[line] > 0:
+            got[line] -= 1
+        else:
+            lost.append(line)
+    return lost
 
 
 def links(path):
@@ -98,12 +135,27 @@ def main():
     ap.add_argument("--timeout", type=int, default=600, help="seconds per block (600)")
     args = ap.parse_args()
 
-    found = [b for b in blocks(args.readme) if b[1] == "sh"]
+    every = list(blocks(args.readme))
+    # each sh block with the output blocks that check it: [(line, text, reason, [(line, text, excepts)])]
+    found = []
+    for line, lang, text, reason, output in every:
+        if lang == "sh":
+            found.append((line, text, reason, []))
+        elif output is not None:
+            prev = [b for b in every if b[0] < line]
+            if not prev or prev[-1][1] != "sh" or prev[-1][3]:
+                print(f"readme-commands: README.md:{line}: an 'output' mark must follow an sh block that is run",
+                      file=sys.stderr)
+                return 1
+            found[-1][3].append((line, text, output))
     missing = links(args.readme)
     if args.list:
-        for line, _, text, reason in found:
+        for line, text, reason, checks in found:
             print(f"README.md:{line}: {'not run: ' + reason if reason else 'run'}")
             print("    " + text.rstrip().replace("\n", "\n    "))
+            for cline, _, excepts in checks:
+                print(f"    (its output is checked against README.md:{cline}"
+                      f"{', except lines with ' + ', '.join(map(repr, excepts)) if excepts else ''})")
         return 0
     if missing:
         print("readme-commands: README.md links to files that do not exist: " + ", ".join(missing),
@@ -123,9 +175,9 @@ def main():
         os.makedirs(os.path.join(work, sub), mode=0o700)
         env[name] = os.path.join(work, sub)
     failed = 0
-    ran = skipped = 0
+    ran = skipped = checked = 0
     try:
-        for line, _, text, reason in found:
+        for line, text, reason, checks in found:
             if reason:
                 print(f"== README.md:{line}: not run ({reason})", flush=True)
                 skipped += 1
@@ -133,17 +185,30 @@ def main():
             print(f"== README.md:{line}:\n" + text.rstrip(), flush=True)
             ran += 1
             try:
-                rc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=ROOT, env=env,
-                                    stdin=subprocess.DEVNULL, timeout=args.timeout).returncode
-            except subprocess.TimeoutExpired:
+                p = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=ROOT, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=args.timeout)
+                rc, output = p.returncode, p.stdout.decode("utf-8", "replace")
+            except subprocess.TimeoutExpired as e:
+                sys.stdout.write((e.stdout or b"").decode("utf-8", "replace"))
                 print(f"readme-commands: README.md:{line}: still running after {args.timeout} s",
                       file=sys.stderr)
                 failed += 1
                 continue
+            sys.stdout.write(output)
+            sys.stdout.flush()
             if rc != 0:
                 print(f"readme-commands: README.md:{line}: the block exited with status {rc}",
                       file=sys.stderr)
                 failed += 1
+            for cline, expected, excepts in checks:
+                lost = unmatched(expected, output, excepts)
+                checked += 1
+                if lost:
+                    print(f"readme-commands: README.md:{cline}: the output shown here is not what the block at "
+                          f"README.md:{line} printed; missing:\n" + "\n".join("    " + l for l in lost),
+                          file=sys.stderr)
+                    failed += 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
     after = tree_state()
@@ -151,7 +216,7 @@ def main():
         print("readme-commands: the README's commands changed the work tree:\n" + after,
               file=sys.stderr)
         failed += 1
-    print(f"readme-commands: {ran} blocks run, {skipped} not run, {failed} failed")
+    print(f"readme-commands: {ran} blocks run, {skipped} not run, {checked} outputs compared, {failed} failed")
     return 1 if failed else 0
 
 
