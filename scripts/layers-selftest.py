@@ -10,6 +10,7 @@ tree must pass. Python 3 standard library only; run by scripts/test.sh.
     python3 scripts/layers-selftest.py
 """
 
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -111,6 +112,9 @@ CASES = [
      "imports 'state'"),
     ("a re-export in a higher layer's module, reached by a lower path", "FAIL",
      {"driver/mod.rs": "pub(crate) use crate::state::get;\n"}, "src/driver/mod.rs:"),
+    ("a glob re-export in the crate root, then an item of it", "FAIL",
+     {"lib.rs": "#[allow(unused)]\npub(crate) use state::*;\n", LOW: "fn f() { crate::get(); }\n"},
+     "a glob import in the crate root"),
     ("an item in the crate root", "FAIL", {"lib.rs": "fn helper() {}\n"}, "the crate root holds"),
     ("gpushim_common: a root re-export that reaches a higher layer", "FAIL",
      {"common/platform/once.rs": "fn f() { crate::units::parse_size(\"1\"); }\n"},
@@ -135,6 +139,17 @@ def run(src):
     return p.returncode, p.stdout + p.stderr
 
 
+def plant_and_run(work, k, plants):
+    copy = os.path.join(work, str(k), "src")
+    shutil.copytree(SRC, copy)
+    for rel, text in plants.items():
+        path = os.path.join(copy, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n" + text)
+    return run(copy)
+
+
 def main():
     failed = 0
     rc, out = run(SRC)
@@ -143,24 +158,17 @@ def main():
         failed += 1
     work = tempfile.mkdtemp(prefix="gpushim-layers-")
     try:
-        for name, expect, plants, needle in CASES:
-            copy = os.path.join(work, "src")
-            shutil.rmtree(copy, ignore_errors=True)
-            shutil.copytree(SRC, copy)
-            for rel, text in plants.items():
-                path = os.path.join(copy, rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "a", encoding="utf-8") as f:
-                    f.write("\n" + text)
-            rc, out = run(copy)
-            ok = (rc == 0) if expect == "PASS" else (rc == 1 and needle in out)
-            if not ok:
-                failed += 1
-                print(f"layers-selftest: FAILED: {name}: expected {expect}"
-                      f"{' with ' + repr(needle) if needle else ''}, layers.py exited {rc}:", file=sys.stderr)
-                print("    " + "\n    ".join(l for l in out.splitlines() if "layers.py" in l), file=sys.stderr)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            results = list(pool.map(lambda kc: plant_and_run(work, kc[0], kc[1][2]), enumerate(CASES)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for (name, expect, _, needle), (rc, out) in zip(CASES, results):
+        ok = (rc == 0) if expect == "PASS" else (rc == 1 and needle in out)
+        if not ok:
+            failed += 1
+            print(f"layers-selftest: FAILED: {name}: expected {expect}"
+                  f"{' with ' + repr(needle) if needle else ''}, layers.py exited {rc}:", file=sys.stderr)
+            print("    " + "\n    ".join(l for l in out.splitlines() if "layers.py" in l), file=sys.stderr)
     if failed:
         print(f"layers-selftest: {failed} check(s) failed", file=sys.stderr)
     else:

@@ -19,8 +19,8 @@ the check itself could be fooled:
   - `#[path = …]` naming a file outside the declaring file's folder (and its subfolders), or
     `include!` of one (ALLOWED_PATHS lists exceptions; none today);
   - a macro defined in a higher layer invoked in a lower one;
-  - a crate root (src/lib.rs, src/common/lib.rs) holding anything but `mod`, `use`,
-    `extern crate` and attributes: the root belongs to no layer;
+  - a crate root (src/lib.rs, src/common/lib.rs) holding anything but `mod`, `use` (no
+    glob), `extern crate` and attributes: the root belongs to no layer;
   - a file in no layer of LAYERS.
 
 Test code — the item that follows `#[cfg(test)]` (or `#[cfg(all(test, …))]`): up to its `;`
@@ -267,6 +267,9 @@ def attribute(toks, i):
 
 
 SEMI_ONLY = {"use", "static", "type", "let", "extern"}
+# the words that start an item other than `mod`, `use` and `extern crate` (in a crate root: an error)
+ITEM_WORDS = {"fn", "static", "const", "struct", "enum", "union", "trait", "impl", "type",
+              "macro_rules", "unsafe", "async", "macro"}
 
 
 def item_end(toks, i):
@@ -511,12 +514,12 @@ class Analysis:
             while i < len(toks):
                 t = toks[i]
                 here = base + tuple(s[0] for s in stack)
-                if is_p(t, "#") and i + 1 < len(toks) and (is_p(toks[i + 1], "[") or is_p(toks[i + 1], "!")):
+                if is_p(t, "#") and i + 1 < len(toks) and (is_p(toks[i + 1], "[") or (
+                        is_p(toks[i + 1], "!") and i + 2 < len(toks) and is_p(toks[i + 2], "["))):
                     i = attribute(toks, i)[0]
                     continue
-                if depth == len(stack) and t.kind == "id" and t.text not in ("pub", "mod", "use", "extern", "crate"):
-                    if not (is_p(toks[i - 1], "(") if i else False):
-                        yield "item", (t.text, t.line, depth)
+                if depth == len(stack) and t.kind == "id" and t.text in ITEM_WORDS:
+                    yield "item", (t.text, t.line)
                 if is_id(t, "mod") and i + 2 < len(toks) and is_id(toks[i + 1]) and is_p(toks[i + 2], "{"):
                     stack.append((toks[i + 1].text, depth))
                     depth += 1
@@ -728,7 +731,8 @@ def check(src):
     errors = list(a.errors)
     edges = {}  # (from layer, to layer) -> first (file, line)
 
-    def reach(r, src_layer, line, nodes, what=None):
+    def reach(r, src_layer, line, nodes):
+        upward = {}  # layer above -> the last (deepest) file of it the path reaches
         for node in nodes:
             target = a.file_of(node)
             if target is None:
@@ -738,8 +742,9 @@ def check(src):
                 continue
             edges.setdefault((src_layer, dst_layer), (r, line))
             if RANK[dst_layer] > RANK[src_layer]:
-                errors.append(f"src/{r}:{line}: layer '{src_layer}' imports '{dst_layer}' above it "
-                              f"(src/{target}{', ' + what if what else ''})")
+                upward[dst_layer] = target
+        for dst_layer, target in upward.items():
+            errors.append(f"src/{r}:{line}: layer '{src_layer}' imports '{dst_layer}' above it (src/{target})")
 
     for r in a.files:
         if r not in a.positions:
@@ -753,14 +758,14 @@ def check(src):
         if src_layer is None:
             if r in BARE_ROOTS:
                 for kind, data in a.scan(r):
-                    if kind == "item" and data[2] == 0 and data[0] not in ("self", "as", "_") \
-                            and not data[0][0].isupper() and data[0] in (
-                                "fn", "static", "const", "struct", "enum", "union", "trait", "impl",
-                                "type", "macro_rules", "unsafe", "async"):
+                    if kind == "item":
                         errors.append(f"src/{r}:{data[1]}: the crate root holds a '{data[0]}' item; it "
                                       f"belongs to no layer: put it in a layer folder")
                     if kind == "include":
                         errors.append(f"src/{r}:{data[0]}: include! in a crate root")
+                    if kind == "use" and data[4]:
+                        errors.append(f"src/{r}:{data[5]}: a glob import in the crate root hides what it "
+                                      f"makes reachable under crate::: name what it re-exports")
                 continue
             errors.append(f"src/{r}: is in no layer: add its folder to LAYERS in scripts/layers.py")
             continue
