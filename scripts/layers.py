@@ -307,7 +307,6 @@ def live_tokens(toks):
     items that are test-only, [(line, path value)] of every `#[path]` outside test code)."""
     out, test_mods, path_attrs = [], [], []
     i = 0
-    closers = []  # bracket depth stack, to skip to the end of a group for `#![cfg(test)]`
     while i < len(toks):
         t = toks[i]
         if is_p(t, "#") and i + 1 < len(toks) and (is_p(toks[i + 1], "[") or (
@@ -342,6 +341,7 @@ def live_tokens(toks):
                         k = group_end(toks, k)
                 if k + 2 < len(toks) and is_id(toks[k], "mod") and is_id(toks[k + 1]) and is_p(toks[k + 2], ";"):
                     test_mods.append((toks[k + 1].text, toks[k].line, mod_paths + paths))
+                out.append(Tok("p", ";", t.line))  # what came before ends here (`#[path]`s included)
                 i = e
                 continue
             for p in paths:
