@@ -192,6 +192,29 @@ fn run_errors_say_what_to_type() {
     }
 }
 
+/// An option's value may start with `-` (`--log-file -x`, `--visible-devices -1`): it is the
+/// value, checked as any other, not an unknown option.
+#[test]
+fn option_values_may_start_with_a_dash() {
+    let out = gpushim(["run", "--log-file", "-x", "--", "sh", "-c", "echo log=$GPUSHIM_LOG_FILE"]).run();
+    assert_status(&out, 0, "run --log-file -x");
+    assert_eq!(out.get("log"), "-x", "{}", out.dump());
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["check", "--visible-devices", "-1"], 2, "gpushim check: --visible-devices \"-1\": \"-1\" is not a device selector"),
+        (&["run", "--config", "-weird.toml", "--", "true"], 125, "gpushim: GPUSHIM_CONFIG=\"-weird.toml\": cannot open the config file"),
+        (&["run", "--memory-limit", "-4GiB", "--", "true"], 125, "gpushim run: --memory-limit \"-4GiB\": "),
+        (&["top", "--interval", "-1"], 2, "gpushim top: --interval needs seconds between 0.1 and 3600"),
+        (&["sim", "--gpus", "-1"], 125, "gpushim sim: --gpus \"-1\": "),
+    ];
+    for (args, code, message) in cases {
+        let out = gpushim(args.iter().copied()).run();
+        let what = format!("gpushim {args:?}");
+        assert_status(&out, *code, &what);
+        assert!(out.stderr_text().starts_with(message), "{what}: stderr must start with\n{message}\n{}", out.dump());
+        assert!(!out.stderr_text().contains("unknown option"), "{what}: {}", out.dump());
+    }
+}
+
 /// `--help` pages read like man pages and name every option.
 #[test]
 fn help_pages() {

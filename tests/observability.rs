@@ -195,6 +195,54 @@ fn top_in_a_terminal() {
     drop(b);
 }
 
+/// `gpushim top` stopped by a signal from another process (SIGTERM, SIGHUP, SIGINT, SIGQUIT)
+/// restores the terminal as `q` does: the shell in the pane is back, off the alternate screen,
+/// the cursor shown, the terminal cooked (`icanon echo`); the status is 128 + the signal.
+#[test]
+fn top_restores_the_terminal_when_signalled() {
+    let node = Node::new("obs-topsig");
+    shim_path();
+    nvml_sim_library();
+    let server = Tmux::new("topsig");
+    let tmux = |args: &[&str]| server.tmux(args);
+    let o = tmux(&["new-session", "-d", "-s", "top", "-x", "150", "-y", "30", "sh"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let capture = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned();
+    let shown = |format: &str| String::from_utf8_lossy(&tmux(&["display-message", "-p", "-t", "top", format]).stdout).trim().to_string();
+    let wait = |what: &dyn Fn() -> bool, why: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !what() {
+            assert!(Instant::now() < deadline, "{why}:\n{}", capture());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let pid_file = node.dir.join("top.pid");
+    for (n, signal) in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT].into_iter().enumerate() {
+        let _ = std::fs::remove_file(&pid_file);
+        let line = format!(
+            "clear; env -u LD_PRELOAD GPUSHIM_STATE_DIR={} LD_LIBRARY_PATH={} GPUSIM_DEVICES=2 GPUSIM_MEMORY=16GiB sh -c 'echo $$ > {}; exec {} top --interval 0.3'; echo \"end\"\"ed-{n}=$?\"; stty -a | tr ' ' '\\n' | grep -c -x -e icanon -e echo | sed 's/^/cook''ed-{n}=/'",
+            node.state.display(),
+            sim_dir().display(),
+            pid_file.display(),
+            cli().display()
+        );
+        tmux(&["send-keys", "-t", "top", "-l", &line]);
+        tmux(&["send-keys", "-t", "top", "Enter"]);
+        wait(&|| capture().contains("gpushim top - ") && shown("#{alternate_on}") == "1", "top did not start");
+        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        // SAFETY: kill(2) on the pid top wrote.
+        unsafe { libc::kill(pid, signal) };
+        wait(&|| capture().contains(&format!("cooked-{n}=")), "top did not end on the signal");
+        let screen = capture();
+        assert!(screen.contains(&format!("ended-{n}={}", 128 + signal)), "exit status 128 + {signal}:\n{screen}");
+        assert!(!screen.contains("gpushim top - "), "the alternate screen was left:\n{screen}");
+        assert_eq!(shown("#{alternate_on}"), "0", "off the alternate screen");
+        assert_eq!(shown("#{cursor_flag}"), "1", "the cursor is shown");
+        let cooked = screen.lines().find_map(|l| l.trim().strip_prefix(&format!("cooked-{n}="))).unwrap_or("");
+        assert_eq!(cooked.trim(), "2", "icanon and echo are on again:\n{screen}");
+    }
+}
+
 /// Only the user's own processes are shown, unless run as root; another user can read nothing.
 /// Needs root (to run processes as other users).
 #[test]

@@ -177,3 +177,100 @@ fn sim_passes_sigterm_on_and_cleans_up() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
     assert_left_nothing(&tmp);
 }
+
+/// `gpushim sim ARGS…` started in the background (TMPDIR = `tmp`), stderr discarded.
+fn spawn_sim(tmp: &Path, state: &Path, args: &[&str]) -> std::process::Child {
+    shim_path();
+    sim_library();
+    nvml_sim_library();
+    std::process::Command::new(cli())
+        .arg("sim")
+        .args(args)
+        .env("TMPDIR", tmp)
+        .env("XDG_RUNTIME_DIR", "")
+        .env("GPUSHIM_CONFIG", "/dev/null")
+        .env("GPUSHIM_STATE_DIR", state)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_for(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !path.exists() {
+        assert!(std::time::Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn kill(child: &std::process::Child, signal: i32) {
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, signal) };
+}
+
+/// SIGTERM at any moment of `gpushim sim`'s start, the directory being made included, leaves
+/// no directory behind.
+#[test]
+fn sim_stopped_at_once_leaves_nothing() {
+    let (tmp, state) = dirs();
+    for n in 0..24u64 {
+        let mut child = spawn_sim(&tmp, &state, &["--", "true"]);
+        std::thread::sleep(std::time::Duration::from_micros(n * 450));
+        kill(&child, libc::SIGTERM);
+        let _ = child.wait().unwrap();
+        assert_left_nothing(&tmp);
+    }
+}
+
+/// Other signals that would end `gpushim sim` (SIGUSR1), and SIGINT sent with kill, reach the
+/// command; the directory is removed.
+#[test]
+fn sim_passes_other_signals_on() {
+    let (tmp, state) = dirs();
+    for (signal, name, status) in [(libc::SIGUSR1, "USR1", 3), (libc::SIGINT, "INT", 4), (libc::SIGQUIT, "QUIT", 5), (libc::SIGALRM, "ALRM", 6)] {
+        let marks = fresh_dir("sim-signal-marks");
+        // (bounded: a command left behind by a `gpushim sim` that did not pass the signal on ends)
+        let script = format!(
+            "trap 'touch {m}/got; exit {status}' {name}; touch {m}/ready; n=0; while [ $n -lt 1000 ]; do n=$((n+1)); sleep 0.02; done",
+            m = marks.display()
+        );
+        let mut child = spawn_sim(&tmp, &state, &["--", "sh", "-c", &script]);
+        wait_for(&marks.join("ready"));
+        kill(&child, signal);
+        let end = child.wait().unwrap();
+        assert!(marks.join("got").exists(), "SIG{name} did not reach the command ({end:?})");
+        assert_eq!(end.code(), Some(status), "SIG{name}: the command's status");
+        assert_left_nothing(&tmp);
+    }
+}
+
+/// A base directory another user could change is not used: one owned by another user, one
+/// writable by the group; the command's private directory is elsewhere (/tmp), and removed.
+#[test]
+fn sim_uses_no_directory_another_user_can_change() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("sim_uses_no_directory_another_user_can_change: skipped (needs root)");
+        return;
+    }
+    let (_, state) = dirs();
+    let others = fresh_dir("sim-nobody");
+    std::os::unix::fs::chown(&others, Some(65534), Some(65534)).unwrap();
+    let group = fresh_dir("sim-group");
+    std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let inside = fresh_dir("sim-under-nobody");
+    let below = inside.join("base");
+    std::fs::create_dir(&below).unwrap();
+    std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for base in [&others, &group, &below] {
+        let out = sim(base, &state, &["--", "sh", "-c", "echo dir=${LD_LIBRARY_PATH%%:*}"]);
+        assert!(out.status.success(), "{}", out.dump());
+        let dir = out.get("dir").to_string();
+        assert!(!dir.starts_with(&base.display().to_string()), "{base:?} was used: {}", out.dump());
+        assert!(dir.starts_with("/tmp/gpushim-sim-"), "{}", out.dump());
+        assert!(out.stderr_text().contains("gpushim sim: not using $TMPDIR ("), "it says why: {}", out.dump());
+        assert!(!Path::new(&dir).exists(), "{dir} is left");
+        assert_left_nothing(base);
+    }
+}

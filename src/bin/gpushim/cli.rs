@@ -142,16 +142,17 @@ impl Args for ShimOptions {
     fn augment_args(mut cmd: clap::Command) -> clap::Command {
         for s in SETTINGS {
             let arg = Arg::new(id(s.flag)).long(id(s.flag)).help(format!("{} ({})", s.help, s.var));
-            cmd = cmd.arg(if s.value.is_empty() { arg.action(ArgAction::SetTrue) } else { arg.value_name(s.value).action(ArgAction::Set) });
+            cmd = cmd.arg(if s.value.is_empty() { arg.action(ArgAction::SetTrue) } else { arg.value_name(s.value).action(ArgAction::Set).allow_hyphen_values(true) });
         }
         cmd.arg(
             Arg::new(id(DEVICE_LIMIT_FLAG))
                 .long(id(DEVICE_LIMIT_FLAG))
                 .value_name("I=LIMIT")
                 .action(ArgAction::Append)
+                .allow_hyphen_values(true)
                 .help("limit of device I, the program's ordinal (after hiding and splitting); may be given several times (GPUSHIM_MEMORY_LIMIT_<I>)"),
         )
-        .arg(Arg::new(id(LIBRARY_FLAG)).long(id(LIBRARY_FLAG)).value_name("PATH").action(ArgAction::Set).help(
+        .arg(Arg::new(id(LIBRARY_FLAG)).long(id(LIBRARY_FLAG)).value_name("PATH").action(ArgAction::Set).allow_hyphen_values(true).help(
             "the libgpushim.so to load; default: GPUSHIM_LIBRARY, else libgpushim.so next to this program, else ../lib/libgpushim.so from it",
         ))
     }
@@ -180,14 +181,14 @@ pub struct CheckArgs {
 #[derive(Args, Debug)]
 pub struct PsArgs {
     /// only this shared quota (its devices and members)
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub quota: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// seconds between refreshes, 0.1 to 3600
-    #[arg(long, short = 'd', value_name = "SECONDS", default_value = "1", value_parser = interval)]
+    #[arg(long, short = 'd', value_name = "SECONDS", default_value = "1", value_parser = interval, allow_hyphen_values = true)]
     pub interval: Duration,
 }
 
@@ -203,7 +204,7 @@ fn interval(v: &str) -> Result<Duration, String> {
 #[derive(Args, Debug)]
 pub struct MetricsArgs {
     /// serve the figures over HTTP on /metrics at this address instead of printing them once
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", allow_hyphen_values = true)]
     pub listen: Option<String>,
     /// leave out the GPUs' own figures (NVML)
     #[arg(long)]
@@ -213,10 +214,10 @@ pub struct MetricsArgs {
 #[derive(Args, Debug)]
 pub struct SimArgs {
     /// how many simulated GPUs, 1 to 16
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16), allow_hyphen_values = true)]
     pub gpus: u32,
     /// the memory of each simulated GPU (a size: 16GiB, 8000MB)
-    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = gpu_memory)]
+    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = gpu_memory, allow_hyphen_values = true)]
     pub memory: u64,
     /// what to run (default: $SHELL, else /bin/sh), with its arguments, passed on untouched
     #[arg(value_name = "COMMAND", trailing_var_arg = true, value_parser = clap::value_parser!(OsString))]

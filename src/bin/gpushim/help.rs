@@ -144,12 +144,14 @@ DESCRIPTION
     of what it holds against its limit, its peak, its limit, its shared quota and the
     allocations refused; then the shared quotas. It follows the terminal's size. Keys: q (or
     Ctrl-C) quits; s changes the order (memory in use, pid, refusals, name); r refreshes now.
+    SIGTERM, SIGHUP, SIGINT and SIGQUIT quit too, the terminal restored.
 
     When standard output is not a terminal, prints one snapshot (gpushim ps) and exits.";
 
 pub const TOP_AFTER: &str = "\
 EXIT STATUS
-    0; 1 when the state directory cannot be read; 2 for a bad command line.
+    0; 1 when the state directory cannot be read; 2 for a bad command line; 128 + the signal
+    when SIGTERM, SIGHUP, SIGINT or SIGQUIT stops it (the terminal restored first).
 
 EXAMPLES
     gpushim top
@@ -191,8 +193,14 @@ DESCRIPTION
     GPUs inside it is what all its processes hold. The directory of this gpushim is added at the
     end of PATH. Leave the shell with exit (or Ctrl-D).
 
-    The simulator's files are in a private directory (mode 0700, in $XDG_RUNTIME_DIR, else
-    $TMPDIR, else /tmp), removed when COMMAND ends. Nothing of this is in libgpushim.so.";
+    The simulator's files are in a private directory (mode 0700), in $XDG_RUNTIME_DIR, else
+    $TMPDIR, else /tmp: the first that is yours and writable by no one else, or root's and
+    sticky (like /tmp), on a path only root and you can change. It is removed when COMMAND
+    ends, or when gpushim sim is stopped by a signal it catches: SIGTERM, SIGHUP, SIGUSR1 and
+    the other signals that would end it are passed on to COMMAND, and so are SIGINT and SIGQUIT
+    sent with kill (Ctrl-C and Ctrl-\\ reach COMMAND from the terminal). SIGKILL, and the
+    signals of a crash (SIGSEGV, SIGABRT...), leave it behind. Nothing of this is in
+    libgpushim.so.";
 
 pub const SIM_AFTER: &str = "\
 EXIT STATUS

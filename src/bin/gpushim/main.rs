@@ -16,6 +16,7 @@ mod help;
 mod library;
 mod metrics;
 mod options;
+mod private_dir;
 mod probe;
 mod ps;
 mod run;

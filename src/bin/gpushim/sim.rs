@@ -1,15 +1,17 @@
 //! `gpushim sim [--gpus N] [--memory SIZE] [-- COMMAND [ARGS...]]`: runs a shell (or COMMAND) on
 //! the project's simulated GPUs, whose processes share one simulated node, from a private
-//! directory that is removed when it ends. Nothing of this is in the preloaded library.
+//! directory (see `private_dir`) that is removed when it ends or when this process is stopped by
+//! a signal it can catch. Nothing of this is in the preloaded library.
 
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::process::ExitStatusExt;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::SimArgs;
+use crate::private_dir::PrivateDir;
 use crate::units::format_size;
 use crate::Failure;
 
@@ -19,16 +21,19 @@ const BUILD: &str = "cargo build --release -p gpusim-cuda -p gpusim-nvml";
 
 pub fn main(a: &SimArgs) -> Result<(), Failure> {
     let libraries = find_libraries()?;
-    let dir = PrivateDir::create()?;
+    // From here until the command runs, the signals that would end this process wait (blocked),
+    // so that none ends it between making the directory and being able to remove it.
+    let signals = Signals::block();
+    let dir = PrivateDir::create().map_err(|e| Failure::setup("sim", e))?;
     for (built, soname) in LIBRARIES.iter().zip(&libraries).map(|((_, soname), path)| (path, soname)) {
-        std::os::unix::fs::symlink(built, dir.0.join(soname))
-            .map_err(|e| Failure::setup("sim", format!("cannot link {} in {}: {e}", built.display(), dir.0.display())))?;
+        dir.link(built, soname)
+            .map_err(|e| Failure::setup("sim", format!("cannot link {} in {}: {e}", built.display(), dir.path().display())))?;
     }
     let (program, args): (OsString, &[OsString]) = match a.command.split_first() {
         Some((p, rest)) => (p.clone(), rest),
         None => (std::env::var_os("SHELL").filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into()), &[]),
     };
-    let mut search = OsString::from(dir.0.as_os_str());
+    let mut search = OsString::from(dir.path().as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         search.push(":");
         search.push(old);
@@ -40,36 +45,43 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
         path.push(dir);
     }
     let leave = if a.command.is_empty() { "leave it with exit or Ctrl-D" } else { "it ends with the command" };
-    eprintln!(
+    // (not eprintln: a closed stderr must not end this process before it cleans up)
+    let _ = writeln!(
+        std::io::stderr(),
         "gpushim sim: SIMULATED GPUs ({} x {}), not real ones: the project's simulated CUDA driver and NVML; {leave}",
         a.gpus,
         format_size(a.memory)
     );
-    let child = Command::new(&program)
+    let mut command = Command::new(&program);
+    command
         .args(args)
         .env("LD_LIBRARY_PATH", search)
         .env("PATH", path)
         .env("GPUSIM_DEVICES", a.gpus.to_string())
         .env("GPUSIM_MEMORY", a.memory.to_string())
-        .env("GPUSIM_NODE_STATE", dir.0.join("node-state"))
-        .spawn();
-    let mut child = match child {
+        .env("GPUSIM_NODE_STATE", dir.path().join("node-state"));
+    let original = signals.original;
+    // SAFETY: sigprocmask is async-signal-safe; the command gets this process' original mask
+    // (std empties it before this runs) and default dispositions (exec resets caught ones).
+    unsafe {
+        command.pre_exec(move || {
+            libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => return Err(crate::run::exec_failure("sim", &program, &e)),
     };
-    // Ctrl-C and Ctrl-\ are the command's (a shell's, a program's): this process waits for it
-    // and then cleans up, as a shell does for its foreground job. SIGTERM and SIGHUP sent to
-    // this process are passed on to the command, so that the directory is removed then too.
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
-    // SAFETY: changing signal dispositions; `forward` only calls kill(2), which is
-    // async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        for signal in [libc::SIGTERM, libc::SIGHUP] {
-            libc::signal(signal, forward as extern "C" fn(libc::c_int) as libc::sighandler_t);
-        }
-    }
+    // Ctrl-C and Ctrl-\ from the terminal are the command's (a shell's, a program's): this
+    // process waits for it and then cleans up, as a shell does for its foreground job. The
+    // other signals that would end this process, and SIGINT or SIGQUIT sent by a process
+    // (kill, timeout), are passed on to the command, so that the directory is removed then too.
+    CHILD.store(child.id() as i32, Ordering::SeqCst);
+    drop(signals);
+    wait_without_reaping(child.id() as i32);
+    // the pid is free again once reaped: nothing is passed on from here
+    CHILD.store(0, Ordering::SeqCst);
     let status = child.wait().map_err(|e| Failure::setup("sim", format!("cannot wait for the command: {e}")))?;
     drop(dir);
     match (status.code(), status.signal()) {
@@ -80,14 +92,101 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
     }
 }
 
-/// The command's pid, for [`forward`].
+/// Waits until the command `pid` has ended, leaving it unreaped (its pid cannot be reused yet).
+fn wait_without_reaping(pid: i32) {
+    loop {
+        // SAFETY: an all-zero siginfo_t is valid; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child, WNOWAIT: it stays a zombie for child.wait().
+        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// The command's pid while it may be signalled (0 before it runs and once it has ended), for
+/// [`forward`].
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn forward(signal: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
+/// The signals whose default ends a process and which this process can catch, except those of
+/// a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP): passed on to the command.
+fn forwarded() -> Vec<libc::c_int> {
+    let mut all = vec![
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGPIPE,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGIO,
+        libc::SIGPWR,
+        libc::SIGSTKFLT,
+    ];
+    all.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    all
+}
+
+/// While held, the [`forwarded`] signals are blocked (their handler, [`forward`], is installed
+/// at once); dropped, they are unblocked and the pending ones are handled.
+struct Signals {
+    original: libc::sigset_t,
+}
+
+impl Signals {
+    fn block() -> Signals {
+        // SAFETY: sigset_t and sigaction are plain C structures, filled by the calls below;
+        // `forward` only reads an atomic and calls kill(2), both async-signal-safe.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in forwarded() {
+                libc::sigaddset(&mut set, s);
+            }
+            let mut original: libc::sigset_t = std::mem::zeroed();
+            libc::sigprocmask(libc::SIG_BLOCK, &set, &mut original);
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = forward as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as libc::sighandler_t;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            action.sa_mask = set;
+            for s in forwarded() {
+                libc::sigaction(s, &action, std::ptr::null_mut());
+            }
+            Signals { original }
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        // SAFETY: restoring the mask saved in `block`.
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &self.original, std::ptr::null_mut()) };
+    }
+}
+
+/// Passes `signal` on to the command, except SIGINT, SIGQUIT and SIGPIPE that the kernel sent
+/// (a terminal's Ctrl-C and Ctrl-\ reach the command through its process group; a SIGPIPE is
+/// this process' own write).
+extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t (SA_SIGINFO); si_code <= 0: sent by a process.
+    let by_process = info.is_null() || unsafe { (*info).si_code } <= 0;
+    if !by_process && matches!(signal, libc::SIGINT | libc::SIGQUIT | libc::SIGPIPE) {
+        return;
+    }
+    let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill(2) on the child's pid.
-        unsafe { libc::kill(pid, signal) };
+        // SAFETY: errno of this thread, saved around kill(2) on the command's pid.
+        unsafe {
+            let errno = *libc::__errno_location();
+            libc::kill(pid, signal);
+            *libc::__errno_location() = errno;
+        }
     }
 }
 
@@ -112,40 +211,4 @@ fn find_libraries() -> Result<Vec<PathBuf>, Failure> {
                 })
         })
         .collect()
-}
-
-/// A directory only this user can enter (mkdtemp: a fresh name, mode 0700), removed with
-/// everything in it when dropped.
-struct PrivateDir(PathBuf);
-
-impl PrivateDir {
-    /// In `$XDG_RUNTIME_DIR` (the user's own), else `$TMPDIR`, else /tmp.
-    fn create() -> Result<PrivateDir, Failure> {
-        let base = ["XDG_RUNTIME_DIR", "TMPDIR"]
-            .iter()
-            .filter_map(std::env::var_os)
-            .map(PathBuf::from)
-            .find(|p| p.is_absolute() && p.is_dir())
-            .unwrap_or_else(|| PathBuf::from("/tmp"));
-        let template = base.join("gpushim-sim-XXXXXX");
-        let template = CString::new(template.as_os_str().as_bytes())
-            .map_err(|_| Failure::setup("sim", format!("{}: NUL in the path", base.display())))?;
-        let mut bytes = template.into_bytes_with_nul();
-        // SAFETY: a NUL-terminated template ending in XXXXXX, which mkdtemp fills in place.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            let e = std::io::Error::last_os_error();
-            return Err(Failure::setup("sim", format!("cannot make a private directory in {}: {e} (set TMPDIR to a writable directory)", base.display())));
-        }
-        bytes.pop();
-        Ok(PrivateDir(PathBuf::from(OsString::from_vec(bytes))))
-    }
-}
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("gpushim sim: cannot remove {}: {e}", self.0.display());
-        }
-    }
 }

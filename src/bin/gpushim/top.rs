@@ -2,12 +2,14 @@
 //! (ratatui on crossterm: raw mode, the alternate screen, redrawn on every resize), refreshed
 //! every interval: per GPU its memory (NVML) and the processes on it with a bar of what each
 //! holds against its limit; then the shared quotas and the processes that died. Keys: `q` /
-//! Ctrl-C quit, `s` changes the order, `r` refreshes. Not on a terminal: one snapshot (`ps`).
+//! Ctrl-C quit, `s` changes the order, `r` refreshes; SIGTERM, SIGHUP, SIGINT and SIGQUIT quit
+//! too, the terminal restored (exit status 128 + the signal). Not on a terminal: one snapshot (`ps`).
 //!
 //! Every string shown comes through `figures` (made printable there: the state files are
 //! written by the processes they describe).
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use ratatui::backend::CrosstermBackend;
@@ -62,12 +64,18 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
         return crate::ps::main(None);
     }
     let setup = |e: std::io::Error| Failure::setup("top", format!("cannot set up the terminal: {e}"));
+    catch_stop_signals();
     let _screen = Screen::enter().map_err(setup)?;
     let mut terminal = Terminal::new(CrosstermBackend::new(std::io::stdout())).map_err(setup)?;
     let mut order = Order::Memory;
     let mut figures = figures::collect(true);
     let mut next_reading = Instant::now() + interval;
     loop {
+        let stopped = STOPPED_BY.load(Ordering::SeqCst);
+        if stopped != 0 {
+            // the screen is restored as `_screen` is dropped
+            return Err(Failure::status((128 + stopped).clamp(0, 255) as u8));
+        }
         let lines = match &figures {
             Ok(f) => render(f, order, interval),
             Err(e) => vec![Line::from(format!("gpushim top: {}", figures::printable(e)))],
@@ -76,13 +84,18 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
         terminal
             .draw(|frame| frame.render_widget(Paragraph::new(lines), frame.area()))
             .map_err(|e| Failure::setup("top", format!("cannot draw: {e}")))?;
+        // (in slices, to see a signal soon)
         let left = next_reading.saturating_duration_since(Instant::now());
-        let key = if event::poll(left).unwrap_or(false) {
+        let key = if STOPPED_BY.load(Ordering::SeqCst) != 0 {
+            Key::Other
+        } else if event::poll(left.min(SIGNAL_CHECK)).unwrap_or(false) {
             match event::read() {
                 Ok(Event::Key(k)) if k.kind != KeyEventKind::Release => key(k.code, k.modifiers),
                 // a new size: drawn again at once with the figures read
                 Ok(_) | Err(_) => Key::Other,
             }
+        } else if left > SIGNAL_CHECK {
+            Key::Other
         } else {
             Key::Refresh
         };
@@ -95,6 +108,25 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
             }
             Key::Other => {}
         }
+    }
+}
+
+/// How long `top` may take to see a signal that stops it.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// The signal that stops `top` (0: none yet), set by [`stop`].
+static STOPPED_BY: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn stop(signal: libc::c_int) {
+    STOPPED_BY.store(signal, Ordering::SeqCst);
+}
+
+/// SIGTERM, SIGHUP, SIGINT and SIGQUIT end `top` through its loop, which restores the terminal
+/// (their default would leave it raw, on the alternate screen, the cursor hidden).
+fn catch_stop_signals() {
+    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: `stop` only stores into an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, stop as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
 }
 
