@@ -64,14 +64,20 @@ fn sim_runs_a_command_on_the_gpus_asked_for() {
 #[test]
 fn sim_passes_the_exit_status_on_and_cleans_up() {
     let (tmp, state) = dirs();
-    // the command sees the private directory (0700) first on LD_LIBRARY_PATH
-    let script = "d=${LD_LIBRARY_PATH%%:*}; echo dir=$d; stat -c mode=%a $d; ls $d; exit 7";
+    // the node's state is in the private directory (0700); first on LD_LIBRARY_PATH is the
+    // persistent directory of soname links beside the libraries, never a temporary one (a
+    // process left running after sim could load a library from a directory re-made there)
+    let script = "d=${GPUSIM_NODE_STATE%/*}; echo dir=$d; stat -c mode=%a $d; l=${LD_LIBRARY_PATH%%:*}; echo lib=$l; \
+                  stat -c libmode=%a $l; readlink $l/libcuda.so.1 $l/libnvidia-ml.so.1; exit 7";
     let out = sim(&tmp, &state, &["--", "sh", "-c", script]);
     assert_eq!(out.status.code(), Some(7), "{}", out.dump());
     let dir = out.get("dir").to_string();
     assert!(dir.starts_with(&tmp.display().to_string()), "{}", out.dump());
     assert_eq!(out.get("mode"), "700", "{}", out.dump());
-    assert!(out.stdout_text().contains("libcuda.so.1\nlibnvidia-ml.so.1\n"), "{}", out.dump());
+    let libraries = std::fs::canonicalize(sim_library()).unwrap().parent().unwrap().to_path_buf();
+    assert_eq!(out.get("lib"), libraries.join("gpusim-sonames").display().to_string(), "{}", out.dump());
+    assert_eq!(out.get("libmode"), "755", "{}", out.dump());
+    assert!(out.stdout_text().contains("../libcuda.so\n../libnvidia_ml.so\n"), "{}", out.dump());
     assert!(!Path::new(&dir).exists(), "{dir} is left");
     assert_left_nothing(&tmp);
     // a command killed by a signal: 128 + the signal, as a shell says
@@ -264,7 +270,7 @@ fn sim_uses_no_directory_another_user_can_change() {
     std::fs::create_dir(&below).unwrap();
     std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o777)).unwrap();
     for base in [&others, &group, &below] {
-        let out = sim(base, &state, &["--", "sh", "-c", "echo dir=${LD_LIBRARY_PATH%%:*}"]);
+        let out = sim(base, &state, &["--", "sh", "-c", "echo dir=${GPUSIM_NODE_STATE%/*}"]);
         assert!(out.status.success(), "{}", out.dump());
         let dir = out.get("dir").to_string();
         assert!(!dir.starts_with(&base.display().to_string()), "{base:?} was used: {}", out.dump());
@@ -273,4 +279,135 @@ fn sim_uses_no_directory_another_user_can_change() {
         assert!(!Path::new(&dir).exists(), "{dir} is left");
         assert_left_nothing(base);
     }
+}
+
+/// Signals ignored when `gpushim sim` starts (nohup, trap '') stay ignored for the command.
+#[test]
+fn ignored_signals_stay_ignored() {
+    let (tmp, state) = dirs();
+    sim_library();
+    nvml_sim_library();
+    let cmd = format!("trap \"\" HUP INT QUIT; exec {} sim -- grep SigIgn /proc/self/status", cli().display());
+    let out = Run::new("sh").without_sim().args(["-c", &cmd]).env("TMPDIR", &tmp).env("XDG_RUNTIME_DIR", "").env("GPUSHIM_STATE_DIR", &state).run();
+    assert!(out.status.success(), "{}", out.dump());
+    let line = out.stdout_text().lines().find_map(|l| l.strip_prefix("SigIgn:").map(str::to_string));
+    let mask = u64::from_str_radix(line.unwrap_or_default().trim(), 16).unwrap();
+    assert_eq!(mask & 7, 7, "SIGHUP, SIGINT and SIGQUIT ignored: {}", out.dump());
+    assert_left_nothing(&tmp);
+}
+
+/// An inherited SIGCHLD = SIG_IGN does not lose the command's status.
+#[test]
+fn ignored_sigchld_keeps_the_status() {
+    let (tmp, state) = dirs();
+    sim_library();
+    nvml_sim_library();
+    let py = format!(
+        "import signal,os; signal.signal(signal.SIGCHLD, signal.SIG_IGN); os.execv({:?},[\"gpushim\",\"sim\",\"--\",\"sh\",\"-c\",\"exit 3\"])",
+        cli().display().to_string()
+    );
+    let out = Run::new("python3").without_sim().args(["-c", &py]).env("TMPDIR", &tmp).env("XDG_RUNTIME_DIR", "").env("GPUSHIM_STATE_DIR", &state).run();
+    assert_eq!(out.status.code(), Some(3), "{}", out.dump());
+    assert_left_nothing(&tmp);
+}
+
+/// A closed stderr (a broken pipe) does not end `gpushim sim` (nor panic) while it says why it
+/// passes a place over, nor keep it from cleaning up.
+#[test]
+fn a_closed_stderr_is_no_failure() {
+    let (tmp, state) = dirs();
+    sim_library();
+    nvml_sim_library();
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors; the reading end is closed at once.
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+    }
+    // SAFETY: the writing end, owned from here by the Stdio.
+    let stderr = unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let status = std::process::Command::new(cli())
+        .args(["sim", "--", "true"])
+        .env("TMPDIR", &tmp)
+        .env("XDG_RUNTIME_DIR", "/nonexistent")
+        .env("GPUSHIM_STATE_DIR", &state)
+        .stderr(stderr)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_left_nothing(&tmp);
+}
+
+/// A copy of gpushim and the simulator's libraries in a fresh directory `name`.
+fn copied_tree(name: &str) -> PathBuf {
+    let dir = fresh_dir(name);
+    std::fs::copy(cli(), dir.join("gpushim")).unwrap();
+    std::fs::copy(sim_library(), dir.join("libcuda.so")).unwrap();
+    std::fs::copy(nvml_sim_library(), dir.join("libnvidia_ml.so")).unwrap();
+    dir
+}
+
+fn sim_from(tree: &Path, tmp: &Path, state: &Path) -> RunOutput {
+    Run::new(tree.join("gpushim"))
+        .without_sim()
+        .args(["sim", "--", "sh", "-c", "echo lib=${LD_LIBRARY_PATH%%:*}"])
+        .env("TMPDIR", tmp)
+        .env("XDG_RUNTIME_DIR", "")
+        .env("GPUSHIM_STATE_DIR", state)
+        .run()
+}
+
+/// The soname directory is made beside the libraries, and one that is not as sim makes it (a
+/// link elsewhere, writable by others, a link itself) is refused with what to do.
+#[test]
+fn the_soname_directory_is_checked() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tmp, state) = dirs();
+    let tree = std::fs::canonicalize(copied_tree("sim-tree")).unwrap();
+    let sonames = tree.join("gpusim-sonames");
+    let out = sim_from(&tree, &tmp, &state);
+    assert!(out.status.success(), "{}", out.dump());
+    assert_eq!(out.get("lib"), sonames.display().to_string(), "{}", out.dump());
+    assert_eq!(std::fs::read_link(sonames.join("libcuda.so.1")).unwrap(), Path::new("../libcuda.so"));
+    // made again when missing; used as it is when right
+    let out = sim_from(&tree, &tmp, &state);
+    assert!(out.status.success(), "{}", out.dump());
+
+    std::fs::remove_file(sonames.join("libcuda.so.1")).unwrap();
+    std::os::unix::fs::symlink("/tmp/libcuda.so", sonames.join("libcuda.so.1")).unwrap();
+    let out = sim_from(&tree, &tmp, &state);
+    assert_eq!(out.status.code(), Some(125), "{}", out.dump());
+    assert!(out.stderr_text().contains("is not a link to ../libcuda.so; remove"), "{}", out.dump());
+
+    std::fs::remove_dir_all(&sonames).unwrap();
+    std::fs::create_dir(&sonames).unwrap();
+    std::fs::set_permissions(&sonames, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = sim_from(&tree, &tmp, &state);
+    assert_eq!(out.status.code(), Some(125), "{}", out.dump());
+    assert!(out.stderr_text().contains("writable by others; remove it"), "{}", out.dump());
+
+    std::fs::remove_dir_all(&sonames).unwrap();
+    let elsewhere = fresh_dir("sim-tree-elsewhere");
+    std::os::unix::fs::symlink(&elsewhere, &sonames).unwrap();
+    let out = sim_from(&tree, &tmp, &state);
+    assert_eq!(out.status.code(), Some(125), "{}", out.dump());
+    assert!(out.stderr_text().contains("a link or not a directory"), "{}", out.dump());
+    assert_left_nothing(&tmp);
+}
+
+/// A path LD_LIBRARY_PATH cannot hold (`:`, `;`, `$`): the libraries' directory is refused,
+/// and a base for the private directory passed over.
+#[test]
+fn paths_a_search_path_cannot_hold_are_refused() {
+    let (_, state) = dirs();
+    let tmp = fresh_dir("sim-tmp:colon");
+    let tree = std::fs::canonicalize(copied_tree("sim-tree$x")).unwrap();
+    let out = sim_from(&tree, &tmp, &state);
+    assert_eq!(out.status.code(), Some(125), "{}", out.dump());
+    assert!(out.stderr_text().contains("has a '$', which LD_LIBRARY_PATH cannot hold"), "{}", out.dump());
+    let out = sim(&tmp, &state, &["--", "sh", "-c", "echo dir=${GPUSIM_NODE_STATE%/*}"]);
+    assert!(out.status.success(), "{}", out.dump());
+    assert!(out.stderr_text().contains("not using $TMPDIR (") && out.stderr_text().contains("has a ':'"), "{}", out.dump());
+    assert!(!out.get("dir").contains(':'), "{}", out.dump());
+    assert_left_nothing(&tmp);
 }

@@ -188,19 +188,22 @@ DESCRIPTION
     Runs COMMAND (default: your $SHELL, else /bin/sh) on the project's SIMULATED GPUs, to try
     gpushim where there is no GPU: the simulated CUDA driver (libcuda.so) and NVML
     (libnvidia_ml.so), built next to this program (cargo build --release -p gpusim-cuda -p
-    gpusim-nvml), come first on LD_LIBRARY_PATH. Every process started in it shares the
-    simulated GPUs' memory (GPUSIM_NODE_STATE), so what gpushim ps, top and metrics show of the
-    GPUs inside it is what all its processes hold. The directory of this gpushim is added at the
-    end of PATH. Leave the shell with exit (or Ctrl-D).
+    gpusim-nvml), come first on LD_LIBRARY_PATH, through links by their sonames in
+    gpusim-sonames/ beside them (made by gpushim sim when missing; it must be owned by root or
+    you and writable by no one else, on a path only root and you can change, with no ':', ';'
+    or '$'). Every process started in it shares the simulated GPUs' memory (GPUSIM_NODE_STATE),
+    so what gpushim ps, top and metrics show of the GPUs inside it is what all its processes
+    hold. The directory of this gpushim is added at the end of PATH. Leave the shell with exit
+    (or Ctrl-D).
 
-    The simulator's files are in a private directory (mode 0700), in $XDG_RUNTIME_DIR, else
-    $TMPDIR, else /tmp: the first that is yours and writable by no one else, or root's and
+    The simulated node's state is in a private directory (mode 0700), in $XDG_RUNTIME_DIR,
+    else $TMPDIR, else /tmp: the first that is yours and writable by no one else, or root's and
     sticky (like /tmp), on a path only root and you can change. It is removed when COMMAND
     ends, or when gpushim sim is stopped by a signal it catches: SIGTERM, SIGHUP, SIGUSR1 and
     the other signals that would end it are passed on to COMMAND, and so are SIGINT and SIGQUIT
     sent with kill (Ctrl-C and Ctrl-\\ reach COMMAND from the terminal). SIGKILL, and the
     signals of a crash (SIGSEGV, SIGABRT...), leave it behind. Nothing of this is in
-    libgpushim.so.";
+    libgpushim.so. Signals ignored when gpushim sim starts (nohup) stay ignored for COMMAND.";
 
 pub const SIM_AFTER: &str = "\
 EXIT STATUS

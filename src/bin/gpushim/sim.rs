@@ -1,7 +1,9 @@
 //! `gpushim sim [--gpus N] [--memory SIZE] [-- COMMAND [ARGS...]]`: runs a shell (or COMMAND) on
-//! the project's simulated GPUs, whose processes share one simulated node, from a private
-//! directory (see `private_dir`) that is removed when it ends or when this process is stopped by
-//! a signal it can catch. Nothing of this is in the preloaded library.
+//! the project's simulated GPUs, whose processes share one simulated node. The node's state is
+//! in a private directory (see `private_dir`) that is removed when it ends or when this process
+//! is stopped by a signal it can catch; the libraries are found through soname links in a
+//! persistent directory beside them (`private_dir::soname_dir`), never in a temporary one.
+//! Nothing of this is in the preloaded library.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -11,7 +13,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::SimArgs;
-use crate::private_dir::PrivateDir;
+use crate::private_dir::{soname_dir, PrivateDir};
 use crate::units::format_size;
 use crate::Failure;
 
@@ -20,20 +22,20 @@ const LIBRARIES: [(&str, &str); 2] = [("libcuda.so", "libcuda.so.1"), ("libnvidi
 const BUILD: &str = "cargo build --release -p gpusim-cuda -p gpusim-nvml";
 
 pub fn main(a: &SimArgs) -> Result<(), Failure> {
+    // SIGCHLD inherited ignored would reap the command at once and lose its status: the default
+    // while this process waits for it (the command gets the inherited one back)
+    let sigchld = Signals::default_sigchld();
     let libraries = find_libraries()?;
+    let sonames = sonames(&libraries)?;
     // From here until the command runs, the signals that would end this process wait (blocked),
     // so that none ends it between making the directory and being able to remove it.
     let signals = Signals::block();
     let dir = PrivateDir::create().map_err(|e| Failure::setup("sim", e))?;
-    for (built, soname) in LIBRARIES.iter().zip(&libraries).map(|((_, soname), path)| (path, soname)) {
-        dir.link(built, soname)
-            .map_err(|e| Failure::setup("sim", format!("cannot link {} in {}: {e}", built.display(), dir.path().display())))?;
-    }
     let (program, args): (OsString, &[OsString]) = match a.command.split_first() {
         Some((p, rest)) => (p.clone(), rest),
         None => (std::env::var_os("SHELL").filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into()), &[]),
     };
-    let mut search = OsString::from(dir.path().as_os_str());
+    let mut search = OsString::from(sonames.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         search.push(":");
         search.push(old);
@@ -61,10 +63,16 @@ pub fn main(a: &SimArgs) -> Result<(), Failure> {
         .env("GPUSIM_MEMORY", a.memory.to_string())
         .env("GPUSIM_NODE_STATE", dir.path().join("node-state"));
     let original = signals.original;
-    // SAFETY: sigprocmask is async-signal-safe; the command gets this process' original mask
-    // (std empties it before this runs) and default dispositions (exec resets caught ones).
+    let mut actions = signals.actions.clone();
+    actions.push((libc::SIGCHLD, sigchld));
+    // SAFETY: sigaction and sigprocmask are async-signal-safe, and the closure only reads what
+    // was made before the fork: the command gets this process' original dispositions (those
+    // replaced by `forward`, and SIGCHLD) and then its original mask (std empties it before).
     unsafe {
         command.pre_exec(move || {
+            for (signal, action) in &actions {
+                libc::sigaction(*signal, action, std::ptr::null_mut());
+            }
             libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             Ok(())
         });
@@ -134,12 +142,27 @@ fn forwarded() -> Vec<libc::c_int> {
 }
 
 /// While held, the [`forwarded`] signals are blocked (their handler, [`forward`], is installed
-/// at once); dropped, they are unblocked and the pending ones are handled.
+/// at once, except over those ignored: they stay ignored, here and for the command); dropped,
+/// they are unblocked and the pending ones are handled.
 struct Signals {
     original: libc::sigset_t,
+    /// The dispositions replaced by `forward`, for the command.
+    actions: Vec<(libc::c_int, libc::sigaction)>,
 }
 
 impl Signals {
+    /// Sets SIGCHLD to its default action, and returns the one it had.
+    fn default_sigchld() -> libc::sigaction {
+        // SAFETY: plain C structures; sigaction only reads `dfl` and fills `old`.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGCHLD, &dfl, &mut old);
+            old
+        }
+    }
+
     fn block() -> Signals {
         // SAFETY: sigset_t and sigaction are plain C structures, filled by the calls below;
         // `forward` only reads an atomic and calls kill(2), both async-signal-safe.
@@ -155,10 +178,17 @@ impl Signals {
             action.sa_sigaction = forward as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as libc::sighandler_t;
             action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             action.sa_mask = set;
+            let mut actions = Vec::new();
             for s in forwarded() {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                // (a null act: only reads the disposition)
+                if libc::sigaction(s, std::ptr::null(), &mut old) != 0 || old.sa_sigaction == libc::SIG_IGN {
+                    continue;
+                }
                 libc::sigaction(s, &action, std::ptr::null_mut());
+                actions.push((s, old));
             }
-            Signals { original }
+            Signals { original, actions }
         }
     }
 }
@@ -172,11 +202,16 @@ impl Drop for Signals {
 
 /// Passes `signal` on to the command, except SIGINT, SIGQUIT and SIGPIPE that the kernel sent
 /// (a terminal's Ctrl-C and Ctrl-\ reach the command through its process group; a SIGPIPE is
-/// this process' own write).
+/// this process' own write, which the kernel may also send as from this process).
 extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t (SA_SIGINFO); si_code <= 0: sent by a process.
     let by_process = info.is_null() || unsafe { (*info).si_code } <= 0;
     if !by_process && matches!(signal, libc::SIGINT | libc::SIGQUIT | libc::SIGPIPE) {
+        return;
+    }
+    // SAFETY: as above; getpid is async-signal-safe. A SIGPIPE of this process' own write (to a
+    // closed stderr) comes as sent by itself (SI_USER, its pid): not the command's.
+    if signal == libc::SIGPIPE && !info.is_null() && unsafe { (*info).si_pid() == libc::getpid() } {
         return;
     }
     let pid = CHILD.load(Ordering::SeqCst);
@@ -188,6 +223,17 @@ extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
             *libc::__errno_location() = errno;
         }
     }
+}
+
+/// The directory of soname links to `libraries` (`private_dir::soname_dir`), all in one
+/// directory: each link is `../FILE`.
+fn sonames(libraries: &[PathBuf]) -> Result<PathBuf, Failure> {
+    let dir = libraries[0].parent().unwrap_or(Path::new("/"));
+    if libraries.iter().any(|l| l.parent() != Some(dir)) {
+        return Err(Failure::setup("sim", format!("the simulator's libraries are not all in one directory: {libraries:?}")));
+    }
+    let links: Vec<(&str, String)> = LIBRARIES.iter().map(|(file, soname)| (*soname, format!("../{file}"))).collect();
+    soname_dir(dir, &links).map_err(|e| Failure::setup("sim", e))
 }
 
 /// The simulator's libraries next to this program (a cargo build: target/release/), else in
