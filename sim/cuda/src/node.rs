@@ -211,12 +211,43 @@ unsafe fn initialise(base: *mut u8, totals: &[u64]) {
 }
 
 /// Opens `path`, creating and initialising it (temporary file + `link`) if it does not exist.
+/// Whether `fd` is a regular file owned by this (effective) user and writable by no one else.
+fn own_private_file(fd: c_int) -> Result<(), String> {
+    // SAFETY: a zeroed stat is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(os_err("fstat"));
+    }
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("not a regular file".to_string());
+    }
+    if st.st_uid != me || st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "owned by uid {} (not {me}) or writable by others (mode {:o}): not used",
+            st.st_uid,
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 fn open_or_create(path: &str, totals: &[u64]) -> Result<c_int, String> {
     let cpath = CString::new(path).map_err(|_| "the path contains a NUL byte".to_string())?;
     for _ in 0..100 {
-        let fd = open_cloexec(&cpath, libc::O_RDWR, 0);
+        // (not through a link; only a file of this user's that no one else can write: whoever
+        // could change it would steer every process sharing the node)
+        let fd = open_cloexec(&cpath, libc::O_RDWR | libc::O_NOFOLLOW, 0);
         if fd >= 0 {
-            return Ok(fd);
+            return match own_private_file(fd) {
+                Ok(()) => Ok(fd),
+                Err(e) => {
+                    // SAFETY: our descriptor, closed once.
+                    unsafe { libc::close(fd) };
+                    Err(e)
+                }
+            };
         }
         if io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
             return Err(os_err("open"));
@@ -229,7 +260,7 @@ fn open_or_create(path: &str, totals: &[u64]) -> Result<c_int, String> {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let ctmp = CString::new(tmp).expect("no NUL in the path");
-        let fd = open_cloexec(&ctmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600);
+        let fd = open_cloexec(&ctmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600);
         if fd < 0 {
             return Err(os_err("create a temporary file"));
         }
@@ -328,7 +359,7 @@ fn open_map_and_reopen(
     let proc_path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
     let mut lock_fd = open_cloexec(&proc_path, libc::O_RDWR, 0);
     if lock_fd < 0 {
-        lock_fd = open_cloexec(&CString::new(path).expect("checked"), libc::O_RDWR, 0);
+        lock_fd = open_cloexec(&CString::new(path).expect("checked"), libc::O_RDWR | libc::O_NOFOLLOW, 0);
     }
     let registered = if lock_fd >= 0 {
         register_fd(lock_fd)
@@ -1278,5 +1309,24 @@ pub(crate) mod tests {
         assert_eq!(me.snapshot()[1].0, (n - n / 2) as u64 * 1000);
         drop(pids);
         assert_eq!(me.snapshot()[1], (0, n as u64 * 1000, 1 << 30));
+    }
+
+    /// The state file is not opened through a link, nor used when others can write it.
+    #[test]
+    fn a_linked_or_shared_state_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("refused");
+        let _c = Cleanup(path.clone());
+        let real = format!("{path}.real");
+        drop(Node::attach(&real, &totals()).unwrap());
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        assert!(open_or_create(&path, &totals()).is_err(), "opened through a link");
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = open_or_create(&real, &totals()).unwrap_err();
+        assert!(e.contains("writable by others"), "{e}");
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let fd = open_or_create(&real, &totals()).unwrap();
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
     }
 }

@@ -79,13 +79,24 @@ mod tests {
 /// Device `p`'s memory in use on the node (`GPUSIM_NODE_STATE`), when that file is a node
 /// state (read without its lock: a figure, never a decision).
 fn node_used(p: usize) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
     const MAGIC: &[u8; 8] = b"gpusimND";
     if p >= 16 {
         return None;
     }
     let path = std::env::var_os("GPUSIM_NODE_STATE").filter(|v| !v.is_empty())?;
-    let file = std::fs::File::open(path).ok()?;
+    // (as the simulated driver opens it: not through a link, only this user's file that no one
+    // else can write)
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let st = file.metadata().ok()?;
+    // SAFETY: geteuid cannot fail.
+    if !st.is_file() || st.uid() != unsafe { libc::geteuid() } || st.mode() & 0o022 != 0 {
+        return None;
+    }
     let mut word = [0u8; 8];
     file.read_exact_at(&mut word, 0).ok()?;
     if &word != MAGIC {
