@@ -411,3 +411,38 @@ fn paths_a_search_path_cannot_hold_are_refused() {
     assert!(!out.get("dir").contains(':'), "{}", out.dump());
     assert_left_nothing(&tmp);
 }
+
+/// A base under a directory one may only search (root's, 0711) is used: the walk opens the
+/// directories on its path O_PATH. (As nobody: root can read any directory.)
+#[test]
+fn a_search_only_ancestor_is_no_obstacle() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("a_search_only_ancestor_is_no_obstacle: skipped (needs root)");
+        return;
+    }
+    sim_library();
+    nvml_sim_library();
+    let outer = fresh_dir("sim-711");
+    let base = outer.join("nobody");
+    std::fs::create_dir(&base).unwrap();
+    std::os::unix::fs::chown(&base, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&outer, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = std::process::Command::new(cli())
+        .args(["sim", "--", "sh", "-c", "echo dir=${GPUSIM_NODE_STATE%/*}"])
+        .env("TMPDIR", &base)
+        .env("XDG_RUNTIME_DIR", "")
+        .env("GPUSHIM_STATE_DIR", &base)
+        .env("GPUSHIM_CONFIG", "/dev/null")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("dir={}/gpushim-sim-", base.display())), "{stdout}{stderr}");
+    assert!(!stderr.contains("not using $TMPDIR"), "{stderr}");
+}
