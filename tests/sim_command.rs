@@ -446,3 +446,33 @@ fn a_search_only_ancestor_is_no_obstacle() {
     assert!(stdout.contains(&format!("dir={}/gpushim-sim-", base.display())), "{stdout}{stderr}");
     assert!(!stderr.contains("not using $TMPDIR"), "{stderr}");
 }
+
+/// Where the soname directory is missing and cannot be made (the libraries in a directory the
+/// user cannot write), `gpushim sim` says what to do.
+#[test]
+fn an_unmakeable_soname_directory_says_what_to_do() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("an_unmakeable_soname_directory_says_what_to_do: skipped (needs root)");
+        return;
+    }
+    let tree = std::fs::canonicalize(copied_tree("sim-tree-root")).unwrap();
+    std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = fresh_dir("sim-tmp-nobody");
+    std::os::unix::fs::chown(&base, Some(65534), Some(65534)).unwrap();
+    let out = std::process::Command::new(tree.join("gpushim"))
+        .args(["sim", "--", "true"])
+        .env("TMPDIR", &base)
+        .env("XDG_RUNTIME_DIR", "")
+        .env("GPUSHIM_STATE_DIR", &base)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains(&format!("cannot make {}/gpusim-sonames: ", tree.display())), "{stderr}");
+    assert!(stderr.contains("have it made once by a user who can write"), "{stderr}");
+}
