@@ -247,9 +247,7 @@ fn top_restores_the_terminal_when_signalled() {
 /// Needs root (to run processes as other users).
 #[test]
 fn other_users_see_nothing() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("other_users_see_nothing: skipped (needs root)");
+    if skipped_without_root("other_users_see_nothing") {
         return;
     }
     const NOBODY: u32 = 65534;

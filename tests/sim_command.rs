@@ -255,9 +255,7 @@ fn sim_passes_other_signals_on() {
 #[test]
 fn sim_uses_no_directory_another_user_can_change() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("sim_uses_no_directory_another_user_can_change: skipped (needs root)");
+    if skipped_without_root("sim_uses_no_directory_another_user_can_change") {
         return;
     }
     let (_, state) = dirs();
@@ -418,9 +416,7 @@ fn paths_a_search_path_cannot_hold_are_refused() {
 fn a_search_only_ancestor_is_no_obstacle() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("a_search_only_ancestor_is_no_obstacle: skipped (needs root)");
+    if skipped_without_root("a_search_only_ancestor_is_no_obstacle") {
         return;
     }
     sim_library();
@@ -453,9 +449,7 @@ fn a_search_only_ancestor_is_no_obstacle() {
 fn an_unmakeable_soname_directory_says_what_to_do() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("an_unmakeable_soname_directory_says_what_to_do: skipped (needs root)");
+    if skipped_without_root("an_unmakeable_soname_directory_says_what_to_do") {
         return;
     }
     let tree = std::fs::canonicalize(copied_tree("sim-tree-root")).unwrap();

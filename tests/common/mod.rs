@@ -1491,3 +1491,14 @@ pub fn check_fails_closed(run: impl Fn() -> Run) -> FailsClosed {
     let line = assert_config_error(&shim);
     FailsClosed { plain, shim, line }
 }
+
+/// Whether this test process is not root, saying so on stderr: a test of what another user can
+/// reach (it runs processes as `nobody`, chowns to them) returns early when this is true.
+pub fn skipped_without_root(test: &str) -> bool {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return false;
+    }
+    eprintln!("{test}: skipped (needs root)");
+    true
+}
