@@ -46,9 +46,11 @@ pub const DEVICES: usize = 64;
 const UUID_BYTES: usize = 48;
 const NAME_BYTES: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"gpushimL");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// The prefix of the files' names.
 pub const PREFIX: &str = "proc-";
+/// The compute modes as published (index = the value in the file).
+pub const COMPUTE_MODES: [&str; 4] = ["none", "duty", "mps", "green"];
 /// A figure not known yet (a limit resolved at the device's first use).
 pub const UNKNOWN: u64 = u64::MAX;
 
@@ -68,6 +70,27 @@ pub struct Dev {
     /// The device's figures: from publication on, the very counters the process' budget for
     /// the device keeps (`memory::DeviceBudget`), not a copy.
     pub figures: Figures,
+    /// The device's compute share (`GPUSHIM_COMPUTE_LIMIT`): kept by the process' pacer.
+    pub compute: Compute,
+}
+
+/// A device's compute figures, as the pacer (`sharing::compute`) keeps them.
+#[repr(C)]
+pub struct Compute {
+    /// The compute limit in millionths of the device's time; 0: none.
+    pub limit_ppm: AtomicU64,
+    /// The GPU time the process' work took on the device, as measured (nanoseconds).
+    pub busy_ns: AtomicU64,
+    /// The time the process' launches waited for their share (nanoseconds).
+    pub throttled_ns: AtomicU64,
+    /// Launches measured.
+    pub launches: AtomicU64,
+}
+
+impl Compute {
+    pub const fn new() -> Compute {
+        Compute { limit_ppm: AtomicU64::new(0), busy_ns: AtomicU64::new(0), throttled_ns: AtomicU64::new(0), launches: AtomicU64::new(0) }
+    }
 }
 
 /// A device's figures, as a budget keeps them and the file publishes them.
@@ -106,7 +129,8 @@ struct Header {
     started: AtomicU64,
     /// Devices in the program's view (may exceed [`DEVICES`]).
     devices: AtomicU32,
-    _pad: AtomicU32,
+    /// The compute mode in use ([`COMPUTE_MODES`]; 0: no compute limit).
+    compute_mode: AtomicU32,
     comm: [AtomicU64; 2],
     /// The shared quota's name, NUL-padded (empty: none).
     quota: [AtomicU64; NAME_BYTES / 8],
@@ -275,6 +299,13 @@ impl Publisher {
         h.dev.get(d)
     }
 
+    /// Publishes the compute mode in use (an index of [`COMPUTE_MODES`]).
+    pub fn set_compute_mode(&self, mode: u32) {
+        // SAFETY: the mapping lives as long as the process.
+        let h: &'static Header = unsafe { &*self.header };
+        h.compute_mode.store(mode, Relaxed);
+    }
+
     /// Whether this process made the file (not a forked child of the one that did).
     pub fn is_mine(&self) -> bool {
         crate::platform::sys::getpid() as u32 == self.pid
@@ -370,6 +401,11 @@ pub struct DeviceFigures {
     pub reserved: u64,
     pub peak_reserved: u64,
     pub refused: u64,
+    /// The compute limit as a fraction (`None`: none).
+    pub compute_limit: Option<f64>,
+    pub busy_ns: u64,
+    pub throttled_ns: u64,
+    pub launches: u64,
 }
 
 /// One process' published file as read.
@@ -384,6 +420,8 @@ pub struct Process {
     pub quota: Option<String>,
     /// Devices in the program's view.
     pub view_len: usize,
+    /// The compute mode in use: one of [`COMPUTE_MODES`].
+    pub compute_mode: &'static str,
     pub devices: Vec<DeviceFigures>,
     pub path: PathBuf,
 }
@@ -460,6 +498,10 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
                 reserved: d.figures.reserved.load(Relaxed),
                 peak_reserved: d.figures.peak_reserved.load(Relaxed),
                 refused: d.figures.refused.load(Relaxed),
+                compute_limit: Some(d.compute.limit_ppm.load(Relaxed)).filter(|&l| l != 0).map(|l| l as f64 / 1e6),
+                busy_ns: d.compute.busy_ns.load(Relaxed),
+                throttled_ns: d.compute.throttled_ns.load(Relaxed),
+                launches: d.compute.launches.load(Relaxed),
             })
             .collect();
         Some(Process {
@@ -470,6 +512,7 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
             started: h.started.load(Relaxed),
             quota,
             view_len: h.devices.load(Relaxed) as usize,
+            compute_mode: COMPUTE_MODES.get(h.compute_mode.load(Relaxed) as usize).copied().unwrap_or("none"),
             devices,
             path: path.to_path_buf(),
         })
