@@ -1,1 +1,38 @@
 //! Compute share (`GPUSHIM_COMPUTE_LIMIT`): which mode enforces it, and the `duty` pacer.
+
+pub mod duty;
+pub mod mode;
+
+use gpushim_common::once::ForkOnce;
+
+use crate::devices::MAX_DEVICES;
+use duty::Pacer;
+
+/// The `duty` pacers of the program's devices (`None`: that device has no limit), each made
+/// at the device's first launch.
+pub struct Pacers {
+    slots: Box<[ForkOnce<Option<Pacer>>]>,
+}
+
+impl Pacers {
+    pub fn new() -> Pacers {
+        Pacers { slots: (0..MAX_DEVICES).map(|_| ForkOnce::new()).collect() }
+    }
+
+    /// Device `dev`'s pacer, made by `make` the first time.
+    pub fn get_or_make(&self, dev: usize, make: impl FnOnce() -> Option<Pacer>) -> Option<&Pacer> {
+        self.slots.get(dev)?.try_get_or_init(make).ok()?.as_ref()
+    }
+
+    /// Every pacer made so far.
+    pub fn made(&self) -> impl Iterator<Item = &Pacer> {
+        self.slots.iter().filter_map(|s| s.get().and_then(Option::as_ref))
+    }
+
+    /// In a forked child: the parent's events and unmeasured work are not the child's.
+    pub fn reset_after_fork(&self) {
+        for p in self.made() {
+            p.reset_after_fork();
+        }
+    }
+}
