@@ -2,6 +2,8 @@
 
 pub mod duty;
 pub mod mode;
+#[cfg(test)]
+mod duty_tests;
 
 use gpushim_common::once::ForkOnce;
 
