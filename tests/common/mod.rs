@@ -13,7 +13,8 @@
 //!   without the shim or under one of the `GPUSHIM_MEMORY_MODE`s;
 //! * [`nvml_sim_library`], [`python_run`]: the simulated NVML (`sim/nvml`, reached as
 //!   `libnvidia-ml.so.1` in [`sim_dir`]) and Python with pynvml (`.deps/python`);
-//! * [`phys_name`], [`phys_uuid`], [`phys_pci`]: the identity of a simulated physical device.
+//! * [`phys_name`], [`phys_uuid`], [`phys_pci`]: the identity of a simulated physical device;
+//! * [`compute`]: the compute workloads' output and the busy shares of the simulator's report.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +25,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+pub mod compute;
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
@@ -424,6 +427,11 @@ pub enum Program {
     Modes,
     /// `tests/c/nvml.c`: NVML alone
     Nvml(NvmlPath),
+    /// `tests/c/compute_load.c`: `gpusim_busy` kernels launched for a wall time through one
+    /// launch path on one or more devices (linked with `-lcuda`; see [`compute`])
+    ComputeLoad,
+    /// `tests/c/rt_compute.c`: `gpusim_busy` kernels through `cudaLaunchKernel` (cudart 12 or 13)
+    RtCompute { major: u32 },
 }
 
 /// How `tests/c/nvml.c` reaches NVML.
@@ -458,6 +466,8 @@ impl Program {
             Program::SmallStack => "smallstack".into(),
             Program::Modes => "modes".into(),
             Program::Nvml(p) => format!("nvml-{p:?}").to_lowercase(),
+            Program::ComputeLoad => "compute_load".into(),
+            Program::RtCompute { major } => format!("rt_compute{major}"),
         }
     }
 
@@ -498,18 +508,29 @@ impl Program {
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::RtLaunch => {
-                let deps = cuda_deps(13);
+            Program::RtLaunch | Program::RtCompute { .. } => {
+                let (major, file) = match self {
+                    Program::RtCompute { major } => (major, "rt_compute.c"),
+                    _ => (13, "rtlaunch.c"),
+                };
+                let deps = cuda_deps(major);
                 args.push(format!("-I{}", deps.join("include").display()).into());
-                args.push(c.join("rtlaunch.c").into());
+                args.push(c.join(file).into());
                 args.push(format!("-L{}", deps.join("lib").display()).into());
-                args.push("-l:libcudart.so.13".into());
+                args.push(format!("-l:libcudart.so.{major}").into());
                 args.push(format!("-Wl,-rpath,{}", deps.join("lib").display()).into());
                 args.push("-ldl".into());
             }
-            Program::Race | Program::Stress | Program::TeardownRace | Program::Placement | Program::ForkQuota | Program::SigHandler => {
+            Program::Race
+            | Program::Stress
+            | Program::TeardownRace
+            | Program::Placement
+            | Program::ForkQuota
+            | Program::SigHandler
+            | Program::ComputeLoad => {
                 let file = match self {
                     Program::Race => "race.c",
+                    Program::ComputeLoad => "compute_load.c",
                     Program::Placement => "placement.c",
                     Program::Stress => "stress.c",
                     Program::TeardownRace => "teardown_race.c",
@@ -994,6 +1015,8 @@ pub struct SimReport {
     pub calls: BTreeMap<String, u64>,
     /// launches per kernel name (the driver's own record)
     pub launches: BTreeMap<String, u64>,
+    /// the whole report as JSON (for [`compute::busy_share`] and other figures)
+    pub raw: serde_json::Value,
 }
 
 impl SimReport {
@@ -1038,6 +1061,7 @@ impl SimReport {
             devices,
             calls,
             launches,
+            raw: v,
         })
     }
 
