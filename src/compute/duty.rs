@@ -161,6 +161,11 @@ impl Pacer {
         self.share
     }
 
+    /// The figures: measured busy time, time waited, launches measured.
+    pub fn figures(&self) -> &live::Compute {
+        self.figures
+    }
+
     /// Pay-time of `ns` of device work.
     fn pay(&self, ns: u64) -> u64 {
         (ns as f64 / self.share) as u64

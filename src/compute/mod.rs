@@ -28,7 +28,12 @@ impl Pacers {
 
     /// Every pacer made so far.
     pub fn made(&self) -> impl Iterator<Item = &Pacer> {
-        self.slots.iter().filter_map(|s| s.get().and_then(Option::as_ref))
+        self.made_by_device().map(|(_, p)| p)
+    }
+
+    /// Every pacer made so far, with its program device.
+    pub fn made_by_device(&self) -> impl Iterator<Item = (usize, &Pacer)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| Some((i, s.get()?.as_ref()?)))
     }
 
     /// In a forked child: the parent's events and unmeasured work are not the child's.

@@ -96,6 +96,24 @@ impl State {
         quota.compute_clock(d)
     }
 
+    /// Each paced device's figures, for the exit report.
+    pub fn compute_rows(&self) -> Vec<crate::state::report::ComputeRow> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.pacers
+            .made_by_device()
+            .map(|(ordinal, p)| {
+                let f = p.figures();
+                crate::state::report::ComputeRow {
+                    ordinal,
+                    limit: p.share(),
+                    busy_ns: f.busy_ns.load(Relaxed),
+                    throttled_ns: f.throttled_ns.load(Relaxed),
+                    launches: f.launches.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
     /// Context `ctx` goes away: the pacers forget their events of it; `alive`: it still lives
     /// (they are destroyed first).
     pub fn compute_forget_context(&self, ctx: CUcontext, alive: bool) {
