@@ -104,12 +104,10 @@ fn a_cuda_error_is_named_and_exits_1() {
     assert_eq!(out.status.code(), Some(64), "{}", out.dump());
 }
 
-/// cudart 13 only: cudart 12's `cudaLaunchKernel` of a fat binary registered this way answers
-/// `cudaErrorInvalidConfiguration` (9) on the simulator without calling the driver's launch
-/// (as `tests/c/rtlaunch.c` built against cudart 12 does), a gap of the simulator.
+/// (cudart 12 checks the launch's dimensions against the device's attributes 2–7.)
 #[test]
 fn the_runtime_variant_launches_through_cudart() {
-    for major in [13] {
+    for major in [12, 13] {
         for sync in [false, true] {
             let mut run = Run::program(Program::RtCompute { major }).args(["0.2", "0"]);
             if sync {
