@@ -104,6 +104,7 @@ fn a_cuda_error_is_named_and_exits_1() {
     assert_eq!(out.status.code(), Some(64), "{}", out.dump());
 }
 
+/// (cudart 12 checks the launch's dimensions against the device's attributes 2–7.)
 #[test]
 fn the_runtime_variant_launches_through_cudart() {
     for major in [12, 13] {

@@ -25,6 +25,8 @@
  * COMPUTE_LOAD_MAX_PENDING=N (optional, N > 0): at most N launches outstanding per device (an
  * event recorded after each launch, the one of N launches ago waited for before the next), so
  * that huge kernels do not queue minutes of work behind the deadline.
+ * COMPUTE_LOAD_GRID=G (optional, default 1): blocks per launch (gridDimX; blocks of 32 threads).
+ * The simulated time does not depend on it; limiters that count blocks (HAMi-core) do.
  *
  * Prints, per device in the order given, `device=D launches=N`, then
  * `wall_ns=W start_ns=S` (S = CLOCK_MONOTONIC ns at the first launch, W = ns from S until
@@ -67,6 +69,7 @@ static enum mode mode;
 static uint64_t kernel_ns;
 static uint64_t run_ns;
 static long max_pending;
+static unsigned grid = 1;
 static pthread_barrier_t ready;
 static uint64_t start_ns = UINT64_MAX; /* the earliest first launch, atomically lowered */
 static int failed;                     /* any thread failed: the others stop */
@@ -100,13 +103,14 @@ static int launch_once(CUfunction f, CUstream stream, CUgraphExec exec, void **a
     switch (mode) {
     case CONTINUOUS:
     case SYNC:
-        CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL));
+        CHECK(cuLaunchKernel(f, grid, 1, 1, 32, 1, 1, 0, stream, args, NULL));
         if (mode == SYNC) CHECK(cuStreamSynchronize(stream));
         break;
     case EX: {
         CUlaunchConfig config;
         memset(&config, 0, sizeof config);
-        config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+        config.gridDimX = grid;
+        config.gridDimY = config.gridDimZ = 1;
         config.blockDimX = 32;
         config.blockDimY = config.blockDimZ = 1;
         config.hStream = stream;
@@ -114,16 +118,16 @@ static int launch_once(CUfunction f, CUstream stream, CUgraphExec exec, void **a
         break;
     }
     case COOP:
-        CHECK(cuLaunchCooperativeKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, args));
+        CHECK(cuLaunchCooperativeKernel(f, grid, 1, 1, 32, 1, 1, 0, stream, args));
         break;
     case GRAPH:
         CHECK(cuGraphLaunch(exec, stream));
         break;
     case PTSZ:
-        CHECK(cuLaunchKernel_ptsz(f, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
+        CHECK(cuLaunchKernel_ptsz(f, grid, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
         break;
     case NULLSTREAM:
-        CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
+        CHECK(cuLaunchKernel(f, grid, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
         break;
     }
     return 0;
@@ -148,7 +152,7 @@ static int run_device(struct worker *w) {
     if (mode == GRAPH) {
         CUgraph graph;
         CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-        for (int i = 0; i < GRAPH_NODES; i++) CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL));
+        for (int i = 0; i < GRAPH_NODES; i++) CHECK(cuLaunchKernel(f, grid, 1, 1, 32, 1, 1, 0, stream, args, NULL));
         CHECK(cuStreamEndCapture(stream, &graph));
         CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
         CHECK(cuGraphDestroy(graph));
@@ -215,6 +219,12 @@ int main(int argc, char **argv) {
     run_ns = (uint64_t)(seconds * 1e9);
     kernel_ns = strtoull(argv[3], &end, 10);
     if (!end || *end || argv[3][0] == '-') usage();
+    const char *grid_text = getenv("COMPUTE_LOAD_GRID");
+    if (grid_text && *grid_text) {
+        long g = strtol(grid_text, &end, 10);
+        if (*end || g < 1 || g > 2147483647L) usage();
+        grid = (unsigned)g;
+    }
     const char *pending_text = getenv("COMPUTE_LOAD_MAX_PENDING");
     if (pending_text && *pending_text) {
         max_pending = strtol(pending_text, &end, 10);

@@ -120,7 +120,15 @@ pub fn phys_of(dev: CUdevice) -> Res<&'static Phys> {
 pub fn attribute(attr: i32, p: &Phys) -> i32 {
     match attr {
         1 => 1024,          // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,      // MAX_BLOCK_DIM_X, _Y
+        4 => 64,            // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,      // MAX_GRID_DIM_X
+        6 | 7 => 65535,     // MAX_GRID_DIM_Y, _Z
+        8 => 49152,         // MAX_SHARED_MEMORY_PER_BLOCK
         10 => 32,           // WARP_SIZE
+        12 => 65536,        // MAX_REGISTERS_PER_BLOCK
+        39 => 2048,         // MAX_THREADS_PER_MULTIPROCESSOR
+        106 => 32,          // MAX_BLOCKS_PER_MULTIPROCESSOR
         16 => 132,          // MULTIPROCESSOR_COUNT
         18 => 0,            // INTEGRATED
         33 => p.pci_bus,    // PCI_BUS_ID
@@ -371,6 +379,7 @@ mod tests {
         assert_eq!(attribute(33, &p), 0x20);
         assert_eq!(attribute(75, &p), 9);
         assert_eq!(attribute(16, &p), 132);
+        assert_eq!((attribute(2, &p), attribute(4, &p), attribute(5, &p), attribute(39, &p)), (1024, 64, i32::MAX, 2048));
         assert_eq!(attribute(9999, &p), 0);
     }
 }
