@@ -345,3 +345,37 @@ fn processes_of_a_node_share_busy_until_and_utilisation() {
     assert_eq!(gpu, procs[0].1);
     let _ = std::fs::remove_dir_all(std::path::Path::new(&path).parent().unwrap());
 }
+
+static WHEN: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn when(data: *mut c_void) {
+    WHEN.lock().unwrap().push((data as u64, now()));
+}
+
+#[test]
+fn blocking_streams_wait_for_the_legacy_stream_non_blocking_ones_do_not() {
+    let t = setup();
+    WHEN.lock().unwrap().clear();
+    let nonblocking = stream();
+    let mut blocking: CUstream = std::ptr::null_mut();
+    unsafe { assert_eq!(cuStreamCreate(&mut blocking, 0), CUDA_SUCCESS) };
+    let t0 = now();
+    assert_eq!(launch(t.busy, std::ptr::null_mut(), 60 * MS), CUDA_SUCCESS);
+    unsafe {
+        assert_eq!(cuLaunchHostFunc(nonblocking, Some(when), 1 as *mut c_void), CUDA_SUCCESS);
+        assert_eq!(cuLaunchHostFunc(blocking, Some(when), 2 as *mut c_void), CUDA_SUCCESS);
+        // the per-thread default stream (NULL in a _ptsz call) is blocking too
+        assert_eq!(cuLaunchHostFunc_ptsz(std::ptr::null_mut(), Some(when), 3 as *mut c_void), CUDA_SUCCESS);
+        assert_eq!(cuStreamSynchronize(nonblocking), CUDA_SUCCESS);
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+    }
+    let w = WHEN.lock().unwrap().clone();
+    assert_eq!(w.len(), 3, "{w:?}");
+    let at = |k: u64| w.iter().find(|x| x.0 == k).unwrap().1;
+    // the non-blocking stream's function was due at once, so it ran first (the worker runs the
+    // earliest due first), and before the legacy kernel's end under any load but an extreme one
+    assert_eq!(w[0].0, 1, "{w:?}");
+    assert!(at(1) < t0 + 2000 * MS);
+    assert!(at(2) >= t0 + 60 * MS);
+    assert!(at(3) >= t0 + 60 * MS);
+}
