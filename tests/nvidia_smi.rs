@@ -119,3 +119,60 @@ fn plain_nvidia_smi_prints_its_table() {
         }
     });
 }
+
+/// GPU-Util comes from the simulated NVML's utilisation, which reads the node state's time
+/// region (`sim/common/src/busy.rs`): a node file whose device 1 was half busy (every 100 ms
+/// bucket of a process holds 50 ms, around now) shows 50 % on device 1, 0 % on the others.
+#[test]
+fn gpu_util_from_the_node_state() {
+    // the layout of sim/common/src/busy.rs (node state version 2)
+    const TIME_OFF: usize = 66_560;
+    const DEV_SIZE: usize = 8_512;
+    const DEV_HEADER: usize = 64;
+    const FILE_SIZE: usize = TIME_OFF + 16 * DEV_SIZE;
+    const BUCKET: u64 = 100_000_000;
+    let dir = work_dir().join(format!("smi-util-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let path = dir.join("node");
+    let mut file = vec![0u8; FILE_SIZE];
+    file[0..8].copy_from_slice(b"gpusimND");
+    file[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let ts = libc_timespec();
+    let now = ts.0 * 1_000_000_000 + ts.1;
+    let cur = now / BUCKET;
+    let entry = TIME_OFF + DEV_SIZE + DEV_HEADER;
+    file[entry..entry + 8].copy_from_slice(&4242u64.to_le_bytes());
+    // epochs cur-20 .. cur+43: any "last second" of the next 4 s is half busy
+    for e in cur - 20..cur + 44 {
+        let word = ((e + 1) << 32) | (BUCKET / 2);
+        let at = entry + 16 + 8 * (e as usize % 64);
+        file[at..at + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    std::fs::write(&path, &file).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let state = path.to_str().unwrap().to_owned();
+    let out = run(&["--query-gpu=index,utilization.gpu", "--format=csv"], false, &[("GPUSIM_NODE_STATE", &state)]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines, vec!["index, utilization.gpu [%]", "0, 0 %", "1, 50 %", "2, 0 %", "3, 0 %"], "{text}");
+}
+
+/// CLOCK_MONOTONIC as (seconds, nanoseconds): `std::time::Instant` is CLOCK_MONOTONIC on Linux
+/// but opaque, so it is read through the C library.
+fn libc_timespec() -> (u64, u64) {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC (1) always exists.
+    unsafe { clock_gettime(1, &mut ts) };
+    (ts.sec as u64, ts.nsec as u64)
+}

@@ -11,6 +11,8 @@
 //! | `GPUSIM_REPORT` | path of the JSON report written at exit | unset |
 //! | `GPUSIM_TRACE` | `1`: one stderr line per driver call | unset |
 //! | `GPUSIM_NODE_STATE` | path of the node-wide shared device state (read by `node`, at first use) | unset |
+//! | `GPUSIM_KERNEL_NS` | duration of every kernel not named `gpusim_busy*`, ns, capped at 60 s (read by `timeline`, at first use) | 0 |
+//! | `GPUSIM_QUEUE_DEPTH` | uncompleted operations a stream holds before a launch blocks (read by `timeline`, at first use) | 1024 |
 //! | `GPUSIM_TEARDOWN_DELAY_MS` | pause, in a context teardown, between releasing each allocation's addresses and uncounting its memory (read by `memory`, at first use) | unset |
 //!
 //! An invalid value prints one warning to stderr and the default is used.

@@ -476,3 +476,81 @@ fn event_sets_and_unsupported_queries() {
         assert_eq!(nvmlShutdown(), NVML_SUCCESS);
     }
 }
+
+/// Utilisation from the node state's time region (a file written here as the simulated driver
+/// lays it out): the device's % of the last second and one sample per process.
+#[test]
+fn utilisation_from_the_node_state() {
+    use gpusim_common::busy;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _g = lock();
+    let dir = std::env::temp_dir().join(format!("gpusim-nvml-util-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("node");
+    let mut file = vec![0u8; busy::TIME_OFF + busy::TIME_SIZE];
+    file[0..8].copy_from_slice(b"gpusimND");
+    file[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let cur = busy::epoch(now);
+    let mut put = |off: usize, v: u64| file[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    let dev1 = busy::dev_off(1) + busy::DEV_HEADER;
+    // pid 4242: 5 full buckets of the last 10 (50 %); pid 4343: 2 half buckets (10 %)
+    put(dev1, 4242);
+    for k in 1..=5 {
+        let e = cur - k;
+        put(dev1 + 16 + 8 * (e as usize % busy::NBUCKETS), busy::pack(e, busy::BUCKET_NS));
+    }
+    put(dev1 + busy::ENTRY_SIZE, 4343);
+    for k in [3, 9] {
+        let e = cur - k;
+        put(dev1 + busy::ENTRY_SIZE + 16 + 8 * (e as usize % busy::NBUCKETS), busy::pack(e, busy::BUCKET_NS / 2));
+    }
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).unwrap();
+    std::fs::write(&path, &file).unwrap();
+    std::env::set_var("GPUSIM_NODE_STATE", &path);
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            std::env::remove_var("GPUSIM_NODE_STATE");
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _r = Restore(dir);
+    unsafe {
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        // (the buckets above may have left the window if the clock crossed a bucket boundary
+        // meanwhile: then at most one bucket less; the figures are checked on that basis)
+        let mut util = nvmlUtilization_t::default();
+        assert_eq!(nvmlDeviceGetUtilizationRates(handle(1), &mut util), NVML_SUCCESS);
+        assert!((50..=60).contains(&util.gpu), "{util:?}");
+        assert_eq!(util.memory, 0);
+        let mut other = nvmlUtilization_t { gpu: 9, memory: 9 };
+        assert_eq!(nvmlDeviceGetUtilizationRates(handle(0), &mut other), NVML_SUCCESS);
+        assert_eq!(other, nvmlUtilization_t::default());
+        // the size protocol
+        let mut n: c_uint = 0;
+        assert_eq!(nvmlDeviceGetProcessUtilization(handle(1), null_mut(), &mut n, 0), NVML_ERROR_INSUFFICIENT_SIZE);
+        assert_eq!(n, 2);
+        let mut samples = [nvmlProcessUtilizationSample_t::default(); 4];
+        n = 1;
+        assert_eq!(nvmlDeviceGetProcessUtilization(handle(1), samples.as_mut_ptr(), &mut n, 0), NVML_ERROR_INSUFFICIENT_SIZE);
+        assert_eq!(n, 2);
+        n = 4;
+        assert_eq!(nvmlDeviceGetProcessUtilization(handle(1), samples.as_mut_ptr(), &mut n, 0), NVML_SUCCESS);
+        assert_eq!(n, 2);
+        assert_eq!((samples[0].pid, samples[1].pid), (4242, 4343));
+        assert!((40..=50).contains(&samples[0].smUtil), "{samples:?}");
+        assert!((5..=10).contains(&samples[1].smUtil), "{samples:?}");
+        assert!(samples[0].timeStamp > 1_600_000_000_000_000, "CLOCK_REALTIME µs");
+        assert_eq!((samples[0].memUtil, samples[0].encUtil, samples[0].decUtil), (0, 0, 0));
+        // nothing newer than a future lastSeen; no process on device 0
+        n = 4;
+        assert_eq!(nvmlDeviceGetProcessUtilization(handle(1), samples.as_mut_ptr(), &mut n, u64::MAX), NVML_ERROR_NOT_FOUND);
+        assert_eq!(n, 0);
+        n = 4;
+        assert_eq!(nvmlDeviceGetProcessUtilization(handle(0), samples.as_mut_ptr(), &mut n, 0), NVML_ERROR_NOT_FOUND);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}
