@@ -157,6 +157,7 @@ fn a_process_at_30_percent_leaves_the_rest_to_an_unlimited_one() {
 #[test]
 fn a_shared_quota_shares_one_share() {
     let state = fresh_dir("compute-quota-state");
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let member = || at(load("continuous", 1_000_000, "0"), "40%").env("GPUSHIM_SHARED_QUOTA", "team").env("GPUSHIM_STATE_DIR", &state);
     let outs = together(vec![member(), member()]);
     for (a, b) in common_windows(&outs[0], &outs[1]) {
@@ -178,7 +179,7 @@ fn bad_values_fail_cuda_initialisation_naming_the_variable() {
     for (var, value) in [("GPUSHIM_COMPUTE_LIMIT", "30"), ("GPUSHIM_COMPUTE_LIMIT_0", "0%"), ("GPUSHIM_COMPUTE_MODE", "fast"), ("CUDA_DEVICE_SM_LIMIT", "150")] {
         let out = Run::program(Program::ComputeLoad).args(["continuous", "0.1", "1000"]).shim(true).env(var, value).run();
         assert_eq!(out.status.code(), Some(1), "{var}={value}\n{}", out.dump());
-        assert!(out.stdout_text().contains("error: cuInit = "), "{var}={value}\n{}", out.dump());
+        assert!(out.stdout_text().contains("error: cuInit(0) = 3"), "{var}={value}\n{}", out.dump());
         let lines: Vec<&str> = out.stderr.split(|&b| b == b'\n').filter(|l| l.starts_with(b"gpushim: ")).map(|l| std::str::from_utf8(l).unwrap_or("")).collect();
         assert_eq!(lines.len(), 1, "one line: {lines:?}\n{}", out.dump());
         assert!(lines[0].starts_with(&format!("gpushim: {var}=\"{value}\": ")), "{lines:?}");

@@ -6,7 +6,8 @@
 use crate::context::{self, Ctx};
 use crate::types::*;
 use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::atomic::AtomicU64;
+use std::sync::{OnceLock, RwLock};
 use crate::timeline::{self, Op};
 
 pub struct Stream {
@@ -17,8 +18,9 @@ pub struct Stream {
 
 pub struct Event {
     pub flags: u32,
-    /// When its stream reaches it (CLOCK_MONOTONIC ns); `None` until first recorded.
-    recorded: Mutex<Option<u64>>,
+    /// When its stream reaches it (CLOCK_MONOTONIC ns); 0 until first recorded (see
+    /// `timeline::submit_event`: it may still move to the start of its stream's next work).
+    recorded: AtomicU64,
 }
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
@@ -119,13 +121,12 @@ unsafe fn stream_ctx_v2(
 fn record(e: CUevent, s: CUstream, ptsz: bool) -> Res {
     let ev = event(e)?;
     let t = timeline::target(s, ptsz)?;
-    let (at, _) = timeline::submit(&t, Op::mark());
-    *ev.recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    timeline::submit_event(&t, &ev.recorded);
     Ok(())
 }
 
 fn stamp(ev: &Event) -> Option<u64> {
-    *ev.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    Some(ev.recorded.load(std::sync::atomic::Ordering::Acquire)).filter(|&t| t != 0)
 }
 
 /// `cuStreamWaitEvent`: later work on the stream starts no earlier than the event's time (an
@@ -336,7 +337,7 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         context::current()?;
-        let e: &'static Event = Box::leak(Box::new(Event { flags, recorded: Mutex::new(None) }));
+        let e: &'static Event = Box::leak(Box::new(Event { flags, recorded: AtomicU64::new(0) }));
         let h = e as *const Event as usize;
         insert(&EVENTS, h);
         put(ph, h as CUevent)

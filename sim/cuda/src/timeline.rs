@@ -78,6 +78,28 @@ pub fn queue_depth() -> usize {
     DEPTH.load(Ordering::Relaxed)
 }
 
+/// `GPUSIM_TIMESLICE_NS`: how far ahead of the device one process' work may be queued while
+/// another process has work on the same device (default 2 ms; see `submit`).
+pub fn timeslice_ns() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_u64("GPUSIM_TIMESLICE_NS", 2_000_000, MAX_KERNEL_NS).max(1))
+}
+
+/// Whether a process other than this one submitted kernels to physical device `p` in the last
+/// two 100 ms epochs of the node state (never without node state).
+fn others_active(p: usize, now: u64) -> bool {
+    let Some(node) = crate::node::active() else { return false };
+    let me = std::process::id() as u64;
+    let cur = busy::epoch(now);
+    (0..busy::NPIDS).any(|e| {
+        let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
+        let (Some(pid), Some(last)) = (node.time_word(p, base), node.time_word(p, base + 1)) else { return false };
+        let pid = pid.load(Ordering::Acquire);
+        // (`last`: the latest epoch the process wrote busy time in)
+        pid != 0 && pid != me && last.load(Ordering::Acquire) + 2 > cur
+    })
+}
+
 /// `GPUSIM_QUEUE_DEPTH` once read (0: not yet); tests set it.
 static DEPTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -135,6 +157,9 @@ struct StreamTime {
     pending: VecDeque<u64>,
     /// Host functions submitted, not returned yet.
     host_pending: u32,
+    /// Events recorded while the device worked for others (their stamp provisional): the
+    /// stream's next work, if submitted before that time, moves them to its start.
+    floating: Vec<(&'static AtomicU64, u64)>,
 }
 
 #[derive(Default)]
@@ -157,6 +182,13 @@ fn state() -> MutexGuard<'static, State> {
     static S: OnceLock<Mutex<State>> = OnceLock::new();
     S.get_or_init(|| Mutex::new(State::default())).lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// How soon after an event recorded on an idle stream the stream's next work must be submitted
+/// to run right behind it (the two submitted back to back).
+const FLOAT_GRACE_NS: u64 = 50_000;
+
+/// When this process' own kernels on each physical device end (for the time slice).
+static OWN_TAIL: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
 
 /// Process-local `busy_until` per physical device (without node state).
 static LOCAL_BUSY: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
@@ -207,7 +239,8 @@ impl Op {
     }
 }
 
-fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64) -> (u64, u64) {
+/// `called`: when the program made the call (before any wait of the queue or time slice).
+fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64, called: u64) -> (u64, u64) {
     let ct = st.ctxs.entry(t.ctx.id).or_default();
     let (legacy_tail, blocking_tail) = (ct.legacy_tail, ct.blocking_tail);
     let s = st.streams.entry(t.key).or_default();
@@ -222,6 +255,14 @@ fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64) -> (u64, u64) {
     // A host function runs when its stream reaches it, whatever the device does for others.
     let start = if op.host { ready } else { device_start(t.ctx.physical, ready, op.dur, op.kernel) };
     let end = start + op.dur;
+    // Events recorded on an idle stream while the device worked for another process are
+    // written when this process' context next runs: right before its next work, if that comes
+    // before the device would have reached them.
+    for (cell, provisional) in std::mem::take(&mut s.floating) {
+        if provisional.saturating_add(FLOAT_GRACE_NS) > called && cell.load(Ordering::Acquire) == provisional {
+            cell.store(start.max(provisional), Ordering::Release);
+        }
+    }
     s.tail = s.tail.max(end);
     if end > now {
         s.pending.push_back(end);
@@ -246,7 +287,8 @@ fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64) -> (u64, u64) {
 /// while the stream holds `GPUSIM_QUEUE_DEPTH` uncompleted operations.
 pub fn submit(t: &Target, op: Op) -> (u64, u64) {
     let depth = queue_depth();
-    let deadline = now().saturating_add(MAX_WAIT_NS);
+    let called = now();
+    let deadline = called.saturating_add(MAX_WAIT_NS);
     loop {
         let n = now();
         let wait_for = {
@@ -255,9 +297,39 @@ pub fn submit(t: &Target, op: Op) -> (u64, u64) {
             while s.pending.front().is_some_and(|&e| e <= n) {
                 s.pending.pop_front();
             }
+            // Time-slicing between processes: a GPU shared by several processes switches
+            // between their contexts every time slice, so one process' queued work never holds
+            // another's back for long. Modelled at submission (times are fixed then): while
+            // another process has work on the device, a launch waits until this process' own
+            // work queued on the device ends within one time slice (README "Time").
+            // ... and a context keeps the device for its time slice: the kernels one process
+            // submits back to back run back to back, the others' launches waiting meanwhile
+            // (without it, another process' kernel could slip between two of them).
+            if op.launch && op.kernel && n < deadline {
+                if let Some(until) = held_by_other(t.ctx.physical, n) {
+                    drop(st);
+                    mark_active(t.ctx.physical, n);
+                    sleep_until(until.min(deadline), || true);
+                    continue;
+                }
+            }
+            let slice_wait = if op.launch && op.kernel && n < deadline {
+                let own = OWN_TAIL[t.ctx.physical.min(busy::MAX_DEVICES - 1)].load(Ordering::Acquire);
+                (own > n.saturating_add(timeslice_ns()) && others_active(t.ctx.physical, n)).then(|| own - timeslice_ns())
+            } else {
+                None
+            };
+            if let Some(at) = slice_wait {
+                drop(st);
+                mark_active(t.ctx.physical, n);
+                sleep_until(at.min(deadline), || true);
+                continue;
+            }
             if !op.launch || s.pending.len() < depth || n >= deadline {
-                let r = schedule_locked(&mut st, t, op, n);
+                let r = schedule_locked(&mut st, t, op, n, called);
                 if op.kernel && op.dur > 0 {
+                    hold(t.ctx.physical, n, r.1);
+                    OWN_TAIL[t.ctx.physical.min(busy::MAX_DEVICES - 1)].fetch_max(r.1, Ordering::AcqRel);
                     record_busy(t.ctx.physical, r.0, r.1, n);
                 }
                 return r;
@@ -265,6 +337,26 @@ pub fn submit(t: &Target, op: Op) -> (u64, u64) {
             s.pending[s.pending.len() - depth]
         };
         sleep_until(wait_for.min(deadline), || true);
+    }
+}
+
+/// `cuEventRecord`: stamps `cell` with the time the stream reaches the event. An event that
+/// follows the stream's own unfinished work is reached when that work ends (a time-sliced GPU
+/// runs a context's commands back to back, whatever other processes queued meanwhile). One
+/// recorded on an idle stream while another process' work occupies the device is written
+/// when this process' context gets the device: provisionally when the device is free, moved to
+/// the start of the stream's next work if that is submitted before then.
+pub fn submit_event(t: &Target, cell: &'static AtomicU64) {
+    let n = now();
+    let tail = state().streams.get(&t.key).map_or(0, |s| s.tail);
+    let (at, _) = submit(t, Op::mark());
+    let at = if tail > n { tail.max(n).min(at) } else { at };
+    cell.store(at.max(1), Ordering::Release);
+    if tail <= n {
+        let mut st = state();
+        if let Some(s) = st.streams.get_mut(&t.key) {
+            s.floating.push((cell, at));
+        }
     }
 }
 
@@ -417,31 +509,73 @@ pub fn mark_used(p: usize) {
 
 /// The node's entry of this process on device `p` (claimed at first use): word index of its
 /// pid. Entries of processes idle for the ring's whole span are taken over.
-fn node_record(p: usize, start: u64, end: u64, now: u64) {
-    let Some(node) = crate::node::active() else { return };
+fn node_entry(node: &crate::node::Node, p: usize, now: u64) -> Option<usize> {
     let pid = std::process::id() as u64;
     let cur = busy::epoch(now);
-    let mut entry = None;
     for e in 0..busy::NPIDS {
         let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-        let Some(w) = node.time_word(p, base) else { return };
-        if w.load(Ordering::Acquire) == pid {
-            entry = Some(base);
-            break;
+        if node.time_word(p, base)?.load(Ordering::Acquire) == pid {
+            return Some(base);
         }
     }
-    if entry.is_none() {
-        for e in 0..busy::NPIDS {
-            let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-            let (Some(w), Some(last)) = (node.time_word(p, base), node.time_word(p, base + 1)) else { return };
-            let old = w.load(Ordering::Acquire);
-            let stale = old == 0 || last.load(Ordering::Acquire) + (busy::NBUCKETS as u64) < cur;
-            if stale && w.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                entry = Some(base);
-                break;
-            }
+    for e in 0..busy::NPIDS {
+        let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
+        let (w, last) = (node.time_word(p, base)?, node.time_word(p, base + 1)?);
+        let old = w.load(Ordering::Acquire);
+        let stale = old == 0 || last.load(Ordering::Acquire) + (busy::NBUCKETS as u64) < cur;
+        if stale && w.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return Some(base);
         }
     }
+    None
+}
+
+/// The time slice's hold of device `p` in the node state: (holder pid, held until, held since).
+fn hold_words(p: usize) -> Option<(&'static AtomicU64, &'static AtomicU64, &'static AtomicU64)> {
+    let node = crate::node::active()?;
+    Some((node.time_word(p, 2)?, node.time_word(p, 3)?, node.time_word(p, 4)?))
+}
+
+/// Until when another process holds device `p` (its time slice), if it does.
+fn held_by_other(p: usize, now: u64) -> Option<u64> {
+    let (holder, until, _) = hold_words(p)?;
+    let until = until.load(Ordering::Acquire);
+    (holder.load(Ordering::Acquire) != std::process::id() as u64 && until > now).then_some(until)
+}
+
+/// A kernel of this process on device `p` ends at `end`: it holds the device until then (and
+/// a moment more, for its next launch), for at most one time slice in a row while another
+/// process waits; then it lets the others have the device. (Three words written one after the
+/// other: two processes taking the hold at the same instant may both run; a simulation's
+/// approximation.)
+fn hold(p: usize, now: u64, end: u64) {
+    let Some((holder, until, since)) = hold_words(p) else { return };
+    let me = std::process::id() as u64;
+    if holder.load(Ordering::Acquire) == me {
+        if now.saturating_sub(since.load(Ordering::Acquire)) >= timeslice_ns() && others_active(p, now) {
+            until.store(0, Ordering::Release);
+            return;
+        }
+    } else {
+        holder.store(me, Ordering::Release);
+        since.store(now, Ordering::Release);
+    }
+    until.store(end.saturating_add(FLOAT_GRACE_NS), Ordering::Release);
+}
+
+/// This process has work for device `p` now (a launch waiting for its turn): other processes
+/// see it active (`others_active`) before its first kernel is recorded.
+fn mark_active(p: usize, now: u64) {
+    let Some(node) = crate::node::active() else { return };
+    if let Some(last) = node_entry(node, p, now).and_then(|base| node.time_word(p, base + 1)) {
+        last.fetch_max(busy::epoch(now), Ordering::AcqRel);
+    }
+}
+
+/// Adds `[start, end)` to this process' entry of device `p` in the node state.
+fn node_record(p: usize, start: u64, end: u64, now: u64) {
+    let Some(node) = crate::node::active() else { return };
+    let entry = node_entry(node, p, now);
     let Some(base) = entry else { return };
     for (e, ns) in busy::split(start, end, now) {
         let Some(cell) = node.time_word(p, base + 2 + (e as usize % busy::NBUCKETS)) else { return };
