@@ -59,7 +59,7 @@ pub const AHEAD: u64 = 1_000_000;
 /// How much of the clock a waiting thread lets pass before launching again.
 pub const BURST: u64 = 4_000_000;
 /// The most catching up idle time earns.
-pub const CREDIT: u64 = 10_000_000;
+pub const CREDIT: u64 = 50_000_000;
 /// The longest single sleep between two measurements.
 pub const STEP: u64 = 2_000_000;
 /// The longest a launch waits.
