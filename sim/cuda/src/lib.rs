@@ -14,6 +14,7 @@ mod devices;
 mod errors;
 mod export_tables;
 mod graphs;
+mod green;
 mod ipc;
 mod kernels;
 /// MD2 and HMAC-MD2 for the integrity check: the shim's own file, one implementation for both.
