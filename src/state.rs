@@ -128,6 +128,9 @@ pub const NEEDS_LIMIT: u8 = 4;
 /// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
 pub const NEEDS_PLACE: u8 = 8;
 
+/// `green` in the hook table: needed in the `green` compute mode (`compute::green`).
+pub const NEEDS_GREEN: u8 = 16;
+
 /// `State::needs_cache`: the figure is known.
 const NEEDS_KNOWN: u8 = 0x80;
 
@@ -374,7 +377,8 @@ impl State {
         let split = if self.split_configured() { NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { NEEDS_LIMIT } else { 0 };
         let place = if self.placement.is_some() { NEEDS_PLACE } else { 0 };
-        split | limit | place | if self.pooled() { NEEDS_POOL } else { 0 }
+        let green = if self.mode == Mode::Active && crate::compute::mode::resolve(&self.settings) == crate::compute::mode::Mode::Green { NEEDS_GREEN } else { 0 };
+        split | limit | place | green | if self.pooled() { NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
@@ -393,6 +397,7 @@ impl State {
         }
         self.pools.reset_after_fork(Vec::new());
         crate::accounting::vmm::reset_after_fork();
+        crate::compute::green::reset_after_fork();
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
         }

@@ -232,6 +232,14 @@ pub struct Api {
     // Kernel names for the placement log (`placement`; CUDA 12.3+).
     pub func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
     pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
+    // Green contexts for the `green` compute mode (`compute::green`; CUDA 12.4+). The
+    // resources are `CUdevResource *`, descriptors and green contexts opaque pointers.
+    pub device_get_dev_resource: Option<unsafe extern "C" fn(CUdevice, *mut c_void, c_int) -> CUresult>,
+    pub dev_sm_resource_split_by_count: Option<unsafe extern "C" fn(*mut c_void, *mut c_uint, *const c_void, *mut c_void, c_uint, c_uint) -> CUresult>,
+    pub dev_resource_generate_desc: Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> CUresult>,
+    pub green_ctx_create: Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, CUdevice, c_uint) -> CUresult>,
+    pub green_ctx_destroy: Option<unsafe extern "C" fn(*mut c_void) -> CUresult>,
+    pub ctx_from_green_ctx: Option<unsafe extern "C" fn(*mut CUcontext, *mut c_void) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, known, c"name")`.
@@ -283,6 +291,12 @@ impl Api {
         device_get_graph_mem_attribute: None,
         func_get_name: None,
         kernel_get_name: None,
+        device_get_dev_resource: None,
+        dev_sm_resource_split_by_count: None,
+        dev_resource_generate_desc: None,
+        green_ctx_create: None,
+        green_ctx_destroy: None,
+        ctx_from_green_ctx: None,
     };
 
     /// `known`: the pointers already looked up (the hooks'), by name; the rest are looked up.
@@ -321,6 +335,12 @@ impl Api {
             device_get_graph_mem_attribute: sym!(lib, known, c"cuDeviceGetGraphMemAttribute"),
             func_get_name: sym!(lib, known, c"cuFuncGetName"),
             kernel_get_name: sym!(lib, known, c"cuKernelGetName"),
+            device_get_dev_resource: sym!(lib, known, c"cuDeviceGetDevResource"),
+            dev_sm_resource_split_by_count: sym!(lib, known, c"cuDevSmResourceSplitByCount"),
+            dev_resource_generate_desc: sym!(lib, known, c"cuDevResourceGenerateDesc"),
+            green_ctx_create: sym!(lib, known, c"cuGreenCtxCreate"),
+            green_ctx_destroy: sym!(lib, known, c"cuGreenCtxDestroy"),
+            ctx_from_green_ctx: sym!(lib, known, c"cuCtxFromGreenCtx"),
         }
     }
 

@@ -1,0 +1,37 @@
+//! Which mode enforces this process' compute limit (`GPUSHIM_COMPUTE_MODE`), worked out once.
+//!
+//! The resolution itself (`auto`: is an MPS control daemon reachable?) is the shared crate's
+//! (`gpushim_common::compute_mode`), so that `gpushim check` says the same; here it is done
+//! with the process' own environment, once, and `auto`'s choice is logged at `info`.
+
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
+use gpushim_common::compute_mode::{self, ENV_PIPE_DIRECTORY};
+use gpushim_common::config::Settings;
+
+use crate::platform::log::{log, Level};
+
+pub use gpushim_common::compute_mode::Mode;
+
+/// 0: not worked out yet; else 1 + the mode's index.
+static RESOLVED: AtomicU8 = AtomicU8::new(0);
+
+const MODES: [Mode; 4] = [Mode::None, Mode::Duty, Mode::Mps, Mode::Green];
+
+/// The mode of this process (`None`: no compute limit is set). Worked out at the first call
+/// (one `connect` to the MPS control socket for `auto`) and kept: the settings of a process
+/// never change.
+pub fn resolve(settings: &Settings) -> Mode {
+    let cached = RESOLVED.load(Relaxed);
+    if cached != 0 {
+        return MODES[(cached - 1) as usize];
+    }
+    let pipe_dir = std::env::var_os(ENV_PIPE_DIRECTORY);
+    let r = compute_mode::resolve(settings, pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
+    if let Some(why) = &r.why {
+        log!(Level::Info, "GPUSHIM_COMPUTE_MODE=auto: {} ({why})", r.mode.as_str());
+    }
+    let index = MODES.iter().position(|&m| m == r.mode).unwrap_or(1);
+    RESOLVED.store(index as u8 + 1, Relaxed);
+    r.mode
+}
