@@ -198,3 +198,26 @@ fn the_cuda_runtime_allocates_and_launches_in_green_contexts() {
     assert_eq!(out.report().green_contexts, vec![(0, 32), (1, 32)], "{}", out.dump());
     assert!(out.gpushim_lines().is_empty(), "{}", out.dump());
 }
+
+/// `gpushim check` says which mode enforces the compute limit, resolved as the library does.
+#[test]
+fn check_names_the_compute_mode() {
+    shim_path();
+    nvml_sim_library();
+    let check = |env: &[(&str, &str)]| {
+        let out = Run::new(env!("CARGO_BIN_EXE_gpushim")).arg("check").env("GPUSHIM_CONFIG", "/dev/null").env("GPUSIM_DEVICES", "2").envs(env).run();
+        assert!(out.status.success(), "{}", out.dump());
+        out.stdout_text().lines().filter(|l| l.starts_with("compute mode:")).map(str::to_string).collect::<Vec<_>>()
+    };
+    assert!(check(&[]).is_empty(), "no compute limit, no line");
+    assert_eq!(check(&GREEN), ["compute mode: green (environment variable GPUSHIM_COMPUTE_MODE)"]);
+    let (dir, _listener) = pipe_dir("mps-pipe-check", 0o700);
+    let d = dir.to_str().unwrap();
+    assert_eq!(
+        check(&[("GPUSHIM_COMPUTE_LIMIT", "30%"), ("CUDA_MPS_PIPE_DIRECTORY", d)]),
+        [format!("compute mode: mps (auto: an MPS control daemon is reachable at {d}/control)")]
+    );
+    let empty = fresh_dir("mps-pipe-check-empty");
+    let lines = check(&[("GPUSHIM_COMPUTE_LIMIT", "30%"), ("CUDA_MPS_PIPE_DIRECTORY", empty.to_str().unwrap())]);
+    assert!(lines.len() == 1 && lines[0].starts_with("compute mode: duty (auto: no usable MPS control daemon: "), "{lines:?}");
+}

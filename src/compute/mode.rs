@@ -21,11 +21,23 @@ const MODES: [Mode; 4] = [Mode::None, Mode::Duty, Mode::Mps, Mode::Green];
 /// The mode of this process (`None`: no compute limit is set). Worked out at the first call
 /// (one `connect` to the MPS control socket for `auto`) and kept: the settings of a process
 /// never change.
+#[inline]
 pub fn resolve(settings: &Settings) -> Mode {
     let cached = RESOLVED.load(Relaxed);
     if cached != 0 {
         return MODES[(cached - 1) as usize];
     }
+    if settings.disable || !settings.compute_limits_anything() {
+        // (the common case, on the first lookup's small stack: nothing more to work out)
+        RESOLVED.store(1, Relaxed);
+        return Mode::None;
+    }
+    resolve_first(settings)
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_first(settings: &Settings) -> Mode {
     let pipe_dir = std::env::var_os(ENV_PIPE_DIRECTORY);
     let r = compute_mode::resolve(settings, pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
     if let Some(why) = &r.why {
