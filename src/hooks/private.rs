@@ -14,7 +14,10 @@
 //! to the driver's but for those two slots: the context slot speaks program ordinals
 //! (`State::retain_primary`), and the check hashes the program's devices
 //! (`State::program_devices_facts`) with the copies' addresses and the shim's check function.
-//! Every other table, and these two when nothing is split, are the driver's own, untouched.
+//! In the `green` compute mode the same two copies are handed out without a split: the
+//! context slot retains the device's green context (`hooks/green.rs`) and the check hashes the
+//! driver's own devices. Every other table, and these two when nothing is split and the mode
+//! is not `green`, are the driver's own, untouched.
 //!
 //! A driver table whose shape is not what the runtime is known to use (slot 0 is not a
 //! plausible size in bytes) is not handed out at all while devices are split: the driver's own
@@ -66,8 +69,9 @@ struct Wrapped {
 static CONTEXT_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
 static INTEGRITY_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
 
-/// `cuGetExportTable` while devices are split (hook-table entry `split`): the driver's answer,
-/// except the two ordinal-speaking tables, which are the shim's copies.
+/// `cuGetExportTable` while devices are split or the compute mode is `green` (hook-table
+/// entries `split`, `green`): the driver's answer, except the two ordinal-speaking tables,
+/// which are the shim's copies.
 ///
 /// # Safety
 /// `real` is the driver's `cuGetExportTable`; `table` and `id` are the caller's (checked for
