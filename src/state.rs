@@ -133,6 +133,9 @@ pub const NEEDS_PLACE: u8 = 8;
 /// `compute` in the hook table: needed while the `duty` pacer enforces a compute limit.
 pub const NEEDS_COMPUTE: u8 = 16;
 
+/// `green` in the hook table: needed in the `green` compute mode (`compute::green`).
+pub const NEEDS_GREEN: u8 = 32;
+
 /// `State::needs_cache`: the figure is known.
 const NEEDS_KNOWN: u8 = 0x80;
 
@@ -381,7 +384,8 @@ impl State {
         let limit = if self.limits_apply() { NEEDS_LIMIT } else { 0 };
         let place = if self.placement.is_some() { NEEDS_PLACE } else { 0 };
         let compute = if self.compute_paced() { NEEDS_COMPUTE } else { 0 };
-        split | limit | place | compute | if self.pooled() { NEEDS_POOL } else { 0 }
+        let green = if self.mode == Mode::Active && crate::compute::mode::resolve(&self.settings) == crate::compute::mode::Mode::Green { NEEDS_GREEN } else { 0 };
+        split | limit | place | compute | green | if self.pooled() { NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
@@ -400,6 +404,7 @@ impl State {
         }
         self.pools.reset_after_fork(Vec::new());
         crate::accounting::vmm::reset_after_fork();
+        crate::compute::green::reset_after_fork();
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
         }

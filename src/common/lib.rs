@@ -11,5 +11,5 @@ pub mod settings;
 pub mod state_files;
 
 pub use platform::{bounded, once, sys};
-pub use settings::{config, secure, units};
+pub use settings::{compute_mode, config, secure, units};
 pub use state_files::{live, quota};

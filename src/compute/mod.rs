@@ -1,7 +1,9 @@
 //! Compute share (`GPUSHIM_COMPUTE_LIMIT`): which mode enforces it, and the `duty` pacer.
 
 pub mod duty;
+pub mod green;
 pub mod mode;
+pub mod mps;
 #[cfg(test)]
 mod duty_tests;
 

@@ -1,25 +1,49 @@
-//! Which mode enforces the compute limit (`GPUSHIM_COMPUTE_MODE`).
+//! Which mode enforces this process' compute limit (`GPUSHIM_COMPUTE_MODE`), worked out once.
+//!
+//! The resolution itself (`auto`: is an MPS control daemon reachable?) is the shared crate's
+//! (`gpushim_common::compute_mode`), so that `gpushim check` says the same; here it is done
+//! with the process' own environment, once, and `auto`'s choice is logged at `info`.
 
-use gpushim_common::config::{ComputeMode, Settings};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-/// The mode in use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// No compute limit.
-    None,
-    Duty,
-    Mps,
-    Green,
-}
+use gpushim_common::compute_mode::{self, ENV_PIPE_DIRECTORY};
+use gpushim_common::config::Settings;
 
-/// The mode the settings ask for (`auto`: `duty` until MPS detection is in).
+use crate::platform::log::{log, Level};
+
+pub use gpushim_common::compute_mode::Mode;
+
+/// 0: not worked out yet; else 1 + the mode's index.
+static RESOLVED: AtomicU8 = AtomicU8::new(0);
+
+const MODES: [Mode; 4] = [Mode::None, Mode::Duty, Mode::Mps, Mode::Green];
+
+/// The mode of this process (`None`: no compute limit is set). Worked out at the first call
+/// (one `connect` to the MPS control socket for `auto`) and kept: the settings of a process
+/// never change.
+#[inline]
 pub fn resolve(settings: &Settings) -> Mode {
-    if !settings.compute_limits_anything() {
+    let cached = RESOLVED.load(Relaxed);
+    if cached != 0 {
+        return MODES[(cached - 1) as usize];
+    }
+    if settings.disable || !settings.compute_limits_anything() {
+        // (the common case, on the first lookup's small stack: nothing more to work out)
+        RESOLVED.store(1, Relaxed);
         return Mode::None;
     }
-    match settings.compute_mode {
-        ComputeMode::Auto | ComputeMode::Duty => Mode::Duty,
-        ComputeMode::Mps => Mode::Mps,
-        ComputeMode::Green => Mode::Green,
+    resolve_first(settings)
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_first(settings: &Settings) -> Mode {
+    let pipe_dir = std::env::var_os(ENV_PIPE_DIRECTORY);
+    let r = compute_mode::resolve(settings, pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
+    if let Some(why) = &r.why {
+        log!(Level::Info, "GPUSHIM_COMPUTE_MODE=auto: {} ({why})", r.mode.as_str());
     }
+    let index = MODES.iter().position(|&m| m == r.mode).unwrap_or(1);
+    RESOLVED.store(index as u8 + 1, Relaxed);
+    r.mode
 }

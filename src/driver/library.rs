@@ -238,6 +238,14 @@ pub struct Api {
     pub event_query: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
     pub event_elapsed: Option<unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult>,
     pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
+    // Green contexts for the `green` compute mode (`compute::green`; CUDA 12.4+). The
+    // resources are `CUdevResource *`, descriptors and green contexts opaque pointers.
+    pub device_get_dev_resource: Option<unsafe extern "C" fn(CUdevice, *mut c_void, c_int) -> CUresult>,
+    pub dev_sm_resource_split_by_count: Option<unsafe extern "C" fn(*mut c_void, *mut c_uint, *const c_void, *mut c_void, c_uint, c_uint) -> CUresult>,
+    pub dev_resource_generate_desc: Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> CUresult>,
+    pub green_ctx_create: Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void, CUdevice, c_uint) -> CUresult>,
+    pub green_ctx_destroy: Option<unsafe extern "C" fn(*mut c_void) -> CUresult>,
+    pub ctx_from_green_ctx: Option<unsafe extern "C" fn(*mut CUcontext, *mut c_void) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, known, c"name")`.
@@ -294,6 +302,12 @@ impl Api {
         event_query: None,
         event_elapsed: None,
         event_destroy: None,
+        device_get_dev_resource: None,
+        dev_sm_resource_split_by_count: None,
+        dev_resource_generate_desc: None,
+        green_ctx_create: None,
+        green_ctx_destroy: None,
+        ctx_from_green_ctx: None,
     };
 
     /// `known`: the pointers already looked up (the hooks'), by name; the rest are looked up.
@@ -338,6 +352,12 @@ impl Api {
             // (CUDA 12.8 added `_v2`, which keeps the same signature; older drivers lack it)
             event_elapsed: sym!(lib, known, c"cuEventElapsedTime_v2").or(sym!(lib, known, c"cuEventElapsedTime")),
             event_destroy: sym!(lib, known, c"cuEventDestroy_v2"),
+            device_get_dev_resource: sym!(lib, known, c"cuDeviceGetDevResource"),
+            dev_sm_resource_split_by_count: sym!(lib, known, c"cuDevSmResourceSplitByCount"),
+            dev_resource_generate_desc: sym!(lib, known, c"cuDevResourceGenerateDesc"),
+            green_ctx_create: sym!(lib, known, c"cuGreenCtxCreate"),
+            green_ctx_destroy: sym!(lib, known, c"cuGreenCtxDestroy"),
+            ctx_from_green_ctx: sym!(lib, known, c"cuCtxFromGreenCtx"),
         }
     }
 

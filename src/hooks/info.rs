@@ -3,20 +3,47 @@
 //! Also `cuInit`, which fails while the configuration is broken (see `intercept::enter`).
 
 use std::ffi::c_uint;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use crate::compute::mode::Mode;
+use crate::platform::log::{log, Level};
 
 use crate::driver::ffi::*;
 use crate::state::State;
 
 /// `cuInit`: the device view was applied when the shim initialised (before this); once the
-/// driver is up, check it shows that view.
+/// driver is up, check it shows that view. In the `mps` compute mode the MPS client variables
+/// are set before the driver's `cuInit`; in the `green` mode a driver without green contexts
+/// makes it fail.
 pub unsafe fn init(st: &'static State, real: unsafe extern "C" fn(c_uint) -> CUresult, flags: c_uint) -> CUresult {
+    let mode = crate::compute::mode::resolve(&st.settings);
+    if mode == Mode::Mps {
+        let totals: Option<Vec<u64>> = st
+            .cuda_ordinals()
+            .and_then(|v| st.inventory().map(|inv| v.devices.iter().filter_map(|&p| inv.get(p).map(|d| d.total)).collect()));
+        crate::compute::mps::apply(&st.settings, totals.as_deref(), st.split_configured());
+    }
     let result = real(flags);
     if result == CUDA_SUCCESS {
         if let Err(e) = st.after_cuda_init() {
             if !e.is_empty() {
-                crate::platform::log::log!(crate::platform::log::Level::Error, "{e}");
+                log!(Level::Error, "{e}");
             }
             return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        if mode == Mode::Green {
+            let why = match crate::compute::green::check(st.api()) {
+                Some(why) => Some(why),
+                None if st.split_configured() => Some("green contexts and GPUSHIM_VIRTUAL_DEVICES do not go together".to_string()),
+                None => None,
+            };
+            if let Some(why) = why {
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, Relaxed) {
+                    log!(Level::Error, "GPUSHIM_COMPUTE_MODE=green: {why}; CUDA initialisation fails (choose another GPUSHIM_COMPUTE_MODE)");
+                }
+                return CUDA_ERROR_NOT_SUPPORTED;
+            }
         }
     }
     result

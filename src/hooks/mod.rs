@@ -4,7 +4,8 @@
 //! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. A hook marked
 //! `split`, `pool`, `limit`, `place` and/or `compute` is handed out only while devices are
 //! split, a memory mode serves allocations from a reserve, any limit applies
-//! (`State::limits_apply`), the placement log is on, or the `duty` pacer paces launches; otherwise
+//! (`State::limits_apply`), the placement log is on, or the `duty` pacer paces launches; `green`
+//! marks those also needed in the `green` compute mode (`compute::green`); otherwise
 //! the program gets the driver's own function. `, lane path` after the body names a fast lane
 //! the export tries first (`src/lane.rs`). Keep the `since`
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
@@ -13,6 +14,7 @@
 pub mod api;
 mod devices;
 mod graph;
+mod green;
 mod info;
 pub mod intercept;
 mod launch;
@@ -125,11 +127,12 @@ hook_table! {
     cuDeviceGraphMemTrim      = "cuDeviceGraphMemTrim"  @ 11040 split limit (dev: CUdevice)                                                  => devices::graph_mem_trim;
     cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
-    cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
-    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool limit compute (dev: CUdevice)                                                    => devices::primary_release;
-    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool limit compute (dev: CUdevice)                                                => devices::primary_release;
-    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool limit compute (dev: CUdevice)                                                      => devices::primary_reset;
-    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool limit compute (dev: CUdevice)                                                    => devices::primary_reset;
+    // (`green`: the green compute mode's primary contexts, hooks/green.rs; else as devices.rs)
+    cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool green (ctx: *mut CUcontext, dev: CUdevice)                          => green::primary_retain;
+    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool limit compute green (dev: CUdevice)                                        => green::primary_release;
+    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool limit compute green (dev: CUdevice)                                    => green::primary_release;
+    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool limit compute green (dev: CUdevice)                                          => green::primary_reset;
+    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool limit compute green (dev: CUdevice)                                        => green::primary_reset;
     cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000 split (dev: CUdevice, flags: *mut c_uint, active: *mut c_int)          => devices::primary_get_state;
     cuDevicePrimaryCtxSetFlags = "cuDevicePrimaryCtxSetFlags" @ 7000 split (dev: CUdevice, flags: c_uint)                                   => devices::primary_set_flags;
     cuDevicePrimaryCtxSetFlags_v2 = "cuDevicePrimaryCtxSetFlags" @ 11000 split (dev: CUdevice, flags: c_uint)                               => devices::primary_set_flags;
@@ -153,7 +156,7 @@ hook_table! {
     cuMemPrefetchAsync_v2_ptsz = "cuMemPrefetchAsync"   @ 12020 ptsz split (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream) => devices::prefetch_v2;
     cuPointerGetAttribute     = "cuPointerGetAttribute" @ 4000 split pool  (data: *mut c_void, attr: c_int, ptr: CUdeviceptr)                   => devices::pointer_get_attribute;
     // The runtime's private tables (src/private.rs): wrapped while splitting.
-    cuGetExportTable          = "cuGetExportTable"      @ 3000 split  (table: *mut *const c_void, id: *const [u8; 16])                      => crate::hooks::private::get_export_table;
+    cuGetExportTable          = "cuGetExportTable"      @ 3000 split green (table: *mut *const c_void, id: *const [u8; 16])                      => crate::hooks::private::get_export_table;
     cuPointerGetAttributes    = "cuPointerGetAttributes" @ 7000 split pool (n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => devices::pointer_get_attributes;
 
     // Graph memory (src/graphs.rs): handed out while a limit applies.

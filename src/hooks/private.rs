@@ -14,7 +14,10 @@
 //! to the driver's but for those two slots: the context slot speaks program ordinals
 //! (`State::retain_primary`), and the check hashes the program's devices
 //! (`State::program_devices_facts`) with the copies' addresses and the shim's check function.
-//! Every other table, and these two when nothing is split, are the driver's own, untouched.
+//! In the `green` compute mode the same two copies are handed out without a split: the
+//! context slot retains the device's green context (`hooks/green.rs`) and the check hashes the
+//! driver's own devices. Every other table, and these two when nothing is split and the mode
+//! is not `green`, are the driver's own, untouched.
 //!
 //! A driver table whose shape is not what the runtime is known to use (slot 0 is not a
 //! plausible size in bytes) is not handed out at all while devices are split: the driver's own
@@ -66,15 +69,17 @@ struct Wrapped {
 static CONTEXT_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
 static INTEGRITY_COPY: ForkOnce<Result<Wrapped, String>> = ForkOnce::new();
 
-/// `cuGetExportTable` while devices are split (hook-table entry `split`): the driver's answer,
-/// except the two ordinal-speaking tables, which are the shim's copies.
+/// `cuGetExportTable` while devices are split or the compute mode is `green` (hook-table
+/// entries `split`, `green`): the driver's answer, except the two ordinal-speaking tables,
+/// which are the shim's copies.
 ///
 /// # Safety
 /// `real` is the driver's `cuGetExportTable`; `table` and `id` are the caller's (checked for
 /// NULL here: the driver has already rejected a NULL `table` or `id`).
 pub unsafe fn get_export_table(st: &State, real: GetExportTable, table: *mut *const c_void, id: *const [u8; 16]) -> CUresult {
     let result = real(table, id);
-    if result != CUDA_SUCCESS || table.is_null() || id.is_null() || (*table).is_null() || !st.split_configured() {
+    let green = st.needs() & crate::hooks::intercept::NEEDS_GREEN != 0;
+    if result != CUDA_SUCCESS || table.is_null() || id.is_null() || (*table).is_null() || !(st.split_configured() || green) {
         return result;
     }
     let (name, copy) = match *id {
@@ -159,7 +164,10 @@ unsafe extern "C" fn primary_context(out: *mut CUcontext, dev: CUdevice) -> CUre
             return CUDA_ERROR_INVALID_VALUE;
         }
         match state::get_if_ready() {
-            Some(st) => st.retain_primary(dev, out),
+            Some(st) => match crate::hooks::green::green_share(st, dev) {
+                Some(share) => crate::hooks::green::retain(st, dev, share, out),
+                None => st.retain_primary(dev, out),
+            },
             None => CUDA_ERROR_NOT_INITIALIZED,
         }
     }))
@@ -184,7 +192,7 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
         }
         let Some(st) = state::get_if_ready() else { return CUDA_ERROR_NOT_INITIALIZED };
         let Some(driver_version) = driver_version(st) else { return CUDA_ERROR_NOT_INITIALIZED };
-        let Some(devices) = st.program_devices_facts() else { return CUDA_ERROR_NOT_INITIALIZED };
+        let Some(devices) = st.program_devices_facts().or_else(|| driver_facts(st)) else { return CUDA_ERROR_NOT_INITIALIZED };
         let header = Header {
             driver_version,
             version,
@@ -202,6 +210,23 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
         CUDA_SUCCESS
     }))
     .unwrap_or(CUDA_ERROR_UNKNOWN)
+}
+
+/// The driver's own devices' facts, in its order (the tables are wrapped without a split in
+/// the `green` compute mode: the driver's devices are the program's).
+fn driver_facts(st: &State) -> Option<Vec<DeviceFacts>> {
+    let api = st.api();
+    let devices = api.devices();
+    (!devices.is_empty()).then(|| {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(d, (_, uuid))| {
+                let pci = [50, 33, 34].map(|a| api.attribute(a, d as CUdevice).unwrap_or(0));
+                (*uuid, pci[0], pci[1], pci[2])
+            })
+            .collect()
+    })
 }
 
 fn driver_version(st: &State) -> Option<u32> {

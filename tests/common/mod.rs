@@ -1017,6 +1017,8 @@ pub struct SimReport {
     pub launches: BTreeMap<String, u64>,
     /// the whole report as JSON (for [`compute::busy_share`] and other figures)
     pub raw: serde_json::Value,
+    /// every green context created: (device ordinal, SMs)
+    pub green_contexts: Vec<(u64, u64)>,
 }
 
 impl SimReport {
@@ -1056,12 +1058,18 @@ impl SimReport {
             .and_then(|c| c.as_object())
             .map(|c| c.iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).collect())
             .unwrap_or_default();
+        let green_contexts = v
+            .get("green_contexts")
+            .and_then(|g| g.as_array())
+            .map(|a| a.iter().filter_map(|g| Some((g.get("device")?.as_u64()?, g.get("sms")?.as_u64()?))).collect())
+            .unwrap_or_default();
         Ok(SimReport {
             driver_version: json_num(&v, "driver_version")?,
             devices,
             calls,
             launches,
             raw: v,
+            green_contexts,
         })
     }
 

@@ -148,6 +148,36 @@ fn free_memory_of(c: &'static Ctx) {
     let me = c as *const Ctx as usize;
     crate::memory::free_context(me);
     crate::arrays::free_context(me);
+    if c.primary {
+        // memory made in a green context of the device is the primary context's (`green`)
+        for g in crate::green::contexts_of(c.ordinal) {
+            crate::memory::free_context(g as *const Ctx as usize);
+            crate::arrays::free_context(g as *const Ctx as usize);
+        }
+    }
+}
+
+/// The primary context's release, for a green context's destruction (`green`).
+pub(crate) fn primary_release_of(dev: CUdevice) -> Res {
+    primary_release(dev)
+}
+
+/// A context that is not primary, for a green context (`green`): not made current.
+pub(crate) fn new_context(dev: CUdevice, flags: u32) -> Res<&'static Ctx> {
+    let p = phys_of(dev)?;
+    Ok(new_ctx(dev, p.index, false, flags))
+}
+
+/// Makes `c` a stale handle (not current on this thread any more) and drops its storage; its
+/// memory is left to the caller.
+pub(crate) fn retire(c: &'static Ctx) {
+    live()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(c as *const Ctx as usize));
+    c.alive.store(false, Ordering::Release);
+    let _ = with_stack(|s| s.retain(|x| !std::ptr::eq(*x, c)));
+    storage_destroy(c);
 }
 
 fn primary_set_flags(dev: CUdevice, flags: u32) -> Res {
@@ -420,16 +450,10 @@ cu_api! {
 #[allow(non_snake_case)]
 fn cuCtxDestroy_v2_impl(ctx: CUcontext) -> Res {
     let c = from_handle(ctx)?;
-    if c.primary {
+    if c.primary || crate::green::is_green(c) {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
-    live()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(ctx as usize));
-    c.alive.store(false, Ordering::Release);
-    with_stack(|s| s.retain(|x| !std::ptr::eq(*x, c)))?;
-    storage_destroy(c);
+    retire(c);
     free_memory_of(c);
     Ok(())
 }

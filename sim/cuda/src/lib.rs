@@ -14,6 +14,7 @@ mod devices;
 mod errors;
 mod export_tables;
 mod graphs;
+mod green;
 mod hostfn;
 mod ipc;
 mod kernels;

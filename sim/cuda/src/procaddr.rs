@@ -176,6 +176,15 @@ pub static PROCS: &[(&str, &[Variant])] = &[
         "cuCtxDisablePeerAccess",
         &[("cuCtxDisablePeerAccess", 4000, D)],
     ),
+    // green contexts
+    ("cuDeviceGetDevResource", &[("cuDeviceGetDevResource", 12040, D)]),
+    ("cuCtxGetDevResource", &[("cuCtxGetDevResource", 12040, D)]),
+    ("cuGreenCtxGetDevResource", &[("cuGreenCtxGetDevResource", 12040, D)]),
+    ("cuDevSmResourceSplitByCount", &[("cuDevSmResourceSplitByCount", 12040, D)]),
+    ("cuDevResourceGenerateDesc", &[("cuDevResourceGenerateDesc", 12040, D)]),
+    ("cuGreenCtxCreate", &[("cuGreenCtxCreate", 12040, D)]),
+    ("cuCtxFromGreenCtx", &[("cuCtxFromGreenCtx", 12040, D)]),
+    ("cuGreenCtxDestroy", &[("cuGreenCtxDestroy", 12040, D)]),
     // linear memory
     (
         "cuMemAlloc",

@@ -13,6 +13,7 @@ use crate::devices::*;
 use crate::errors::*;
 use crate::export_tables::*;
 use crate::graphs::*;
+use crate::green::*;
 use crate::ipc::*;
 use crate::kernels::*;
 use crate::memory::*;
@@ -38,6 +39,10 @@ gpusim_common::exports! {
     cuCtxGetDevice_v2, cuCtxSynchronize, cuCtxSynchronize_v2, cuCtxGetApiVersion, cuCtxGetFlags,
     cuCtxSetFlags, cuCtxGetId, cuCtxGetLimit, cuCtxSetLimit, cuCtxGetStreamPriorityRange,
     cuCtxEnablePeerAccess, cuCtxDisablePeerAccess,
+    // green contexts
+    cuDeviceGetDevResource, cuCtxGetDevResource, cuGreenCtxGetDevResource,
+    cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc, cuGreenCtxCreate, cuCtxFromGreenCtx,
+    cuGreenCtxDestroy,
     // memory
     cuMemAlloc_v2, cuMemAlloc, cuMemFree_v2, cuMemFree, cuMemAllocPitch_v2, cuMemAllocPitch,
     cuMemAllocManaged, cuMemGetInfo_v2, cuMemGetInfo, cuMemGetAddressRange_v2,

@@ -158,12 +158,13 @@ pub fn report_json() -> String {
         })
         .collect();
     format!(
-        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}},\"launches\":{},\"busy\":{}}}\n",
+        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}},\"launches\":{},\"busy\":{},\"green_contexts\":{}}}\n",
         crate::config::get().driver_version,
         devs.join(","),
         counters::calls_json(registry::NAMES, &registry::COUNTS),
         crate::kernels::launches_json(),
-        crate::timeline::busy_json()
+        crate::timeline::busy_json(),
+        crate::green::report_json()
     )
 }
 

@@ -36,6 +36,9 @@ pub fn main(args: &crate::cli::CheckArgs) -> Result<(), Failure> {
         return Ok(());
     }
     print_settings(&settings, &env, &parsed);
+    if let Some(line) = compute_mode_line(&settings, &env) {
+        println!("{line}");
+    }
     let lib = library::find("check", parsed.library.as_deref(), &env)?;
     println!();
     println!("library: {}", lib.display());
@@ -124,6 +127,17 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
         }
         None => println!("config file: none ({} does not exist)", config::DEFAULT_CONFIG_PATH),
     }
+}
+
+/// `compute mode: …` — how the compute limit would be enforced in the program (the library's
+/// own resolution, `gpushim_common::compute_mode`); `None` without a compute limit.
+pub(crate) fn compute_mode_line(s: &Settings, env: &[(OsString, OsString)]) -> Option<String> {
+    use gpushim_common::compute_mode::{self, Mode};
+    let r = compute_mode::resolve(s, library::lookup(env, compute_mode::ENV_PIPE_DIRECTORY), false);
+    (r.mode != Mode::None).then(|| match r.why {
+        Some(why) => format!("compute mode: {} (auto: {why})", r.mode.as_str()),
+        None => format!("compute mode: {} ({})", r.mode.as_str(), s.source_of("compute_mode")),
+    })
 }
 
 pub(crate) struct Probe {
