@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # gpushim on real NVIDIA hardware: PyTorch, JAX, CuPy, nvcc-built and driver-API programs,
-# nvidia-smi and pynvml, each with and without LD_PRELOAD=libgpushim.so. Prints a
+# nvidia-smi and pynvml, each with and without LD_PRELOAD=libgpushim.so; the compute share
+# (GPUSHIM_COMPUTE_LIMIT: two PyTorch processes at 30 % and 70 %, a CUDA graph loop, launch
+# overhead, green contexts; `--only compute`). Prints a
 # PASS/FAIL/SKIP table and writes a JSON result file; exit status 0 iff nothing FAILed
 # (2: could not run at all). A scenario whose prerequisite is missing (no GPU, no JAX, no
 # nvcc, one GPU only …) is SKIP with the reason.

@@ -351,6 +351,18 @@ fn prometheus_scrapes_the_endpoint() {
     prom.wait(&format!("gpushim_quota_used_bytes{{quota=\"job\",gpu_uuid=\"{}\"}}", phys_uuid(0)), &(6 * MIB).to_string());
     // an alert-style expression: the program near its limit
     prom.wait("count(gpushim_memory_used_bytes / gpushim_memory_limit_bytes > 0.05)", "2");
+    // the compute share's families, from a live file with known figures (this process, as the
+    // pacer fills it): a 30 % limit, 300 s of GPU time, 1.5 s throttled
+    let publisher = gpushim_common::live::Publisher::start(&node.state, None, &[gpushim_common::live::ViewEntry { uuid: phys_uuid(0), part: None }]).expect("publish");
+    let c = &publisher.device(0).unwrap().compute;
+    c.limit_ppm.store(300_000, std::sync::atomic::Ordering::Relaxed);
+    c.busy_ns.store(300_000_000_000, std::sync::atomic::Ordering::Relaxed);
+    c.throttled_ns.store(1_500_000_000, std::sync::atomic::Ordering::Relaxed);
+    let me = std::process::id();
+    prom.wait(&format!("gpushim_compute_limit_ratio{{pid=\"{me}\",device=\"0\"}}"), "0.3");
+    prom.wait(&format!("gpushim_gpu_busy_seconds_total{{pid=\"{me}\",device=\"0\"}}"), "300");
+    prom.wait(&format!("gpushim_compute_throttled_seconds_total{{pid=\"{me}\",device=\"0\"}}"), "1.5");
+    publisher.remove();
     drop(a);
     prom.wait(&format!("gpushim_process_alive{{pid=\"{pa}\"}}"), "0");
     eprintln!("prometheus: first figures after {first:?}, all checks after {:?}", started.elapsed());

@@ -113,6 +113,73 @@ fn split_parts_are_labelled() {
     assert_eq!(value(&s, "gpushim_memory_used_bytes", &[("pid", &pid), ("device", "2"), ("gpu_uuid", &phys_uuid(1)), ("part", "")]), 0.0);
 }
 
+/// The compute share as `gpushim ps` and `gpushim metrics` show it, from a live file with known
+/// figures (made here with the library's own `Publisher`, as the pacer fills it): device 0
+/// with a 30 % limit in mode duty, 300 s of GPU time in the 1000 s since the process started
+/// publishing (30 % achieved), 1.5 s throttled, 12345 launches; device 1 without a limit.
+#[test]
+fn compute_share_in_ps_and_metrics() {
+    use gpushim_common::live::{Publisher, ViewEntry};
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::Ordering::Relaxed;
+    let node = Node::new("obs-compute");
+    let (g0, g1) = (phys_uuid(0), phys_uuid(1));
+    let view = [ViewEntry { uuid: g0.clone(), part: None }, ViewEntry { uuid: g1.clone(), part: None }];
+    let publisher = Publisher::start(&node.state, None, &view).expect("publish");
+    publisher.set_compute_mode(1); // "duty"
+    let c = &publisher.device(0).unwrap().compute;
+    c.limit_ppm.store(300_000, Relaxed);
+    c.busy_ns.store(300_000_000_000, Relaxed);
+    c.throttled_ns.store(1_500_000_000, Relaxed);
+    c.launches.store(12_345, Relaxed);
+    // started publishing 1000 s ago: the header's `started` (seconds since the epoch) is its
+    // fifth word, at byte 24 (magic 8, version 4, pid 4, layout 8)
+    let pid = std::process::id().to_string();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let file = std::fs::OpenOptions::new().write(true).open(published_file(&node.state, &pid)).unwrap();
+    file.write_all_at(&(now - 1000).to_le_bytes(), 24).unwrap();
+
+    let ps = node.gpushim(&["ps"]);
+    assert!(ps.status.success(), "{}", ps.dump());
+    let text = ps.stdout_text();
+    let devices: Vec<&str> = text.lines().skip_while(|l| !l.starts_with(&format!("  pid {pid} "))).skip(1).take(2).collect();
+    assert_eq!(
+        devices,
+        [
+            format!("    device 0 {g0}: 0 B in use (peak 0 B), 0 B reserved, limit not yet resolved, 0 refused, compute limit 30% (duty), 30% achieved, 1.5 s throttled"),
+            format!("    device 1 {g1}: 0 B in use (peak 0 B), 0 B reserved, limit not yet resolved, 0 refused, compute limit -"),
+        ],
+        "{text}"
+    );
+
+    let out = node.gpushim(&["metrics", "--no-gpus"]);
+    assert!(out.status.success(), "{}", out.dump());
+    let text = out.stdout_text();
+    let s = parse_exposition(&text);
+    let at = |dev: &'static str| [("pid", pid.as_str()), ("device", dev), ("quota", ""), ("part", "")];
+    assert_eq!(value(&s, "gpushim_compute_limit_ratio", &at("0")), 0.3, "{text}");
+    assert_eq!(count(&s, "gpushim_compute_limit_ratio", &at("1")), 0, "no limit, no sample: {text}");
+    assert_eq!(value(&s, "gpushim_gpu_busy_seconds_total", &at("0")), 300.0, "{text}");
+    assert_eq!(value(&s, "gpushim_gpu_busy_seconds_total", &at("1")), 0.0, "{text}");
+    assert_eq!(value(&s, "gpushim_compute_throttled_seconds_total", &at("0")), 1.5, "{text}");
+    assert_eq!(value(&s, "gpushim_compute_launches_total", &at("0")), 12_345.0, "{text}");
+    assert_eq!(value(&s, "gpushim_compute_launches_total", &at("1")), 0.0, "{text}");
+    // the values as written, and the families' types
+    let line = |name: &str| text.lines().find(|l| l.starts_with(&format!("{name}{{pid=\"{pid}\"")) && l.contains("device=\"0\"")).unwrap_or_else(|| panic!("{name}: {text}")).to_string();
+    assert!(line("gpushim_compute_limit_ratio").ends_with("} 0.3"), "{text}");
+    assert!(line("gpushim_compute_throttled_seconds_total").ends_with("} 1.5"), "{text}");
+    assert!(line("gpushim_gpu_busy_seconds_total").ends_with("} 300"), "{text}");
+    for (name, kind) in [
+        ("gpushim_compute_limit_ratio", "gauge"),
+        ("gpushim_gpu_busy_seconds_total", "counter"),
+        ("gpushim_compute_throttled_seconds_total", "counter"),
+        ("gpushim_compute_launches_total", "counter"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}: {text}");
+    }
+    publisher.remove();
+}
+
 /// A program that never touches CUDA publishes nothing (no state directory is made).
 #[test]
 fn nothing_without_cuda() {

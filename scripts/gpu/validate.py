@@ -8,7 +8,8 @@ computed exactly from the GPU's cuDeviceTotalMem_v2, read once without the shim.
 
 Layout of this file: constants; `Check` (one PASS/FAIL/SKIP row); the viewers (what a
 program of each kind sees: PyTorch, a runtime program, a driver-API program, ctypes, pynvml,
-nvidia-smi); one function per scenario; the scenario table `SCENARIOS`; main.
+nvidia-smi); one function per scenario (those of the compute share, group `compute`, in
+compute_share.py); the scenario table `SCENARIOS`; main.
 
 Features not implemented by this version of gpushim are listed in `NOT_IMPLEMENTED` at the top
 of common.py: their scenarios are SKIP "not implemented in this version" (their code is here,
@@ -33,6 +34,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (GIB, MIB, NOT_IMPLEMENTED, BuildError, FatalError, Machine, NvmlMonitor, Skip,  # noqa: E402
                     fmt_bytes, norm_uuid, short, size_arg, tail, write_json)
+from compute_share import compute_graph, compute_green, compute_overhead, compute_pair  # noqa: E402
 
 CHUNK = 256 * MIB  # every fill allocates in pieces of this size
 SLACK = 512 * MIB  # a caching allocator may stop this far below the limit (its own rounding)
@@ -1004,6 +1006,11 @@ SCENARIOS = [
     Scenario("mode-grow", "features", mode_grow, ("driver",), feature="mode-grow"),
     Scenario("mode-preallocate", "features", mode_preallocate, ("driver",), feature="mode-preallocate"),
     Scenario("shared-quota", "features", shared_quota, ("driver",), feature="shared-quota"),
+    # the compute share: scenarios in compute_share.py
+    Scenario("compute-pair", "compute", compute_pair, ("driver", "torch")),
+    Scenario("compute-graph", "compute", compute_graph, ("driver", "torch")),
+    Scenario("compute-overhead", "compute", compute_overhead, ("driver", "torch")),
+    Scenario("compute-green", "compute", compute_green, ("driver", "torch")),
 ]
 
 

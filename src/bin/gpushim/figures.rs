@@ -173,3 +173,35 @@ pub fn human(b: u64) -> String {
     }
     format!("{b} B")
 }
+
+/// A share (0..1) as people read it, in percent with at most two decimals: `30%`, `12.5%`,
+/// `0.05%`.
+pub fn percent(share: f64) -> String {
+    let p = format!("{:.2}", share * 100.0);
+    let p = p.trim_end_matches('0').trim_end_matches('.');
+    format!("{p}%")
+}
+
+/// Seconds since the epoch, with fractions.
+pub fn now_secs() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The compute share a process achieved on a device since it started publishing: the GPU time
+/// its work took there (`busy_ns`) over the wall time since `started` (whole seconds since the
+/// epoch, as published); `None` before a second has passed.
+pub fn achieved_since_start(started: u64, busy_ns: u64, now: f64) -> Option<f64> {
+    let wall = now - started as f64;
+    (wall >= 1.0).then(|| busy_ns as f64 / 1e9 / wall)
+}
+
+/// How a device's compute share reads in `ps`: `compute limit 30% (duty), 30% achieved`;
+/// `compute limit -` without a limit and without measured work.
+pub fn compute_text(mode: &str, d: &live::DeviceFigures, started: u64, now: f64) -> String {
+    let limit = d.compute_limit.map_or("-".to_string(), |l| format!("{} ({mode})", percent(l)));
+    if d.compute_limit.is_none() && d.busy_ns == 0 {
+        return format!("compute limit {limit}");
+    }
+    let achieved = achieved_since_start(started, d.busy_ns, now).map_or("-".to_string(), |a| format!("{:.0}%", a * 100.0));
+    format!("compute limit {limit}, {achieved} achieved, {:.1} s throttled", d.throttled_ns as f64 / 1e9)
+}

@@ -47,12 +47,23 @@ struct Family {
     name: &'static str,
     kind: &'static str,
     help: &'static str,
-    samples: Vec<(String, u64)>,
+    /// (labels, value as written).
+    samples: Vec<(String, String)>,
 }
 
 impl Family {
     fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
         Family { name, kind, help, samples: Vec::new() }
+    }
+
+    fn push(&mut self, labels: &str, v: u64) {
+        self.samples.push((labels.to_string(), v.to_string()));
+    }
+
+    /// A value with fractions (Rust writes the shortest decimal that reads back as `v`, never
+    /// an exponent: `0.3`, `1.5`, `12`).
+    fn push_f64(&mut self, labels: &str, v: f64) {
+        self.samples.push((labels.to_string(), format!("{v}")));
     }
 }
 
@@ -69,6 +80,10 @@ pub fn exposition(f: &Figures) -> String {
     let mut q_used = Family::new("gpushim_quota_used_bytes", "gauge", "Device memory all processes of a shared quota hold on the device.");
     let mut q_peak = Family::new("gpushim_quota_peak_used_bytes", "gauge", "The most all processes of the shared quota held on the device at once.");
     let mut q_limit = Family::new("gpushim_quota_limit_bytes", "gauge", "The shared quota's budget on the device (the largest limit of a live member).");
+    let mut c_limit = Family::new("gpushim_compute_limit_ratio", "gauge", "The process' compute limit on the device: the share of the device's time its GPU work may occupy (0..1; only for devices with a limit).");
+    let mut c_busy = Family::new("gpushim_gpu_busy_seconds_total", "counter", "GPU time the process' work took on the device, as the shim measured it (with a compute limit).");
+    let mut c_throttled = Family::new("gpushim_compute_throttled_seconds_total", "counter", "Time the process' launches waited for their compute share.");
+    let mut c_launches = Family::new("gpushim_compute_launches_total", "counter", "Launches the shim measured for the compute share.");
     let mut g_total = Family::new("gpushim_gpu_memory_total_bytes", "gauge", "The GPU's memory (NVML).");
     let mut g_used = Family::new("gpushim_gpu_memory_used_bytes", "gauge", "The GPU's memory in use by all processes (NVML).");
     let mut users = std::collections::HashMap::new();
@@ -77,39 +92,45 @@ pub fn exposition(f: &Figures) -> String {
         let u = user(p.uid);
         let quota = esc(p.quota.as_deref().unwrap_or(""));
         let who = format!("pid=\"{}\",user=\"{}\",comm=\"{}\",quota=\"{quota}\"", p.pid, esc(&u), esc(&p.comm));
-        alive.samples.push((who.clone(), p.alive as u64));
+        alive.push(&who, p.alive as u64);
         if !p.alive {
             continue;
         }
-        devices.samples.push((who.clone(), p.view_len as u64));
+        devices.push(&who, p.view_len as u64);
         for d in &p.devices {
             let part = d.part.as_ref().map_or(String::new(), |(i, n, _)| format!("{i}/{n}"));
             let l = format!("{who},device=\"{}\",gpu_uuid=\"{}\",part=\"{part}\"", d.ordinal, esc(&d.uuid));
-            used.samples.push((l.clone(), d.in_use));
-            reserved.samples.push((l.clone(), d.reserved));
-            peak.samples.push((l.clone(), d.peak_in_use));
-            peak_res.samples.push((l.clone(), d.peak_reserved));
-            refused.samples.push((l.clone(), d.refused));
+            used.push(&l, d.in_use);
+            reserved.push(&l, d.reserved);
+            peak.push(&l, d.peak_in_use);
+            peak_res.push(&l, d.peak_reserved);
+            refused.push(&l, d.refused);
+            c_busy.push_f64(&l, d.busy_ns as f64 / 1e9);
+            c_throttled.push_f64(&l, d.throttled_ns as f64 / 1e9);
+            c_launches.push(&l, d.launches);
+            if let Some(x) = d.compute_limit {
+                c_limit.push_f64(&l, x);
+            }
             if let Some(x) = d.limit {
-                limit.samples.push((l, x));
+                limit.push(&l, x);
             }
         }
     }
     for q in &f.quotas {
         let l = format!("quota=\"{}\",user=\"{}\",gpu_uuid=\"{}\"", esc(&q.quota), esc(&user(q.uid)), esc(&q.uuid));
-        q_used.samples.push((l.clone(), q.held));
-        q_peak.samples.push((l.clone(), q.peak));
+        q_used.push(&l, q.held);
+        q_peak.push(&l, q.peak);
         if q.limit > 0 {
-            q_limit.samples.push((l, q.limit));
+            q_limit.push(&l, q.limit);
         }
     }
     for g in &f.gpus {
         let l = format!("gpu=\"{}\",gpu_uuid=\"{}\",name=\"{}\"", g.index, esc(&g.uuid), esc(&g.name));
-        g_total.samples.push((l.clone(), g.total));
-        g_used.samples.push((l, g.used));
+        g_total.push(&l, g.total);
+        g_used.push(&l, g.used);
     }
     let mut out = String::new();
-    for fam in [used, reserved, peak, peak_res, limit, refused, alive, devices, q_used, q_peak, q_limit, g_total, g_used] {
+    for fam in [used, reserved, peak, peak_res, limit, refused, c_limit, c_busy, c_throttled, c_launches, alive, devices, q_used, q_peak, q_limit, g_total, g_used] {
         let _ = writeln!(out, "# HELP {} {}", fam.name, fam.help);
         let _ = writeln!(out, "# TYPE {} {}", fam.name, fam.kind);
         for (labels, v) in fam.samples {

@@ -99,7 +99,9 @@ fn print_registry(r: &Quota) {
 }
 
 /// The processes under the shim, one line per device of each (`gpushim ps`, and `top` when
-/// not on a terminal).
+/// not on a terminal). A device's compute share: its limit and the mode in use, the share
+/// achieved (the GPU time the process' work took on the device over the wall time since the
+/// process started publishing, in whole percent) and the time its launches waited.
 pub fn processes_text(f: &crate::figures::Figures) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -108,6 +110,7 @@ pub fn processes_text(f: &crate::figures::Figures) -> String {
     }
     let dirs: Vec<String> = f.dirs.iter().filter(|d| d.exists()).map(|d| printable(&d.display().to_string())).collect();
     let live = f.processes.iter().filter(|p| p.alive).count();
+    let now = crate::figures::now_secs();
     let _ = writeln!(out, "processes under gpushim ({}): {live}", if dirs.is_empty() { "no state directory yet".into() } else { dirs.join(", ") });
     for p in &f.processes {
         let user = crate::figures::user_name(p.uid);
@@ -122,13 +125,14 @@ pub fn processes_text(f: &crate::figures::Figures) -> String {
             let limit = d.limit.map_or("not yet resolved".to_string(), human);
             let _ = writeln!(
                 out,
-                "    device {} {}{part}: {} in use (peak {}), {} reserved, limit {limit}, {} refused",
+                "    device {} {}{part}: {} in use (peak {}), {} reserved, limit {limit}, {} refused, {}",
                 d.ordinal,
                 d.uuid,
                 human(d.in_use),
                 human(d.peak_in_use),
                 human(d.reserved),
-                d.refused
+                d.refused,
+                crate::figures::compute_text(p.compute_mode, d, p.started, now)
             );
         }
     }

@@ -1,7 +1,9 @@
 //! `gpushim top [--interval SECONDS]`: the figures of `gpushim ps`, live in the terminal
 //! (ratatui on crossterm: raw mode, the alternate screen, redrawn on every resize), refreshed
 //! every interval: per GPU its memory (NVML) and the processes on it with a bar of what each
-//! holds against its limit; then the shared quotas and the processes that died. Keys: `q` /
+//! holds against its limit and its compute share (the limit, the share achieved over the last
+//! interval: the GPU time its work took there over the wall time between two readings, and
+//! the share of that time its launches waited); then the shared quotas and the processes that died. Keys: `q` /
 //! Ctrl-C quit, `s` changes the order, `r` refreshes; SIGTERM, SIGHUP, SIGINT and SIGQUIT quit
 //! too, the terminal restored (exit status 128 + the signal). Not on a terminal: one snapshot (`ps`).
 //!
@@ -69,6 +71,8 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
     let mut terminal = Terminal::new(CrosstermBackend::new(std::io::stdout())).map_err(setup)?;
     let mut order = Order::Memory;
     let mut figures = figures::collect(true);
+    let mut reading = Reading::of(&figures);
+    let mut rates = Rates::new();
     let mut next_reading = Instant::now() + interval;
     loop {
         let stopped = STOPPED_BY.load(Ordering::SeqCst);
@@ -77,7 +81,7 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
             return Err(Failure::status((128 + stopped).clamp(0, 255) as u8));
         }
         let lines = match &figures {
-            Ok(f) => render(f, order, interval),
+            Ok(f) => render(f, &rates, order, interval),
             Err(e) => vec![Line::from(format!("gpushim top: {}", figures::printable(e)))],
         };
         // (a resize is seen here: draw fits the screen to the terminal's size first)
@@ -104,10 +108,49 @@ pub fn main(interval: Duration) -> Result<(), Failure> {
             Key::Order => order = order.next(),
             Key::Refresh => {
                 figures = figures::collect(true);
+                let next = Reading::of(&figures);
+                rates = next.rates_since(&reading);
+                reading = next;
                 next_reading = Instant::now() + interval;
             }
             Key::Other => {}
         }
+    }
+}
+
+/// Each (process file, device)'s compute share over the last interval: (achieved, throttled),
+/// shares of the wall time between two readings.
+type Rates = std::collections::HashMap<(std::path::PathBuf, usize), (f64, f64)>;
+
+/// The compute counters of one reading, with its time.
+struct Reading {
+    at: Instant,
+    counters: std::collections::HashMap<(std::path::PathBuf, usize), (u64, u64)>,
+}
+
+impl Reading {
+    fn of(f: &Result<Figures, String>) -> Reading {
+        let counters = f
+            .iter()
+            .flat_map(|f| f.processes.iter().filter(|p| p.alive))
+            .flat_map(|p| p.devices.iter().map(move |d| ((p.path.clone(), d.ordinal), (d.busy_ns, d.throttled_ns))))
+            .collect();
+        Reading { at: Instant::now(), counters }
+    }
+
+    /// The shares between `before` and this reading (devices seen in both).
+    fn rates_since(&self, before: &Reading) -> Rates {
+        let wall = self.at.saturating_duration_since(before.at).as_nanos() as f64;
+        if wall <= 0.0 {
+            return Rates::new();
+        }
+        self.counters
+            .iter()
+            .filter_map(|(k, &(busy, throttled))| {
+                let &(b0, t0) = before.counters.get(k)?;
+                Some((k.clone(), (busy.saturating_sub(b0) as f64 / wall, throttled.saturating_sub(t0) as f64 / wall)))
+            })
+            .collect()
     }
 }
 
@@ -183,7 +226,7 @@ fn bar(used: u64, limit: Option<u64>) -> Span<'static> {
 }
 
 /// One screen's lines.
-fn render(f: &Figures, order: Order, interval: Duration) -> Vec<Line<'static>> {
+fn render(f: &Figures, rates: &Rates, order: Order, interval: Duration) -> Vec<Line<'static>> {
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let dim = Style::default().add_modifier(Modifier::DIM);
     let mut lines: Vec<Line> = Vec::new();
@@ -234,14 +277,19 @@ fn render(f: &Figures, order: Order, interval: Duration) -> Vec<Line<'static>> {
         }
         lines.push(Line::styled(
             format!(
-                "  {:>7} {:<8} {:<15} {:>3} {:<5} {:<22} {:>10} {:>10} {:>10} {:>7} {}",
-                "PID", "USER", "NAME", "DEV", "PART", "IN USE / LIMIT", "IN USE", "PEAK", "LIMIT", "REFUSED", "QUOTA"
+                "  {:>7} {:<8} {:<15} {:>3} {:<5} {:<22} {:>10} {:>10} {:>10} {:>13} {:>6} {:>6} {:>7} {}",
+                "PID", "USER", "NAME", "DEV", "PART", "IN USE / LIMIT", "IN USE", "PEAK", "LIMIT", "COMPUTE LIMIT", "SHARE", "WAITED", "REFUSED", "QUOTA"
             ),
             Style::default().add_modifier(Modifier::UNDERLINED),
         ));
         for r in mine {
             let part = r.d.part.as_ref().map_or(String::new(), |(i, n, _)| format!("{i}/{n}"));
             let refused = format!("{:>7}", r.d.refused);
+            let climit = r.d.compute_limit.map_or("-".to_string(), |l| format!("{} {}", figures::percent(l), r.p.compute_mode));
+            let (share, waited) = match rates.get(&(r.p.path.clone(), r.d.ordinal)) {
+                Some(&(s, w)) if r.d.compute_limit.is_some() || s > 0.0 => (format!("{:.0}%", s * 100.0), format!("{:.0}%", w * 100.0)),
+                _ => ("-".into(), "-".into()),
+            };
             lines.push(Line::from(vec![
                 Span::raw(format!(
                     "  {:>7} {:<8} {:<15} {:>3} {:<5} ",
@@ -253,7 +301,7 @@ fn render(f: &Figures, order: Order, interval: Duration) -> Vec<Line<'static>> {
                 )),
                 bar(r.d.in_use, r.d.limit),
                 Span::raw(format!(
-                    " {:>10} {:>10} {:>10} ",
+                    " {:>10} {:>10} {:>10} {climit:>13} {share:>6} {waited:>6} ",
                     human(r.d.in_use),
                     human(r.d.peak_in_use),
                     r.d.limit.map_or("-".into(), human)
