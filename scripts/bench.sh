@@ -30,6 +30,10 @@
 #     --toggle-collect=run_launches, scripts/bench/launches.c) without the shim, with the shim
 #     and the log off (the driver's own cuLaunchKernel is handed out: nothing added), and with
 #     the log on; needs valgrind.
+#  3b. Compute limit (--only compute): instructions per cuLaunchKernel as in 3, without the shim,
+#     with it and no limit, at GPUSHIM_COMPUTE_LIMIT=100% (no limit: the driver's own function)
+#     and at 90% in duty mode (the pacer's events and clock; the simulated kernels take no time,
+#     so no launch waits), in all and in libgpushim.so itself; needs valgrind.
 #  4. Load cost (--only load): instructions of /bin/true (callgrind, whole program) alone and
 #     with LD_PRELOAD=libgpushim.so (a process that never touches CUDA pays only this), and the
 #     library's size on disk; needs valgrind.
@@ -47,7 +51,7 @@
 #     alloc_pairs.c built with -DVIA_DLSYM), with system calls per pair (strace -c, 2N pairs
 #     minus N), the load cost and the start-up. If HAMi-core cannot be built, its rows say why.
 #
-# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement|load|startup|hami] [--steps N] [--targets "F ..."]
+# Usage: scripts/bench.sh [PAIRS] [--only overhead|fragmentation|placement|compute|load|startup|hami] [--steps N] [--targets "F ..."]
 #                         [--seed N]
 #   PAIRS      callgrind pairs (default 20000); one thread times 10 x PAIRS pairs, each of the
 #              8 threads 5 x PAIRS
@@ -71,7 +75,7 @@ while (($#)); do
         *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case $only in ""|overhead|fragmentation|placement|load|startup|hami) ;; *) echo "bench: --only overhead|fragmentation|placement|load|startup|hami" >&2; exit 2 ;; esac
+case $only in ""|overhead|fragmentation|placement|compute|load|startup|hami) ;; *) echo "bench: --only overhead|fragmentation|placement|compute|load|startup|hami" >&2; exit 2 ;; esac
 started=$SECONDS
 target=${CARGO_TARGET_DIR:-$PWD/target}
 bash scripts/fetch-deps.sh >/dev/null
@@ -377,9 +381,63 @@ hami() {
     echo "   library size: libgpushim.so $(stat -c %s "$shim") bytes, HAMi-core libvgpu.so $(stat -c %s "$lib") bytes (as built: with debug information)"
 }
 
+compute() {
+    local n=20000 row ins own base="" own_base=""
+    echo "== compute limit (duty): cuLaunchKernel of a PTX kernel on the default stream, simulated device (kernels take no time: no launch waits)"
+    if ! command -v valgrind >/dev/null; then echo "   (valgrind not found: skipped)"; return; fi
+    printf '%-32s %12s %9s %12s\n' "" "instr/launch" "added" "in the shim"
+    for row in "no shim" "shim, no limit" "shim, COMPUTE_LIMIT=100%" "shim, COMPUTE_LIMIT=90%"; do
+        local env=()
+        case $row in
+            "shim, no limit") env=(LD_PRELOAD="$shim") ;;
+            "shim, COMPUTE_LIMIT=100%") env=(LD_PRELOAD="$shim" GPUSHIM_COMPUTE_LIMIT=100%) ;;
+            "shim, COMPUTE_LIMIT=90%") env=(LD_PRELOAD="$shim" GPUSHIM_COMPUTE_LIMIT=90% GPUSHIM_COMPUTE_MODE=duty) ;;
+        esac
+        if ! env "${env[@]}" valgrind --tool=callgrind --toggle-collect=run_launches \
+            --callgrind-out-file="$work/cgc.out" "$work/launches" "$n" >/dev/null 2>"$work/cgc.err"; then
+            printf '%-32s %s\n' "$row" "$(why_failed "$work/cgc.err")"; continue
+        fi
+        ins=$(grep -E '^summary:|^totals:' "$work/cgc.out" | head -1 | awk '{print $2}')
+        own=$(callgrind_self_in "$work/cgc.out" libgpushim)
+        [[ -z $base ]] && base=$ins
+        printf '%-32s %12s %9s %12s\n' "$row" $((ins / n)) "$(printf '%+d' $(((ins - base) / n)))" $((own / n))
+    done
+    echo "   ($n launches under callgrind; \"added\" includes the driver's event calls the pacer makes"
+    echo "    (two cuEventRecord, a cuEventQuery and cuEventElapsedTime per launch); \"in the shim\": the"
+    echo "    instructions executed in libgpushim.so itself)"
+}
+
+# callgrind_self_in FILE OBJECT: the instructions a callgrind run executed in objects whose name
+# contains OBJECT (self cost: each function's own lines, not what it called).
+callgrind_self_in() {
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+names, ob, total, skip = {}, "", 0, False
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"(c?ob)=\((\d+)\)(?: (.*))?", line)
+    if m:
+        if m.group(3):
+            names[m.group(2)] = m.group(3)
+        if m.group(1) == "ob":
+            ob = names.get(m.group(2), "")
+        continue
+    if line.startswith("calls="):
+        skip = True
+        continue
+    if line[:1].isdigit() or line[:1] in "+-*":
+        if skip:
+            skip = False
+            continue
+        parts = line.split()
+        if len(parts) >= 2 and sys.argv[2] in ob:
+            total += int(parts[1])
+print(total)
+PY
+}
+
 # Each section when asked for alone, or all of them.
 first=1
-for section in overhead fragmentation placement load startup hami; do
+for section in overhead fragmentation placement compute load startup hami; do
     [[ -z $only || $only == "$section" ]] || continue
     ((first)) || echo
     first=0

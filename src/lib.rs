@@ -14,6 +14,7 @@ mod platform;
 mod driver;
 mod devices;
 mod accounting;
+mod compute;
 mod sharing;
 mod placement;
 mod state;

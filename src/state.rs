@@ -11,6 +11,7 @@
 
 // Where the parts meet: the state's methods that need more than one part (src/state/).
 mod accounting;
+mod compute;
 pub(crate) use accounting::{free_driver_ptr, undo_allocation};
 mod graphs;
 mod modes;
@@ -77,6 +78,8 @@ pub struct State {
     pub(crate) teardowns: crate::accounting::teardown::Teardowns,
     /// The placement log, while `GPUSHIM_LOG_PLACEMENT` is on (`placement`).
     pub(crate) placement: Option<crate::placement::Placement>,
+    /// The `duty` pacers, one per program device, made at the device's first launch.
+    pub(crate) pacers: crate::compute::Pacers,
     /// [`State::needs`], once worked out (`NEEDS_KNOWN` set).
     needs_cache: std::sync::atomic::AtomicU8,
     /// The driver shows one device and it is not split: every context, stream and allocation
@@ -127,6 +130,8 @@ pub const NEEDS_POOL: u8 = 2;
 pub const NEEDS_LIMIT: u8 = 4;
 /// `place` in the hook table: needed while the placement log is on (`GPUSHIM_LOG_PLACEMENT`).
 pub const NEEDS_PLACE: u8 = 8;
+/// `compute` in the hook table: needed while the `duty` pacer enforces a compute limit.
+pub const NEEDS_COMPUTE: u8 = 16;
 
 /// `State::needs_cache`: the figure is known.
 const NEEDS_KNOWN: u8 = 0x80;
@@ -330,6 +335,7 @@ impl State {
             graphs: crate::accounting::graphs::Graphs::new(),
             teardowns: crate::accounting::teardown::Teardowns::new(),
             placement: None,
+            pacers: crate::compute::Pacers::new(),
             needs_cache: std::sync::atomic::AtomicU8::new(0),
             only_device: AtomicBool::new(false),
         }
@@ -374,7 +380,8 @@ impl State {
         let split = if self.split_configured() { NEEDS_SPLIT } else { 0 };
         let limit = if self.limits_apply() { NEEDS_LIMIT } else { 0 };
         let place = if self.placement.is_some() { NEEDS_PLACE } else { 0 };
-        split | limit | place | if self.pooled() { NEEDS_POOL } else { 0 }
+        let compute = if self.compute_paced() { NEEDS_COMPUTE } else { 0 };
+        split | limit | place | compute | if self.pooled() { NEEDS_POOL } else { 0 }
     }
 
     /// A forked child holds nothing as far as the shim knows (`fork`).
@@ -396,6 +403,7 @@ impl State {
         if let Some(split) = self.split.get() {
             split.reset_after_fork();
         }
+        self.pacers.reset_after_fork();
     }
 
     /// Records an internal failure: reported once, and CUDA initialisation will fail.

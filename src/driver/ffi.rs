@@ -12,6 +12,7 @@ pub type CUdeviceptr = u64;
 pub type CUdeviceptr_v1 = c_uint;
 pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUmipmappedArray = *mut c_void;

@@ -232,6 +232,12 @@ pub struct Api {
     // Kernel names for the placement log (`placement`; CUDA 12.3+).
     pub func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
     pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult>,
+    // The events the compute pacer measures the device time of launches with (`compute::duty`).
+    pub event_create: Option<unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult>,
+    pub event_record: Option<unsafe extern "C" fn(CUevent, CUstream) -> CUresult>,
+    pub event_query: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
+    pub event_elapsed: Option<unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult>,
+    pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
 }
 
 /// Looks a function up and types it: `sym!(lib, known, c"name")`.
@@ -283,6 +289,11 @@ impl Api {
         device_get_graph_mem_attribute: None,
         func_get_name: None,
         kernel_get_name: None,
+        event_create: None,
+        event_record: None,
+        event_query: None,
+        event_elapsed: None,
+        event_destroy: None,
     };
 
     /// `known`: the pointers already looked up (the hooks'), by name; the rest are looked up.
@@ -321,6 +332,12 @@ impl Api {
             device_get_graph_mem_attribute: sym!(lib, known, c"cuDeviceGetGraphMemAttribute"),
             func_get_name: sym!(lib, known, c"cuFuncGetName"),
             kernel_get_name: sym!(lib, known, c"cuKernelGetName"),
+            event_create: sym!(lib, known, c"cuEventCreate"),
+            event_record: sym!(lib, known, c"cuEventRecord"),
+            event_query: sym!(lib, known, c"cuEventQuery"),
+            // (CUDA 12.8 added `_v2`, which keeps the same signature; older drivers lack it)
+            event_elapsed: sym!(lib, known, c"cuEventElapsedTime_v2").or(sym!(lib, known, c"cuEventElapsedTime")),
+            event_destroy: sym!(lib, known, c"cuEventDestroy_v2"),
         }
     }
 

@@ -159,11 +159,14 @@ fn primary_teardown(st: &State, dev: CUdevice, teardown: impl FnOnce(CUdevice) -
             Ok(teardown) => teardown,
             Err(stuck) => return crate::platform::log::refuse("cuDevicePrimaryCtxRelease/Reset", stuck, CUDA_ERROR_NOT_PERMITTED),
         };
-        let primary = if st.pooled() || st.limits_apply() { st.active_primary(d) } else { None };
+        let primary = if st.pooled() || st.limits_apply() || st.compute_paced() { st.active_primary(d) } else { None };
         let reserve = primary.filter(|_| st.pooled()).map(|c| st.context_id(c));
         let doomed = primary.map(|c| st.context_allocations(c));
         let result = teardown(d);
         if result == CUDA_SUCCESS && primary.is_some() && !st.primary_active(d) {
+            if let Some(ctx) = primary {
+                st.compute_forget_context(ctx, false);
+            }
             if let Some(id) = reserve {
                 st.forget_context_reserve(id);
             }
@@ -251,6 +254,8 @@ pub unsafe fn ctx_destroy(st: &State, real: unsafe extern "C" fn(CUcontext) -> C
         Ok(teardown) => teardown,
         Err(stuck) => return crate::platform::log::refuse("cuCtxDestroy", stuck, CUDA_ERROR_NOT_PERMITTED),
     };
+    // (the pacer's events of the context are destroyed with it: forgotten first)
+    st.compute_forget_context(ctx, true);
     let result = real(ctx);
     if result == CUDA_SUCCESS {
         st.forget_context(ctx);

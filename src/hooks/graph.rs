@@ -48,11 +48,11 @@ pub unsafe fn instantiate_v1(
 }
 
 pub unsafe fn launch(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
-    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream)), exec, stream, false)
+    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || st.paced_launch(stream, false, || real(exec, stream))), exec, stream, false)
 }
 
 pub unsafe fn launch_ptsz(st: &State, real: unsafe extern "C" fn(Exec, CUstream) -> CUresult, exec: Exec, stream: CUstream) -> CUresult {
-    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || real(exec, stream)), exec, stream, true)
+    launched(st, st.graph_launch("cuGraphLaunch", exec as usize, || st.paced_launch(stream, true, || real(exec, stream))), exec, stream, true)
 }
 
 /// The placement log counts a graph's launches (not its nodes').

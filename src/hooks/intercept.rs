@@ -55,7 +55,7 @@ pub struct HookInfo {
     pub gnu_hash: u32,
 }
 
-pub use crate::state::{NEEDS_LIMIT, NEEDS_PLACE, NEEDS_POOL, NEEDS_SPLIT};
+pub use crate::state::{NEEDS_COMPUTE, NEEDS_LIMIT, NEEDS_PLACE, NEEDS_POOL, NEEDS_SPLIT};
 
 impl HookInfo {
     /// Whether the hook is handed out when the configuration needs `active` ([`State::needs`]).
@@ -178,6 +178,7 @@ macro_rules! hook_table {
     (@needs pool) => { $crate::hooks::intercept::NEEDS_POOL };
     (@needs limit) => { $crate::hooks::intercept::NEEDS_LIMIT };
     (@needs place) => { $crate::hooks::intercept::NEEDS_PLACE };
+    (@needs compute) => { $crate::hooks::intercept::NEEDS_COMPUTE };
     (@needs ptsz) => { 0 };
 }
 pub(crate) use hook_table;

@@ -1,7 +1,8 @@
-//! The placement log's hooks (`placement`): kernel launches, and the look-ups that tell a
-//! kernel's name on drivers that cannot be asked for it. Handed out only while the log is on
-//! (`place` in the hook table); each passes the call on unchanged and records it once the
-//! driver accepted it.
+//! Kernel launches, for the `duty` pacer (`compute`: the launch waits for its device's share and
+//! is measured) and the placement log (`placement`: recorded once the driver accepted it), and
+//! the look-ups that tell a kernel's name on drivers that cannot be asked for it. Handed out
+//! only while either is on (`place`, `compute` in the hook table); the call is passed on
+//! unchanged.
 
 use std::ffi::{c_char, c_uint, c_void};
 
@@ -31,7 +32,7 @@ unsafe fn kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    let result = real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params, extra);
+    let result = st.paced_launch(stream, per_thread, || real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params, extra));
     if result == CUDA_SUCCESS {
         st.place_launch(f, stream, per_thread);
     }
@@ -88,7 +89,7 @@ unsafe fn cooperative(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    let result = real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params);
+    let result = st.paced_launch(stream, per_thread, || real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream, params));
     if result == CUDA_SUCCESS {
         st.place_launch(f, stream, per_thread);
     }
@@ -140,7 +141,15 @@ unsafe fn kernel_ex(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    let result = real(config, f, params, extra);
+    // (a NULL config is the driver's to refuse: nothing to pace)
+    let result = if config.is_null() {
+        real(config, f, params, extra)
+    } else {
+        // SAFETY: a non-NULL `CUlaunchConfig` given to the driver: its head is readable (the
+        // driver reads it too; a wild pointer would fault there).
+        let stream = unsafe { (*config).stream };
+        st.paced_launch(stream, per_thread, || real(config, f, params, extra))
+    };
     if result == CUDA_SUCCESS && !config.is_null() {
         // SAFETY: the driver accepted `config`: it points to a whole CUlaunchConfig.
         st.place_launch(f, unsafe { (*config).stream }, per_thread);

@@ -2,8 +2,9 @@
 //!
 //! To hook another function, add one line here and write its body; the export, the `dlsym` and
 //! `cuGetProcAddress` paths and the driver-pointer slot follow from the line. A hook marked
-//! `split`, `pool` and/or `limit` is handed out only while devices are split, a memory mode
-//! serves allocations from a reserve, or any limit applies (`State::limits_apply`); otherwise
+//! `split`, `pool`, `limit`, `place` and/or `compute` is handed out only while devices are
+//! split, a memory mode serves allocations from a reserve, any limit applies
+//! (`State::limits_apply`), the placement log is on, or the `duty` pacer paces launches; otherwise
 //! the program gets the driver's own function. `, lane path` after the body names a fast lane
 //! the export tries first (`src/lane.rs`). Keep the `since`
 //! column equal to the version in `cudaTypedefs.h` (`PFN_<base>_v<since>`): it is what
@@ -125,18 +126,18 @@ hook_table! {
     cuDeviceGetGraphMemAttribute = "cuDeviceGetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDeviceSetGraphMemAttribute = "cuDeviceSetGraphMemAttribute" @ 11040 split (dev: CUdevice, attr: c_int, value: *mut c_void)           => devices::graph_mem_attribute;
     cuDevicePrimaryCtxRetain  = "cuDevicePrimaryCtxRetain" @ 7000 split pool (ctx: *mut CUcontext, dev: CUdevice)                                => devices::primary_retain;
-    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool limit (dev: CUdevice)                                                    => devices::primary_release;
-    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool limit (dev: CUdevice)                                                => devices::primary_release;
-    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool limit (dev: CUdevice)                                                      => devices::primary_reset;
-    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool limit (dev: CUdevice)                                                    => devices::primary_reset;
+    cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease" @ 7000 split pool limit compute (dev: CUdevice)                                                    => devices::primary_release;
+    cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000 split pool limit compute (dev: CUdevice)                                                => devices::primary_release;
+    cuDevicePrimaryCtxReset   = "cuDevicePrimaryCtxReset" @ 7000 split pool limit compute (dev: CUdevice)                                                      => devices::primary_reset;
+    cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000 split pool limit compute (dev: CUdevice)                                                    => devices::primary_reset;
     cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000 split (dev: CUdevice, flags: *mut c_uint, active: *mut c_int)          => devices::primary_get_state;
     cuDevicePrimaryCtxSetFlags = "cuDevicePrimaryCtxSetFlags" @ 7000 split (dev: CUdevice, flags: c_uint)                                   => devices::primary_set_flags;
     cuDevicePrimaryCtxSetFlags_v2 = "cuDevicePrimaryCtxSetFlags" @ 11000 split (dev: CUdevice, flags: c_uint)                               => devices::primary_set_flags;
     cuCtxCreate_v2            = "cuCtxCreate"           @ 3020 split pool  (ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)                   => devices::ctx_create_v2;
     cuCtxCreate_v3            = "cuCtxCreate"           @ 11040 split pool (ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) => devices::ctx_create_v3;
     cuCtxCreate_v4            = "cuCtxCreate"           @ 12050 split pool (ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => devices::ctx_create_v4;
-    cuCtxDestroy              = "cuCtxDestroy"          @ 2000 split pool limit  (ctx: CUcontext)                                                      => devices::ctx_destroy;
-    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool limit  (ctx: CUcontext)                                                      => devices::ctx_destroy;
+    cuCtxDestroy              = "cuCtxDestroy"          @ 2000 split pool limit compute  (ctx: CUcontext)                                                      => devices::ctx_destroy;
+    cuCtxDestroy_v2           = "cuCtxDestroy"          @ 4000 split pool limit compute  (ctx: CUcontext)                                                      => devices::ctx_destroy;
     cuCtxGetDevice            = "cuCtxGetDevice"        @ 2000 split  (dev: *mut CUdevice)                                                  => devices::ctx_get_device;
     cuCtxGetDevice_v2         = "cuCtxGetDevice"        @ 13000 split (dev: *mut CUdevice, ctx: CUcontext)                                  => devices::ctx_get_device_v2;
     cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity" @ 10020 split (gran: *mut usize, prop: *const CUmemAllocationProp, option: c_int) => devices::allocation_granularity;
@@ -161,19 +162,19 @@ hook_table! {
     cuGraphInstantiateWithFlags = "cuGraphInstantiateWithFlags" @ 11040 limit (exec: *mut *mut c_void, graph: *mut c_void, flags: u64)        => graph::instantiate_with_flags;
     cuGraphInstantiateWithParams = "cuGraphInstantiateWithParams" @ 12000 limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
     cuGraphInstantiateWithParams_ptsz = "cuGraphInstantiateWithParams" @ 12000 ptsz limit (exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => graph::instantiate_with_params;
-    cuGraphLaunch             = "cuGraphLaunch"         @ 10000 limit place (exec: *mut c_void, stream: CUstream)                            => graph::launch;
-    cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit place (exec: *mut c_void, stream: CUstream)                       => graph::launch_ptsz;
+    cuGraphLaunch             = "cuGraphLaunch"         @ 10000 limit place compute (exec: *mut c_void, stream: CUstream)                            => graph::launch;
+    cuGraphLaunch_ptsz        = "cuGraphLaunch"         @ 10000 ptsz limit place compute (exec: *mut c_void, stream: CUstream)                       => graph::launch_ptsz;
     cuGraphUpload             = "cuGraphUpload"         @ 11010 limit (exec: *mut c_void, stream: CUstream)                                  => graph::upload;
     cuGraphUpload_ptsz        = "cuGraphUpload"         @ 11010 ptsz limit (exec: *mut c_void, stream: CUstream)                             => graph::upload;
     cuGraphExecDestroy        = "cuGraphExecDestroy"    @ 10000 limit place (exec: *mut c_void)                                                    => graph::exec_destroy;
 
     // The placement log (src/placement.rs; hooks/launch.rs): handed out only while it is on.
-    cuLaunchKernel            = "cuLaunchKernel"        @ 4000 place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
-    cuLaunchKernel_ptsz       = "cuLaunchKernel"        @ 7000 ptsz place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
-    cuLaunchKernelEx          = "cuLaunchKernelEx"      @ 11060 place (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
-    cuLaunchKernelEx_ptsz     = "cuLaunchKernelEx"      @ 11060 ptsz place (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
-    cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel" @ 9000 place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
-    cuLaunchCooperativeKernel_ptsz = "cuLaunchCooperativeKernel" @ 9000 ptsz place (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
+    cuLaunchKernel            = "cuLaunchKernel"        @ 4000 place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
+    cuLaunchKernel_ptsz       = "cuLaunchKernel"        @ 7000 ptsz place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
+    cuLaunchKernelEx          = "cuLaunchKernelEx"      @ 11060 place compute (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
+    cuLaunchKernelEx_ptsz     = "cuLaunchKernelEx"      @ 11060 ptsz place compute (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
+    cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel" @ 9000 place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
+    cuLaunchCooperativeKernel_ptsz = "cuLaunchCooperativeKernel" @ 9000 ptsz place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
     cuModuleGetFunction       = "cuModuleGetFunction"   @ 2000 place (f: *mut *mut c_void, module: *mut c_void, name: *const c_char)         => launch::module_get_function;
     cuLibraryGetKernel        = "cuLibraryGetKernel"    @ 12000 place (kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char)  => launch::library_get_kernel;
     cuKernelGetFunction       = "cuKernelGetFunction"   @ 12000 place (f: *mut *mut c_void, kernel: *mut c_void)                             => launch::kernel_get_function;

@@ -65,6 +65,11 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
         .filter(|p| p.is_mine())
 }
 
+/// This process' published file, once publishing started (not a forked child's: its parent's).
+pub fn publisher() -> Option<&'static Publisher> {
+    PUBLISHER.get().and_then(Option::as_ref).filter(|p| p.is_mine())
+}
+
 /// In a forked child (`fork`): the published file is the parent's (see `live`).
 pub fn after_fork_in_child() {
     if let Some(Some(p)) = PUBLISHER.get() {

@@ -49,6 +49,7 @@ extern "C" fn write_at_exit() {
         }
         let (Some(target), Some(st)) = (TARGET.get(), state::get_if_ready()) else { return };
         let rows = st.usage_rows();
+        let compute = st.compute_rows();
         let placement = st.placement_summary();
         let placement_text = placement.as_ref().map_or(String::new(), |p| crate::placement::text(p));
         match target {
@@ -58,12 +59,12 @@ extern "C" fn write_at_exit() {
                 crate::platform::log::emit_plain(placement_text.trim_end())
             }
             None => {}
-            Some(ReportTarget::Stderr) => crate::platform::log::emit_plain((text(&rows) + &placement_text).trim_end()),
+            Some(ReportTarget::Stderr) => crate::platform::log::emit_plain((text(&rows) + &compute_text(&compute) + &placement_text).trim_end()),
             Some(target @ ReportTarget::Path(path)) => {
                 let body = if target.is_json() {
-                    json(&rows, placement.as_deref().map(crate::placement::json).as_deref())
+                    json(&rows, &compute, placement.as_deref().map(crate::placement::json).as_deref())
                 } else {
-                    text(&rows) + &placement_text
+                    text(&rows) + &compute_text(&compute) + &placement_text
                 };
                 // (a report longer than the file size limit would raise SIGXFSZ: not written)
                 let limit = gpushim_common::sys::file_size_limit().unwrap_or(0);
@@ -106,7 +107,32 @@ fn text(rows: &[Row]) -> String {
     s
 }
 
-fn json(rows: &[Row], placement: Option<&str>) -> String {
+/// A device's compute share, as its pacer measured it.
+pub struct ComputeRow {
+    pub ordinal: usize,
+    pub limit: f64,
+    pub busy_ns: u64,
+    pub throttled_ns: u64,
+    pub launches: u64,
+}
+
+fn compute_text(rows: &[ComputeRow]) -> String {
+    let mut s = String::new();
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "  device {}: compute limit {:.1}%, GPU busy {:.3} s, launches waited {:.3} s, {} launches measured",
+            r.ordinal,
+            r.limit * 100.0,
+            r.busy_ns as f64 / 1e9,
+            r.throttled_ns as f64 / 1e9,
+            r.launches
+        );
+    }
+    s
+}
+
+fn json(rows: &[Row], compute: &[ComputeRow], placement: Option<&str>) -> String {
     let devices: Vec<String> = rows
         .iter()
         .map(|r| {
@@ -121,7 +147,17 @@ fn json(rows: &[Row], placement: Option<&str>) -> String {
         })
         .collect();
     let placement = placement.map_or(String::new(), |p| format!(",\"placement\":{p}"));
-    format!("{{\"pid\":{},\"devices\":[{}]{placement}}}\n", std::process::id(), devices.join(","))
+    let compute: Vec<String> = compute
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"ordinal\":{},\"limit\":{},\"busy_ns\":{},\"throttled_ns\":{},\"launches\":{}}}",
+                r.ordinal, r.limit, r.busy_ns, r.throttled_ns, r.launches
+            )
+        })
+        .collect();
+    let compute = if compute.is_empty() { String::new() } else { format!(",\"compute\":[{}]", compute.join(",")) };
+    format!("{{\"pid\":{},\"devices\":[{}]{compute}{placement}}}\n", std::process::id(), devices.join(","))
 }
 
 #[cfg(test)]
@@ -131,8 +167,11 @@ mod tests {
     #[test]
     fn formats() {
         let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20, quota: None }];
-        let j = json(&rows, None);
-        assert!(json(&rows, Some("[]")).ends_with("],\"placement\":[]}\n"));
+        let j = json(&rows, &[], None);
+        assert!(json(&rows, &[], Some("[]")).ends_with("],\"placement\":[]}\n"));
+        let c = [ComputeRow { ordinal: 0, limit: 0.3, busy_ns: 1_500_000_000, throttled_ns: 2_000_000_000, launches: 7 }];
+        assert!(json(&rows, &c, None).contains("],\"compute\":[{\"ordinal\":0,\"limit\":0.3,\"busy_ns\":1500000000,\"throttled_ns\":2000000000,\"launches\":7}]}"));
+        assert_eq!(compute_text(&c), "  device 0: compute limit 30.0%, GPU busy 1.500 s, launches waited 2.000 s, 7 launches measured\n");
         assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
         assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));
     }

@@ -360,12 +360,12 @@ cu_api! {
     }
 
     fn cuCtxSynchronize() {
-        current()?;
+        crate::timeline::ctx_sync(current()?);
         crate::pools::synchronised();
         Ok(())
     }
     fn cuCtxSynchronize_v2(ctx: CUcontext) {
-        or_current(ctx)?;
+        crate::timeline::ctx_sync(or_current(ctx)?);
         crate::pools::synchronised();
         Ok(())
     }

@@ -174,6 +174,8 @@ cu_api! {
         // Attaches to the node-wide state (GPUSIM_NODE_STATE), reclaiming dead processes'
         // memory, if it is on and not attached yet.
         let _ = crate::node::active();
+        // The origin of this process' busy timeline (the first cuInit).
+        crate::timeline::origin();
         let vis = VISIBLE.get_or_init(|| {
             let spec = std::env::var("CUDA_VISIBLE_DEVICES").ok();
             parse_visible(spec.as_deref(), phys)

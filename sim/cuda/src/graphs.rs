@@ -1,8 +1,11 @@
-//! CUDA graphs, as far as their memory goes: graphs of memory-allocation and memory-free nodes
-//! (other nodes are not modelled), built explicitly (`cuGraphAddMemAllocNode`,
-//! `cuGraphAddMemFreeNode`) or by stream capture (`cuMemAllocAsync`/`cuMemAllocFromPoolAsync`/
-//! `cuMemFreeAsync` on a capturing stream add such nodes and take no memory), instantiated into
-//! executable graphs that are uploaded and launched.
+//! CUDA graphs, as far as their memory and time go: graphs of memory-allocation, memory-free
+//! and kernel nodes (other nodes are not modelled), built explicitly (`cuGraphAddMemAllocNode`,
+//! `cuGraphAddMemFreeNode`, `cuGraphAddKernelNode[_v2]`) or by stream capture
+//! (`cuMemAllocAsync`/`cuMemAllocFromPoolAsync`/`cuMemFreeAsync` and kernel launches on a
+//! capturing stream add such nodes and take no memory and no time), instantiated into
+//! executable graphs that are uploaded and launched. A launch runs the graph's kernel nodes one
+//! after another on its stream (`timeline`), each taking the duration fixed when it was added
+//! (`kernels::duration` of its parameters then).
 //!
 //! Graph memory, as on the driver: an allocation node gets a virtual address when it is added;
 //! physical memory comes from the device's graph memory pool when an executable graph is first
@@ -24,6 +27,7 @@ pub type CUgraph = *mut std::ffi::c_void;
 pub type CUgraphNode = *mut std::ffi::c_void;
 pub type CUgraphExec = *mut std::ffi::c_void;
 
+const NODE_TYPE_KERNEL: i32 = 0;
 const NODE_TYPE_EMPTY: i32 = 2;
 const NODE_TYPE_MEM_ALLOC: i32 = 10;
 const NODE_TYPE_MEM_FREE: i32 = 11;
@@ -42,6 +46,8 @@ pub struct MemAllocNodeParams {
 enum NodeKind {
     Alloc { params: MemAllocNodeParams, physical: usize },
     Free { dptr: CUdeviceptr },
+    /// A kernel taking `ns` of simulated time.
+    Kernel { ns: u64 },
 }
 
 struct Node {
@@ -53,6 +59,8 @@ struct Graph {
 }
 
 struct Exec {
+    /// The durations of its kernel nodes, in graph order.
+    kernels: Vec<u64>,
     /// (physical device, bytes of its allocation nodes, bytes of those its free nodes free).
     needs: Vec<(usize, u64, u64)>,
     holding: AtomicBool,
@@ -150,6 +158,31 @@ pub fn capture_alloc(g: CUgraph, dev: CUdevice, bytes: usize) -> Res<CUdeviceptr
     alloc_node(graph(g)?, params).map(|(_, p)| p)
 }
 
+/// A kernel launch on a capturing stream: a kernel node of `ns`.
+pub fn capture_kernel(g: CUgraph, ns: u64) -> Res {
+    add_node(graph(g)?, NodeKind::Kernel { ns });
+    Ok(())
+}
+
+/// `cuGraphAddKernelNode[_v2]`: `CUDA_KERNEL_NODE_PARAMS[_v2]` is { func (0), grid and block
+/// (6 × u32, 8), shared (u32, 32), kernelParams (40), extra (48) } and, v2, { kern (56), ctx
+/// (64) }; a NULL `func` in v2 names the library kernel `kern`.
+unsafe fn add_kernel_node(out: *mut CUgraphNode, g: CUgraph, params: *const u8, v2: bool) -> Res {
+    if out.is_null() || params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let g = graph(g)?;
+    // SAFETY: the caller's CUDA_KERNEL_NODE_PARAMS (v1: 56 bytes, v2: 72).
+    let (func, kp, extra, kern) = unsafe {
+        let r = |off: usize| std::ptr::read_unaligned(params.add(off) as *const *mut std::ffi::c_void);
+        (r(0), r(40) as *mut *mut std::ffi::c_void, r(48) as *mut *mut std::ffi::c_void, if v2 { r(56) } else { std::ptr::null_mut() })
+    };
+    let f = if func.is_null() { kern } else { func };
+    // SAFETY: the node's parameters, as the API requires of the caller.
+    let ns = unsafe { crate::kernels::function_duration(f, kp, extra) }?;
+    put(out, add_node(g, NodeKind::Kernel { ns }))
+}
+
 /// `cuMemFreeAsync` on a capturing stream: a free node.
 pub fn capture_free(g: CUgraph, dptr: CUdeviceptr) -> Res {
     add_node(graph(g)?, NodeKind::Free { dptr });
@@ -191,7 +224,14 @@ unsafe fn instantiate(out: *mut CUgraphExec, g: CUgraph) -> Res {
             }
         }
     }
-    let e: &'static Exec = Box::leak(Box::new(Exec { needs, holding: AtomicBool::new(false) }));
+    let kernels = nodes
+        .iter()
+        .filter_map(|&n| match node(n as CUgraphNode).ok()?.kind {
+            NodeKind::Kernel { ns } => Some(ns),
+            _ => None,
+        })
+        .collect();
+    let e: &'static Exec = Box::leak(Box::new(Exec { kernels, needs, holding: AtomicBool::new(false) }));
     registry().execs.insert(e as *const Exec as usize);
     put(out, e as *const Exec as CUgraphExec)
 }
@@ -230,9 +270,19 @@ fn take_memory(e: &'static Exec) -> Res {
     Ok(())
 }
 
-fn launch(h: CUgraphExec, s: CUstream) -> Res {
-    crate::streams::lookup(s)?;
-    take_memory(exec(h)?)
+fn launch(h: CUgraphExec, s: CUstream, ptsz: bool, run: bool) -> Res {
+    let t = crate::timeline::target(s, ptsz)?;
+    let e = exec(h)?;
+    take_memory(e)?;
+    if run {
+        for &ns in &e.kernels {
+            crate::timeline::submit(&t, crate::timeline::Op::kernel(ns));
+        }
+        if !e.kernels.is_empty() {
+            crate::timeline::mark_used(t.ctx.physical);
+        }
+    }
+    Ok(())
 }
 
 unsafe fn mem_attribute(dev: CUdevice, attr: i32, value: *mut std::ffi::c_void, set: bool) -> Res {
@@ -283,6 +333,14 @@ cu_api! {
         let g = graph(g)?;
         put(out, add_node(g, NodeKind::Free { dptr }))
     }
+    fn cuGraphAddKernelNode(out: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *const u8) {
+        let _ = (deps, ndeps);
+        add_kernel_node(out, g, params, false)
+    }
+    fn cuGraphAddKernelNode_v2(out: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *const u8) {
+        let _ = (deps, ndeps);
+        add_kernel_node(out, g, params, true)
+    }
     fn cuGraphMemAllocNodeGetParams(n: CUgraphNode, params: *mut MemAllocNodeParams) {
         match &node(n)?.kind {
             NodeKind::Alloc { params: p, .. } => put(params, *p),
@@ -293,6 +351,7 @@ cu_api! {
         let k = match node(n)?.kind {
             NodeKind::Alloc { .. } => NODE_TYPE_MEM_ALLOC,
             NodeKind::Free { .. } => NODE_TYPE_MEM_FREE,
+            NodeKind::Kernel { .. } => NODE_TYPE_KERNEL,
         };
         let _ = NODE_TYPE_EMPTY;
         put(kind, k)
@@ -336,10 +395,10 @@ cu_api! {
         }
         Ok(())
     }
-    fn cuGraphUpload(h: CUgraphExec, s: CUstream) { launch(h, s) }
-    fn cuGraphUpload_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s) }
-    fn cuGraphLaunch(h: CUgraphExec, s: CUstream) { launch(h, s) }
-    fn cuGraphLaunch_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s) }
+    fn cuGraphUpload(h: CUgraphExec, s: CUstream) { launch(h, s, false, false) }
+    fn cuGraphUpload_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s, true, false) }
+    fn cuGraphLaunch(h: CUgraphExec, s: CUstream) { launch(h, s, false, true) }
+    fn cuGraphLaunch_ptsz(h: CUgraphExec, s: CUstream) { launch(h, s, true, true) }
     fn cuDeviceGraphMemTrim(dev: CUdevice) {
         let physical = phys_of(dev)?.index;
         let p = pool(physical);

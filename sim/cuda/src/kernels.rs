@@ -1,4 +1,4 @@
-//! Modules, libraries and kernel launches: nothing runs here.
+//! Modules, libraries and kernel launches: no code runs here, launches only take simulated time.
 //!
 //! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names) or from a
 //! fat binary (`0xBA55ED50` container, or the `0x466243B1` wrapper the CUDA runtime registers)
@@ -8,8 +8,10 @@
 //! context (`cuKernelGetFunction`). Names are answered by `cuFuncGetName`/`cuKernelGetName`.
 //!
 //! A launch checks its handle (a function of a loaded module, or a library kernel — which the
-//! real driver also accepts where a `CUfunction` is expected) and its stream, does nothing, and
-//! is counted per kernel name for the report (`launches`).
+//! real driver also accepts where a `CUfunction` is expected) and its stream, runs nothing but
+//! takes simulated time on its stream and device (`timeline`; [`duration`]: `gpusim_busy*`
+//! kernels take their first parameter in ns, others `GPUSIM_KERNEL_NS`), and is counted per
+//! kernel name for the report (`launches`).
 
 use crate::types::*;
 use std::collections::{BTreeMap, HashSet};
@@ -293,26 +295,94 @@ fn library(h: *mut c_void) -> Res<&'static Library> {
     Ok(unsafe { &*(h as *const Library) })
 }
 
-/// The name of a launchable handle: a loaded module's function or a library's kernel.
-fn launchable(f: *mut c_void) -> Res<&'static CStr> {
+/// The name and first parameter's offset of a launchable handle: a loaded module's function or
+/// a library's kernel.
+fn launchable(f: *mut c_void) -> Res<(&'static CStr, Option<usize>)> {
     let r = registry().read().unwrap_or_else(|e| e.into_inner());
     if !f.is_null() && r.functions.contains(&(f as usize)) {
         // SAFETY: registered functions are leaked, never freed.
-        return Ok(&unsafe { &*(f as *const Function) }.name);
+        let f = unsafe { &*(f as *const Function) };
+        return Ok((&f.name, f.params.first().map(|p| p.0)));
     }
     if !f.is_null() && r.kernels.contains(&(f as usize)) {
         // SAFETY: registered kernels are leaked, never freed.
-        return Ok(&unsafe { &*(f as *const Kernel) }.name);
+        let k = unsafe { &*(f as *const Kernel) };
+        return Ok((&k.name, k.params.first().map(|p| p.0)));
     }
     Err(CUDA_ERROR_INVALID_HANDLE)
 }
 
-fn launch(f: CUfunction, s: CUstream) -> Res {
-    let name = launchable(f)?;
-    crate::streams::ctx_of(s)?;
-    if crate::graphs::capturing(s).is_some() {
+/// The duration of a launch of handle `f` with these parameters ([`duration`]).
+///
+/// # Safety
+/// As [`duration`].
+pub unsafe fn function_duration(f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) -> Res<u64> {
+    let (name, first) = launchable(f)?;
+    // SAFETY: per the contract.
+    Ok(unsafe { duration(name, first, params, extra) })
+}
+
+/// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+/// The simulated duration of a launch of kernel `name`: a `gpusim_busy*` kernel takes its first
+/// parameter (a `.u64`, ns) from `kernelParams[0]`, or from the `extra` parameter buffer at the
+/// first parameter's offset; every other kernel (and a `gpusim_busy*` one whose parameter
+/// cannot be read) takes `GPUSIM_KERNEL_NS`. Capped at 60 s.
+///
+/// # Safety
+/// `params` and `extra` are as the driver API requires of launches (NULL, or arrays the
+/// caller owns).
+pub unsafe fn duration(name: &CStr, first: Option<usize>, params: *mut *mut c_void, extra: *mut *mut c_void) -> u64 {
+    if !name.to_bytes().starts_with(b"gpusim_busy") {
+        return crate::timeline::kernel_ns();
+    }
+    // SAFETY: per the contract: kernelParams[0] points to the first parameter.
+    let from_params = (!params.is_null()).then(|| unsafe { *params }).filter(|p| !p.is_null()).map(|p| unsafe { std::ptr::read_unaligned(p as *const u64) });
+    let ns = from_params.or_else(|| {
+        if extra.is_null() {
+            return None;
+        }
+        let (mut buf, mut size) = (std::ptr::null_mut::<c_void>(), None::<usize>);
+        for i in 0..64 {
+            // SAFETY: `extra` is a (key, value) list ending with CU_LAUNCH_PARAM_END.
+            let key = unsafe { *extra.add(2 * i) } as usize;
+            if key == PARAM_END {
+                break;
+            }
+            // SAFETY: as above, every key but END has a value.
+            let v = unsafe { *extra.add(2 * i + 1) };
+            match key {
+                PARAM_BUFFER_POINTER => buf = v,
+                // SAFETY: the value of BUFFER_SIZE points to a size_t.
+                PARAM_BUFFER_SIZE if !v.is_null() => size = Some(unsafe { *(v as *const usize) }),
+                _ => {}
+            }
+        }
+        let off = first.unwrap_or(0);
+        let fits = size.is_none_or(|n| off + 8 <= n);
+        // SAFETY: the buffer holds the parameters (its size, when given, was checked).
+        (!buf.is_null() && fits).then(|| unsafe { std::ptr::read_unaligned((buf as *const u8).add(off) as *const u64) })
+    });
+    ns.unwrap_or_else(crate::timeline::kernel_ns).min(crate::timeline::MAX_KERNEL_NS)
+}
+
+/// A launch on stream `s` (`ptsz`: a `_ptsz` variant): captured into a graph as a kernel node,
+/// or put on the simulated timeline (waiting first if the stream's queue is full).
+unsafe fn launch(f: CUfunction, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void, ptsz: bool) -> Res {
+    let (name, first) = launchable(f)?;
+    let t = crate::timeline::target(s, ptsz)?;
+    // SAFETY: the caller's launch arguments.
+    let ns = unsafe { duration(name, first, params, extra) };
+    if let Some(g) = crate::graphs::capturing(s) {
         // captured: a node of the graph being built, nothing runs now
-        return Ok(());
+        return crate::graphs::capture_kernel(g, ns);
+    }
+    crate::timeline::submit(&t, crate::timeline::Op::kernel(ns));
+    if ns == 0 {
+        crate::timeline::mark_used(t.ctx.physical);
     }
     let mut l = launches().lock().unwrap_or_else(|e| e.into_inner());
     *l.entry(name.to_string_lossy().into_owned()).or_insert(0) += 1;
@@ -327,12 +397,12 @@ pub struct LaunchConfigHead {
     stream: CUstream,
 }
 
-unsafe fn launch_ex(config: *const LaunchConfigHead, f: CUfunction) -> Res {
+unsafe fn launch_ex(config: *const LaunchConfigHead, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void, ptsz: bool) -> Res {
     if config.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: a caller-given CUlaunchConfig, non-NULL.
-    launch(f, unsafe { (*config).stream })
+    unsafe { launch(f, (*config).stream, params, extra, ptsz) }
 }
 
 unsafe fn load_library(out: *mut *mut c_void, code: *const c_void) -> Res {
@@ -625,36 +695,34 @@ cu_api! {
 
     fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
                       shared: u32, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (gx, gy, gz, bx, by, bz, shared, params, extra);
-        launch(f, s)
+        let _ = (gx, gy, gz, bx, by, bz, shared);
+        launch(f, s, params, extra, false)
     }
 
     fn cuLaunchKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
                            shared: u32, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (gx, gy, gz, bx, by, bz, shared, params, extra);
-        launch(f, s)
+        let _ = (gx, gy, gz, bx, by, bz, shared);
+        launch(f, s, params, extra, true)
     }
 
     fn cuLaunchKernelEx(config: *const LaunchConfigHead, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch_ex(config, f)
+        launch_ex(config, f, params, extra, false)
     }
 
     fn cuLaunchKernelEx_ptsz(config: *const LaunchConfigHead, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch_ex(config, f)
+        launch_ex(config, f, params, extra, true)
     }
 
     fn cuLaunchCooperativeKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
                                  shared: u32, s: CUstream, params: *mut *mut c_void) {
-        let _ = (gx, gy, gz, bx, by, bz, shared, params);
-        launch(f, s)
+        let _ = (gx, gy, gz, bx, by, bz, shared);
+        launch(f, s, params, std::ptr::null_mut(), false)
     }
 
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
                                       shared: u32, s: CUstream, params: *mut *mut c_void) {
-        let _ = (gx, gy, gz, bx, by, bz, shared, params);
-        launch(f, s)
+        let _ = (gx, gy, gz, bx, by, bz, shared);
+        launch(f, s, params, std::ptr::null_mut(), true)
     }
 }
 

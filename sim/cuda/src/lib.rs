@@ -14,6 +14,7 @@ mod devices;
 mod errors;
 mod export_tables;
 mod graphs;
+mod hostfn;
 mod ipc;
 mod kernels;
 /// MD2 and HMAC-MD2 for the integrity check: the shim's own file, one implementation for both.
@@ -26,6 +27,7 @@ mod procaddr;
 mod registry;
 mod stats;
 mod streams;
+mod timeline;
 mod types;
 mod vmm;
 

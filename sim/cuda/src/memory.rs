@@ -8,7 +8,6 @@
 
 use crate::context::{self, Ctx};
 use crate::stats;
-use crate::streams;
 use crate::types::*;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -614,81 +613,83 @@ cu_api! {
         }
     }
 
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { generic(dst, src, n) }
-    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { generic(dst, src, n) }
-    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { htod(dst, src, n) }
-    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { htod(dst, src, n) }
-    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { dtoh(dst, src, n) }
-    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { dtoh(dst, src, n) }
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { dtod(dst, src, n) }
-    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { dtod(dst, src, n) }
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); generic(dst, src, n) }
+    fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); generic(dst, src, n) }
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) { crate::timeline::sync_copy(); htod(dst, src, n) }
+    fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) { crate::timeline::sync_copy(); htod(dst, src, n) }
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); dtoh(dst, src, n) }
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); dtoh(dst, src, n) }
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); dtod(dst, src, n) }
+    fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) { crate::timeline::sync_copy(); dtod(dst, src, n) }
 
     fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         generic(dst, src, n)
     }
     fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         generic(dst, src, n)
     }
     fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         htod(dst, src, n)
     }
     fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         htod(dst, src, n)
     }
     fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         dtoh(dst, src, n)
     }
     fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         dtoh(dst, src, n)
     }
     fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         dtod(dst, src, n)
     }
     fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         dtod(dst, src, n)
     }
 
     fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) {
+        crate::timeline::sync_copy();
         peer(dst, dst_ctx, src, src_ctx, n)
     }
     fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) {
+        crate::timeline::sync_copy();
         peer(dst, dst_ctx, src, src_ctx, n)
     }
     fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         peer(dst, dst_ctx, src, src_ctx, n)
     }
     fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         peer(dst, dst_ctx, src, src_ctx, n)
     }
 
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { memset8(dst, v, n) }
-    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { memset8(dst, v, n) }
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { memset32(dst, v, n) }
-    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { memset32(dst, v, n) }
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) { crate::timeline::sync_copy(); memset8(dst, v, n) }
+    fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) { crate::timeline::sync_copy(); memset8(dst, v, n) }
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) { crate::timeline::sync_copy(); memset32(dst, v, n) }
+    fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: u32, n: usize) { crate::timeline::sync_copy(); memset32(dst, v, n) }
     fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         memset8(dst, v, n)
     }
     fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         memset8(dst, v, n)
     }
     fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, false)?;
         memset32(dst, v, n)
     }
     fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: u32, n: usize, s: CUstream) {
-        streams::lookup(s)?;
+        crate::timeline::async_op(s, true)?;
         memset32(dst, v, n)
     }
 

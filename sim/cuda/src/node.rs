@@ -13,6 +13,7 @@
 //! | 20 | `busy` (u32): 1 while the header lock's holder is updating (see below) |
 //! | 64 + 32·d | device `d` (up to 16): `total`, `used`, `peak` (u64 each), 8 bytes reserved |
 //! | 1024 + 256·i | slot `i` (256 of them): owner pid (u64), then per device the bytes that process has counted (16 × u64), rest reserved |
+//! | 66 560 | the time region (version 2): per device `busy_until` and recent busy time per process, updated lock-free (layout: `gpusim_common::busy`) |
 //!
 //! Locks are Linux open-file-description locks (`F_OFD_SETLK[W]`, one byte each), so they
 //! belong to one `open()` of the file and the kernel drops them when the process dies, however
@@ -43,17 +44,19 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
 use crate::types::*;
+use gpusim_common::busy;
 
 /// The variable naming the node state file.
 pub const ENV: &str = "GPUSIM_NODE_STATE";
 pub const MAGIC: u64 = u64::from_le_bytes(*b"gpusimND");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = gpusim_common::config::MAX_DEVICES;
 pub const NSLOTS: usize = 256;
 const DEVS_OFF: usize = 64;
 pub const SLOTS_OFF: usize = 1024;
 pub const SLOT_SIZE: usize = 256;
-pub const FILE_SIZE: usize = SLOTS_OFF + NSLOTS * SLOT_SIZE;
+pub const FILE_SIZE: usize = busy::TIME_OFF + busy::TIME_SIZE;
+const _: () = assert!(SLOTS_OFF + NSLOTS * SLOT_SIZE == busy::TIME_OFF);
 /// Byte locked for the header lock.
 const HEADER_LOCK: u64 = 0;
 const NO_SLOT: usize = usize::MAX;
@@ -503,6 +506,16 @@ impl Node {
     #[cfg(test)]
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// Word `i` (8 bytes) of physical device `d`'s block of the time region
+    /// (`gpusim_common::busy`), updated with atomics only, by every process.
+    pub fn time_word(&self, d: usize, i: usize) -> Option<&AtomicU64> {
+        (d < self.ndev && i < busy::DEV_SIZE / 8).then(|| {
+            // SAFETY: the block lies within the mapping (FILE_SIZE covers the time region),
+            // 8-aligned; shared memory accessed through atomics only.
+            unsafe { &*(self.base.add(busy::dev_off(d) + 8 * i) as *const AtomicU64) }
+        })
     }
 
     fn header(&self) -> &Header {

@@ -356,6 +356,7 @@ pub static PROCS: &[(&str, &[Variant])] = &[
     ("cuGraphDestroy", &[("cuGraphDestroy", 10000, D)]),
     ("cuGraphAddMemAllocNode", &[("cuGraphAddMemAllocNode", 11040, D)]),
     ("cuGraphAddMemFreeNode", &[("cuGraphAddMemFreeNode", 11040, D)]),
+    ("cuGraphAddKernelNode", &[("cuGraphAddKernelNode", 10000, D), ("cuGraphAddKernelNode_v2", 12000, D)]),
     ("cuGraphMemAllocNodeGetParams", &[("cuGraphMemAllocNodeGetParams", 11040, D)]),
     ("cuGraphNodeGetType", &[("cuGraphNodeGetType", 10000, D)]),
     ("cuGraphGetNodes", &[("cuGraphGetNodes", 10000, D)]),
@@ -507,6 +508,10 @@ pub static PROCS: &[(&str, &[Variant])] = &[
     (
         "cuEventRecord",
         &[("cuEventRecord", 2000, D), ("cuEventRecord_ptsz", 7000, T)],
+    ),
+    (
+        "cuEventRecordWithFlags",
+        &[("cuEventRecordWithFlags", 11010, D), ("cuEventRecordWithFlags_ptsz", 11010, T)],
     ),
     ("cuEventSynchronize", &[("cuEventSynchronize", 2000, D)]),
     ("cuEventQuery", &[("cuEventQuery", 2000, D)]),

@@ -66,7 +66,7 @@ gpusim_common::exports! {
     cuStreamSynchronize, cuStreamSynchronize_ptsz, cuStreamQuery, cuStreamQuery_ptsz,
     cuStreamGetCtx, cuStreamGetCtx_ptsz, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz,
     cuStreamWaitEvent, cuStreamWaitEvent_ptsz, cuStreamGetFlags, cuStreamGetFlags_ptsz,
-    cuStreamGetPriority, cuStreamGetPriority_ptsz, cuEventCreate, cuEventRecord, cuEventRecord_ptsz,
+    cuStreamGetPriority, cuStreamGetPriority_ptsz, cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz,
     cuEventSynchronize, cuEventQuery, cuEventDestroy, cuEventDestroy_v2, cuEventElapsedTime,
     cuEventElapsedTime_v2,
     // vmm
@@ -90,7 +90,7 @@ gpusim_common::exports! {
     // export_tables
     cuGetExportTable,
     // graphs
-    cuGraphCreate, cuGraphDestroy, cuGraphAddMemAllocNode, cuGraphAddMemFreeNode,
+    cuGraphCreate, cuGraphDestroy, cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphAddKernelNode, cuGraphAddKernelNode_v2,
     cuGraphMemAllocNodeGetParams, cuGraphNodeGetType, cuGraphGetNodes, cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphUpload,
     cuGraphUpload_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz, cuDeviceGraphMemTrim,

@@ -158,11 +158,12 @@ pub fn report_json() -> String {
         })
         .collect();
     format!(
-        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}},\"launches\":{}}}\n",
+        "{{\"driver_version\":{},\"devices\":[{}],\"calls\":{{{}}},\"launches\":{},\"busy\":{}}}\n",
         crate::config::get().driver_version,
         devs.join(","),
         counters::calls_json(registry::NAMES, &registry::COUNTS),
-        crate::kernels::launches_json()
+        crate::kernels::launches_json(),
+        crate::timeline::busy_json()
     )
 }
 

@@ -1,12 +1,13 @@
-//! Streams and events. Everything this driver does completes before the call returns, so
-//! streams only remember their context (which device stream-ordered allocations land on) and
-//! events only remember when they were recorded.
+//! Streams and events: their handles and contexts, and the calls that put marks on the
+//! simulated timeline (`timeline`): an event is stamped with the time its stream reaches it,
+//! queries answer `CUDA_ERROR_NOT_READY` until then, synchronisations sleep until then, host
+//! functions run on the worker (`hostfn`) when their stream reaches them.
 
 use crate::context::{self, Ctx};
 use crate::types::*;
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock, RwLock};
-use std::time::Instant;
+use crate::timeline::{self, Op};
 
 pub struct Stream {
     pub ctx: &'static Ctx,
@@ -16,7 +17,8 @@ pub struct Stream {
 
 pub struct Event {
     pub flags: u32,
-    recorded: Mutex<Option<Instant>>,
+    /// When its stream reaches it (CLOCK_MONOTONIC ns); `None` until first recorded.
+    recorded: Mutex<Option<u64>>,
 }
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
@@ -114,17 +116,42 @@ unsafe fn stream_ctx_v2(
     Ok(())
 }
 
-fn record(e: CUevent, s: CUstream) -> Res {
+fn record(e: CUevent, s: CUstream, ptsz: bool) -> Res {
     let ev = event(e)?;
-    lookup(s)?;
-    *ev.recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    let t = timeline::target(s, ptsz)?;
+    let (at, _) = timeline::submit(&t, Op::mark());
+    *ev.recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
     Ok(())
 }
 
-fn wait_event(s: CUstream, e: CUevent, flags: u32) -> Res {
+fn stamp(ev: &Event) -> Option<u64> {
+    *ev.recorded.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `cuStreamWaitEvent`: later work on the stream starts no earlier than the event's time (an
+/// event never recorded is complete: nothing to wait for).
+fn wait_event(s: CUstream, e: CUevent, flags: u32, ptsz: bool) -> Res {
     let _ = flags;
-    lookup(s)?;
-    event(e)?;
+    let t = timeline::target(s, ptsz)?;
+    let after = stamp(event(e)?).unwrap_or(0);
+    timeline::submit(&t, Op { after, ..Op::mark() });
+    Ok(())
+}
+
+/// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until its stream has reached it; an event never
+/// recorded is complete (`CUDA_SUCCESS`, as the driver documents).
+fn query_event(e: CUevent) -> Res {
+    match stamp(event(e)?) {
+        Some(t) if timeline::now() < t => Err(CUDA_ERROR_NOT_READY),
+        _ => Ok(()),
+    }
+}
+
+fn sync_event(e: CUevent) -> Res {
+    if let Some(t) = stamp(event(e)?) {
+        timeline::sleep_until(t, || true);
+    }
+    crate::pools::synchronised();
     Ok(())
 }
 
@@ -137,16 +164,13 @@ unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
     if a.flags & 2 != 0 || b.flags & 2 != 0 {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
-    let ta =
-        (*a.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let tb =
-        (*b.recorded.lock().unwrap_or_else(|p| p.into_inner())).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let d = if tb >= ta {
-        (tb - ta).as_secs_f32() * 1000.0
-    } else {
-        -((ta - tb).as_secs_f32() * 1000.0)
-    };
-    put(ms, d)
+    let ta = stamp(a).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let tb = stamp(b).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if timeline::now() < ta.max(tb) {
+        return Err(CUDA_ERROR_NOT_READY);
+    }
+    let d = (tb as i128 - ta as i128) as f64 / 1e6;
+    put(ms, d as f32)
 }
 
 fn destroy_event(e: CUevent) -> Res {
@@ -160,12 +184,37 @@ fn destroy_event(e: CUevent) -> Res {
 pub type HostFn = Option<unsafe extern "C" fn(*mut std::ffi::c_void)>;
 pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut std::ffi::c_void)>;
 
-/// Host functions run at once, on the calling thread: the stream has nothing pending.
-unsafe fn host_fn(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) -> Res {
+/// The application's function and data, moved to the worker thread.
+struct Raw(usize, usize, usize);
+// SAFETY: plain addresses the application handed over for another thread to call, as the
+// driver does (host functions run on a driver thread).
+unsafe impl Send for Raw {}
+
+/// Schedules `run` on the worker at the time the stream reaches it (now, if the stream has
+/// nothing pending); later work on the stream waits for it.
+fn submit_host(s: CUstream, ptsz: bool, run: Box<dyn FnOnce() + Send>) -> Res {
+    let t = timeline::target(s, ptsz)?;
+    let (at, _) = timeline::submit(&t, Op { host: true, ..Op::mark() });
+    crate::hostfn::push(at, crate::hostfn::Job { key: t.key, ctx: t.ctx.id, run });
+    Ok(())
+}
+
+unsafe fn host_fn(s: CUstream, f: HostFn, data: *mut std::ffi::c_void, ptsz: bool) -> Res {
     lookup(s)?;
     let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    f(data);
-    Ok(())
+    let raw = Raw(f as usize, data as usize, 0);
+    submit_host(
+        s,
+        ptsz,
+        Box::new(move || {
+            let raw = raw;
+            // SAFETY: the application's host function and its argument, as given.
+            unsafe {
+                let f: unsafe extern "C" fn(*mut std::ffi::c_void) = std::mem::transmute(raw.0);
+                f(raw.1 as *mut std::ffi::c_void)
+            }
+        }),
+    )
 }
 
 unsafe fn add_callback(
@@ -173,14 +222,42 @@ unsafe fn add_callback(
     f: StreamCallback,
     data: *mut std::ffi::c_void,
     flags: u32,
+    ptsz: bool,
 ) -> Res {
     lookup(s)?;
     let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    f(s, CUDA_SUCCESS, data);
+    let raw = Raw(f as usize, data as usize, s as usize);
+    submit_host(
+        s,
+        ptsz,
+        Box::new(move || {
+            let raw = raw;
+            // SAFETY: the application's callback, its stream and argument, as given.
+            unsafe {
+                let f: unsafe extern "C" fn(CUstream, CUresult, *mut std::ffi::c_void) = std::mem::transmute(raw.0);
+                f(raw.2 as CUstream, CUDA_SUCCESS, raw.1 as *mut std::ffi::c_void)
+            }
+        }),
+    )
+}
+
+fn stream_sync(h: CUstream, ptsz: bool) -> Res {
+    let t = timeline::target(h, ptsz)?;
+    timeline::stream_sync(&t);
+    crate::pools::synchronised();
     Ok(())
+}
+
+fn stream_query(h: CUstream, ptsz: bool) -> Res {
+    let t = timeline::target(h, ptsz)?;
+    if timeline::stream_query(&t) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_NOT_READY)
+    }
 }
 
 /// Never capturing: `CU_STREAM_CAPTURE_STATUS_NONE`.
@@ -205,45 +282,37 @@ cu_api! {
     fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut u32) { is_capturing(s, status) }
     fn cuStreamGetId(s: CUstream, id: *mut u64) { stream_id(s, id) }
     fn cuStreamGetId_ptsz(s: CUstream, id: *mut u64) { stream_id(s, id) }
-    fn cuLaunchHostFunc(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data) }
-    fn cuLaunchHostFunc_ptsz(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data) }
+    fn cuLaunchHostFunc(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data, false) }
+    fn cuLaunchHostFunc_ptsz(s: CUstream, f: HostFn, data: *mut std::ffi::c_void) { host_fn(s, f, data, true) }
     fn cuLaunchHostFunc_v2(s: CUstream, f: HostFn, data: *mut std::ffi::c_void, sync_mode: u32) {
         let _ = sync_mode;
-        host_fn(s, f, data)
+        host_fn(s, f, data, false)
     }
     fn cuLaunchHostFunc_v2_ptsz(s: CUstream, f: HostFn, data: *mut std::ffi::c_void, sync_mode: u32) {
         let _ = sync_mode;
-        host_fn(s, f, data)
+        host_fn(s, f, data, true)
     }
     fn cuStreamAddCallback(s: CUstream, f: StreamCallback, data: *mut std::ffi::c_void, flags: u32) {
-        add_callback(s, f, data, flags)
+        add_callback(s, f, data, flags, false)
     }
     fn cuStreamAddCallback_ptsz(s: CUstream, f: StreamCallback, data: *mut std::ffi::c_void, flags: u32) {
-        add_callback(s, f, data, flags)
+        add_callback(s, f, data, flags, true)
     }
 
     fn cuStreamCreate(ph: *mut CUstream, flags: u32) { create_stream(ph, flags, 0) }
     fn cuStreamCreateWithPriority(ph: *mut CUstream, flags: u32, priority: i32) { create_stream(ph, flags, priority) }
     fn cuStreamDestroy(h: CUstream) { destroy_stream(h) }
     fn cuStreamDestroy_v2(h: CUstream) { destroy_stream(h) }
-    fn cuStreamSynchronize(h: CUstream) {
-        ctx_of(h)?;
-        crate::pools::synchronised();
-        Ok(())
-    }
-    fn cuStreamSynchronize_ptsz(h: CUstream) {
-        ctx_of(h)?;
-        crate::pools::synchronised();
-        Ok(())
-    }
-    fn cuStreamQuery(h: CUstream) { ctx_of(h).map(|_| ()) }
-    fn cuStreamQuery_ptsz(h: CUstream) { ctx_of(h).map(|_| ()) }
+    fn cuStreamSynchronize(h: CUstream) { stream_sync(h, false) }
+    fn cuStreamSynchronize_ptsz(h: CUstream) { stream_sync(h, true) }
+    fn cuStreamQuery(h: CUstream) { stream_query(h, false) }
+    fn cuStreamQuery_ptsz(h: CUstream) { stream_query(h, true) }
     fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) { stream_ctx(h, pctx) }
     fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) { stream_ctx(h, pctx) }
     fn cuStreamGetCtx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut std::ffi::c_void) { stream_ctx_v2(h, pctx, pgreen) }
     fn cuStreamGetCtx_v2_ptsz(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut std::ffi::c_void) { stream_ctx_v2(h, pctx, pgreen) }
-    fn cuStreamWaitEvent(h: CUstream, e: CUevent, flags: u32) { wait_event(h, e, flags) }
-    fn cuStreamWaitEvent_ptsz(h: CUstream, e: CUevent, flags: u32) { wait_event(h, e, flags) }
+    fn cuStreamWaitEvent(h: CUstream, e: CUevent, flags: u32) { wait_event(h, e, flags, false) }
+    fn cuStreamWaitEvent_ptsz(h: CUstream, e: CUevent, flags: u32) { wait_event(h, e, flags, true) }
 
     fn cuStreamGetFlags(h: CUstream, flags: *mut u32) {
         let f = lookup(h)?.map_or(0, |s| s.flags);
@@ -273,14 +342,24 @@ cu_api! {
         put(ph, h as CUevent)
     }
 
-    fn cuEventRecord(e: CUevent, s: CUstream) { record(e, s) }
-    fn cuEventRecord_ptsz(e: CUevent, s: CUstream) { record(e, s) }
-    fn cuEventSynchronize(e: CUevent) {
-        event(e)?;
-        crate::pools::synchronised();
-        Ok(())
+    fn cuEventRecord(e: CUevent, s: CUstream) { record(e, s, false) }
+    fn cuEventRecord_ptsz(e: CUevent, s: CUstream) { record(e, s, true) }
+    /// Flags: `CU_EVENT_RECORD_DEFAULT` (0) or `CU_EVENT_RECORD_EXTERNAL` (1, matters only in
+    /// graph capture, which does not capture events here).
+    fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: u32) {
+        if flags > 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        record(e, s, false)
     }
-    fn cuEventQuery(e: CUevent) { event(e).map(|_| ()) }
+    fn cuEventRecordWithFlags_ptsz(e: CUevent, s: CUstream, flags: u32) {
+        if flags > 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        record(e, s, true)
+    }
+    fn cuEventSynchronize(e: CUevent) { sync_event(e) }
+    fn cuEventQuery(e: CUevent) { query_event(e) }
     fn cuEventDestroy(e: CUevent) { destroy_event(e) }
     fn cuEventDestroy_v2(e: CUevent) { destroy_event(e) }
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }

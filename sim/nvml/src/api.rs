@@ -423,9 +423,42 @@ nvml_api! {
         put(mode, NVML_FEATURE_DISABLED)
     }
 
+    /// `gpu`: % of the last second the device was busy (any process of the node, from the node
+    /// state's time region; 0 without `GPUSIM_NODE_STATE`); `memory`: 0.
     fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) {
-        device_arg(device)?;
-        put(utilization, nvmlUtilization_t { gpu: 0, memory: 0 })
+        let d = device_arg(device)?;
+        if utilization.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let (gpu, _) = cuda_link::utilisation(d.index);
+        put(utilization, nvmlUtilization_t { gpu, memory: 0 })
+    }
+
+    /// One sample per process with busy time in the last second: `pid`, `timeStamp` (now, µs,
+    /// CLOCK_REALTIME), `smUtil` (its % of the last second), the rest 0. `utilization` NULL:
+    /// `NVML_ERROR_INSUFFICIENT_SIZE` with the count; a count too small: the same; no process:
+    /// `NVML_ERROR_NOT_FOUND` (count 0). Samples not newer than `lastSeenTimeStamp` are left out.
+    fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t,
+                                       processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64) {
+        let d = device_arg(device)?;
+        if processSamplesCount.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_micros() as u64);
+        let (_, procs) = cuda_link::utilisation(d.index);
+        let procs: Vec<(u32, u32)> = if stamp > lastSeenTimeStamp { procs } else { Vec::new() };
+        let room = *processSamplesCount as usize;
+        *processSamplesCount = procs.len() as c_uint;
+        if procs.is_empty() {
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        if utilization.is_null() || room < procs.len() {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, &(pid, sm)) in procs.iter().enumerate() {
+            *utilization.add(i) = nvmlProcessUtilizationSample_t { pid, timeStamp: stamp, smUtil: sm, memUtil: 0, encUtil: 0, decUtil: 0 };
+        }
+        Ok(())
     }
 
     /// Only `NVML_TEMPERATURE_GPU` (0): 40 °C.

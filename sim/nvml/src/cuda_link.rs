@@ -1,5 +1,5 @@
 //! Memory in use, from the simulated CUDA driver loaded in the same process, or from the node
-//! state all simulated processes share.
+//! state all simulated processes share; utilisation, from the node state's time region.
 //!
 //! With `GPUSIM_NODE_STATE` naming the simulated driver's node-wide file (`sim/cuda`'s `node`:
 //! magic `gpusimND` at 0, device `d`'s `used` at 64 + 32·d + 8), `used(p)` is what every process
@@ -76,17 +76,12 @@ mod tests {
     }
 }
 
-/// Device `p`'s memory in use on the node (`GPUSIM_NODE_STATE`), when that file is a node
-/// state (read without its lock: a figure, never a decision).
-fn node_used(p: usize) -> Option<u64> {
+/// The node state file (`GPUSIM_NODE_STATE`), when it is one: opened read-only as the simulated
+/// driver opens it (not through a link, only this user's file that no one else can write).
+fn node_file() -> Option<std::fs::File> {
     use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
     const MAGIC: &[u8; 8] = b"gpusimND";
-    if p >= 16 {
-        return None;
-    }
     let path = std::env::var_os("GPUSIM_NODE_STATE").filter(|v| !v.is_empty())?;
-    // (as the simulated driver opens it: not through a link, only this user's file that no one
-    // else can write)
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -99,9 +94,47 @@ fn node_used(p: usize) -> Option<u64> {
     }
     let mut word = [0u8; 8];
     file.read_exact_at(&mut word, 0).ok()?;
-    if &word != MAGIC {
+    (&word == MAGIC).then_some(file)
+}
+
+/// Device `p`'s memory in use on the node (`GPUSIM_NODE_STATE`), when that file is a node
+/// state (read without its lock: a figure, never a decision).
+fn node_used(p: usize) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    if p >= 16 {
         return None;
     }
+    let file = node_file()?;
+    let mut word = [0u8; 8];
     file.read_exact_at(&mut word, 64 + 32 * p as u64 + 8).ok()?;
     Some(u64::from_le_bytes(word))
+}
+
+/// Device `p`'s block of the node state's time region (`gpusim_common::busy`; version 2 files
+/// only), `None` without node state.
+pub fn node_time_block(p: usize) -> Option<Vec<u8>> {
+    use gpusim_common::busy;
+    use std::os::unix::fs::FileExt;
+    if p >= busy::MAX_DEVICES {
+        return None;
+    }
+    let file = node_file()?;
+    let mut version = [0u8; 4];
+    file.read_exact_at(&mut version, 8).ok()?;
+    if u32::from_le_bytes(version) < 2 {
+        return None;
+    }
+    let mut block = vec![0u8; busy::DEV_SIZE];
+    file.read_exact_at(&mut block, busy::dev_off(p) as u64).ok()?;
+    Some(block)
+}
+
+/// Device `p`'s utilisation over the last second, node-wide (`gpusim_common::busy::utilisation`):
+/// the device's % and `(pid, %)` per process; `(0, [])` without node state.
+pub fn utilisation(p: usize) -> (u32, Vec<(u32, u32)>) {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    node_time_block(p).map_or((0, Vec::new()), |b| gpusim_common::busy::utilisation(&b, now))
 }

@@ -34,7 +34,7 @@ gpusim_common::exports! {
     // memory
     nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetBAR1MemoryInfo,
     // state
-    nvmlDeviceGetComputeMode, nvmlDeviceGetPersistenceMode, nvmlDeviceGetUtilizationRates,
+    nvmlDeviceGetComputeMode, nvmlDeviceGetPersistenceMode, nvmlDeviceGetUtilizationRates, nvmlDeviceGetProcessUtilization,
     nvmlDeviceGetTemperature, nvmlDeviceGetPowerUsage, nvmlDeviceGetClockInfo,
     nvmlDeviceGetMaxClockInfo, nvmlDeviceGetMigMode,
     // processes

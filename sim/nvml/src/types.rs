@@ -127,6 +127,18 @@ pub struct nvmlBAR1Memory_t {
     pub bar1Used: c_ulonglong,
 }
 
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    pub timeStamp: u64,
+    pub smUtil: c_uint,
+    pub memUtil: c_uint,
+    pub encUtil: c_uint,
+    pub decUtil: c_uint,
+}
+
 /// `nvmlUtilization_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -206,6 +218,9 @@ mod tests {
 
         assert_eq!(size_of::<nvmlBAR1Memory_t>(), 24);
         assert_eq!(size_of::<nvmlUtilization_t>(), 8);
+        assert_eq!(size_of::<nvmlProcessUtilizationSample_t>(), 32);
+        assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, timeStamp), 8);
+        assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, decUtil), 28);
 
         assert_eq!(size_of::<nvmlUUID_v1_t>(), 52);
         assert_eq!(offset_of!(nvmlUUID_v1_t, value), 8);

@@ -47,6 +47,9 @@ pub(crate) fn env_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, Co
     layer.driver_path = env_setting(env, ENV_DRIVER_PATH, parse_path)?;
     layer.nvml_path = env_setting(env, ENV_NVML_PATH, parse_path)?;
     layer.state_dir = env_setting(env, ENV_STATE_DIR, parse_path)?;
+    layer.compute_limit = env_setting(env, ENV_COMPUTE_LIMIT, parse_compute_limit)?;
+    layer.compute_limits = env_per_device(env, names, ENV_COMPUTE_LIMIT_PREFIX, parse_compute_limit)?;
+    layer.compute_mode = env_setting(env, ENV_COMPUTE_MODE, parse_compute_mode)?;
     Ok(layer)
 }
 
@@ -54,6 +57,8 @@ pub(crate) fn alias_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, 
     Ok(Box::new(Layer {
         memory_limit: env_setting(env, ENV_ALIAS_MEMORY_LIMIT, parse_limit)?,
         device_limits: env_device_limits(env, names, ENV_ALIAS_MEMORY_LIMIT_PREFIX)?,
+        compute_limit: env_setting(env, ENV_ALIAS_SM_LIMIT, parse_sm_limit)?,
+        compute_limits: env_per_device(env, names, ENV_ALIAS_SM_LIMIT_PREFIX, parse_sm_limit)?,
         ..Layer::default()
     }))
 }
@@ -65,6 +70,16 @@ pub(crate) fn env_device_limits(
     names: &[String],
     prefix: &str,
 ) -> Result<BTreeMap<u32, (Limit, Source)>, ConfigError> {
+    env_per_device(env, names, prefix, parse_limit)
+}
+
+/// `<prefix><i>` variables parsed with `parse` (see [`env_device_limits`]).
+pub(crate) fn env_per_device<T>(
+    env: Env<'_>,
+    names: &[String],
+    prefix: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<BTreeMap<u32, (T, Source)>, ConfigError> {
     let mut matching: Vec<&String> = names.iter().filter(|n| n.starts_with(prefix)).collect();
     matching.sort();
     matching.dedup();
@@ -82,7 +97,7 @@ pub(crate) fn env_device_limits(
             );
             return Err(ConfigError::new(name.escape_debug().to_string(), value, reason));
         };
-        if let Some(limit) = env_setting(env, name, parse_limit)? {
+        if let Some(limit) = env_setting(env, name, parse)? {
             out.insert(ordinal, limit);
         }
     }
@@ -95,7 +110,7 @@ pub(crate) fn env_device_limits(
 /// ignored. The name is shown escaped.
 /// (`<prefix><i>` names are left to [`env_device_limits`], whose error says what an ordinal is.)
 pub(crate) fn malformed_name(env: Env<'_>, name: &str) -> Option<ConfigError> {
-    let per_device = [ENV_MEMORY_LIMIT_PREFIX, ENV_ALIAS_MEMORY_LIMIT_PREFIX];
+    let per_device = [ENV_MEMORY_LIMIT_PREFIX, ENV_ALIAS_MEMORY_LIMIT_PREFIX, ENV_COMPUTE_LIMIT_PREFIX, ENV_ALIAS_SM_LIMIT_PREFIX];
     if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || per_device.iter().any(|p| name.starts_with(p)) {
         return None;
     }

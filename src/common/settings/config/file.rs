@@ -175,6 +175,11 @@ impl FileCtx<'_> {
             }
             "nvml_path" => layer.nvml_path = Some((self.string(key, value, parse_path)?, src())),
             "state_dir" => layer.state_dir = Some((self.string(key, value, parse_path)?, src())),
+            "compute_limit" => layer.compute_limit = Some((self.compute_limit(key, value)?, src())),
+            "compute_limits" => layer.compute_limits = self.compute_limits(value)?,
+            "compute_mode" => {
+                layer.compute_mode = Some((self.string(key, value, parse_compute_mode)?, src()))
+            }
             _ => return Err(self.unknown_key(key, value)),
         }
         Ok(())
@@ -226,6 +231,37 @@ impl FileCtx<'_> {
             )),
             _ => Err(self.error(key, render(value), LIMIT_TYPES)),
         }
+    }
+
+    /// A compute limit: a string (`"30%"`, `"0.3"`) or a number in (0, 1].
+    pub(crate) fn compute_limit(&self, key: &str, value: &toml::Value) -> Result<f64, ConfigError> {
+        match value {
+            toml::Value::String(_) => self.string(key, value, parse_compute_limit),
+            toml::Value::Float(f) if *f > 0.0 && *f <= 1.0 => Ok(*f),
+            toml::Value::Integer(1) => Ok(1.0),
+            _ => Err(self.error(key, render(value), "expected a share like \"30%\" or a number above 0 and at most 1, like 0.3")),
+        }
+    }
+
+    /// `[compute_limits]`: `<ordinal> = share`.
+    pub(crate) fn compute_limits(&self, value: &toml::Value) -> Result<BTreeMap<u32, (f64, Source)>, ConfigError> {
+        let Some(table) = value.as_table() else {
+            return Err(self.error(
+                "compute_limits",
+                render(value),
+                "expected a table of per-device compute limits, like [compute_limits] with 0 = \"30%\"",
+            ));
+        };
+        let mut out = BTreeMap::new();
+        for (ordinal, share) in table {
+            let key = format!("compute_limits.{ordinal}");
+            let Some(i) = parse_ordinal_suffix(ordinal) else {
+                let reason = format!("\"{ordinal}\" is not a device ordinal; use the ordinal the program sees, like 0 = \"30%\"");
+                return Err(self.error(&key, render(share), reason));
+            };
+            out.insert(i, (self.compute_limit(&key, share)?, self.source()));
+        }
+        Ok(out)
     }
 
     /// `[memory_limits]`: `<ordinal> = limit`.

@@ -19,7 +19,7 @@ pub fn load() -> Result<Settings, ConfigError> {
         }
         return Ok(settings);
     }
-    pub(crate) const PREFIXES: [&str; 2] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT];
+    pub(crate) const PREFIXES: [&str; 3] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT, ENV_ALIAS_SM_LIMIT];
     let vars = env_vars_starting_with(&PREFIXES);
     let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
     // Every name asked for has one of the prefixes, so it is among `vars` (the first of
@@ -190,6 +190,9 @@ pub(crate) struct Layer {
     pub(crate) driver_path: Sourced<PathBuf>,
     pub(crate) nvml_path: Sourced<PathBuf>,
     pub(crate) state_dir: Sourced<PathBuf>,
+    pub(crate) compute_limit: Sourced<f64>,
+    pub(crate) compute_limits: BTreeMap<u32, (f64, Source)>,
+    pub(crate) compute_mode: Sourced<ComputeMode>,
 }
 
 pub(crate) fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
@@ -218,6 +221,13 @@ impl Layer {
         replace_if_set(&mut self.driver_path, upper.driver_path);
         replace_if_set(&mut self.nvml_path, upper.nvml_path);
         replace_if_set(&mut self.state_dir, upper.state_dir);
+        // (as memory limits: a layer's all-devices limit replaces the per-device ones below it)
+        if upper.compute_limit.is_some() {
+            self.compute_limit = upper.compute_limit;
+            self.compute_limits.clear();
+        }
+        self.compute_limits.extend(upper.compute_limits);
+        replace_if_set(&mut self.compute_mode, upper.compute_mode);
     }
 
     pub(crate) fn into_settings(self: Box<Self>) -> Settings {
@@ -249,6 +259,11 @@ impl Layer {
         take("driver_path", self.driver_path.as_ref().map(|v| &v.1));
         take("nvml_path", self.nvml_path.as_ref().map(|v| &v.1));
         take("state_dir", self.state_dir.as_ref().map(|v| &v.1));
+        take("compute_limit", self.compute_limit.as_ref().map(|v| &v.1));
+        for (ordinal, (_, source)) in &self.compute_limits {
+            take(&format!("compute_limits.{ordinal}"), Some(source));
+        }
+        take("compute_mode", self.compute_mode.as_ref().map(|v| &v.1));
         Settings {
             disable: self.disable.is_some_and(|v| v.0),
             log_level: self.log_level.map_or(LogLevel::default(), |v| v.0),
@@ -268,6 +283,9 @@ impl Layer {
             driver_path: self.driver_path.map(|v| v.0),
             nvml_path: self.nvml_path.map(|v| v.0),
             state_dir: self.state_dir.map(|v| v.0),
+            compute_limit: self.compute_limit.map(|v| v.0),
+            compute_limits: self.compute_limits.into_iter().map(|(i, (l, _))| (i, l)).collect(),
+            compute_mode: self.compute_mode.map_or(ComputeMode::default(), |v| v.0),
             sources,
             warnings: Vec::new(),
         }

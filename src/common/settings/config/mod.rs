@@ -116,6 +116,16 @@ pub const ENV_STATE_DIR: &str = "GPUSHIM_STATE_DIR";
 pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
 /// Read by the container entrypoint: run `gpushim check` before the program (see [`TOOL_ENV`]).
 pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
+/// The share of each device's time the process' GPU work may occupy (see `compute`).
+pub const ENV_COMPUTE_LIMIT: &str = "GPUSHIM_COMPUTE_LIMIT";
+/// `GPUSHIM_COMPUTE_LIMIT_<i>`.
+pub const ENV_COMPUTE_LIMIT_PREFIX: &str = "GPUSHIM_COMPUTE_LIMIT_";
+/// How the compute limit is enforced: `auto`, `duty`, `mps`, `green`.
+pub const ENV_COMPUTE_MODE: &str = "GPUSHIM_COMPUTE_MODE";
+/// HAMi-core alias of `GPUSHIM_COMPUTE_LIMIT`: integer percent, 0 = no limit.
+pub const ENV_ALIAS_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// HAMi-core alias of `GPUSHIM_COMPUTE_LIMIT_<i>`.
+pub const ENV_ALIAS_SM_LIMIT_PREFIX: &str = "CUDA_DEVICE_SM_LIMIT_";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT`.
 pub const ENV_ALIAS_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi-core alias of `GPUSHIM_MEMORY_LIMIT_<i>`.
@@ -140,6 +150,8 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_VIEW_PENDING,
     ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
     ENV_STATE_DIR,
+    ENV_COMPUTE_LIMIT,
+    ENV_COMPUTE_MODE,
 ];
 
 /// `GPUSHIM_` variables read by the `gpushim` command and the container entrypoint, not by
@@ -149,6 +161,7 @@ pub const TOOL_ENV: &[&str] = &[ENV_LIBRARY, ENV_ENTRYPOINT_CHECK];
 /// Whether `name` is a `GPUSHIM_` variable of the shim or its tools.
 fn known_env(name: &str) -> bool {
     SETTING_ENV.contains(&name) || TOOL_ENV.contains(&name) || name.starts_with(ENV_MEMORY_LIMIT_PREFIX)
+        || name.starts_with(ENV_COMPUTE_LIMIT_PREFIX)
 }
 
 /// Every key of the config file. These are also the setting names used in [`Settings::sources`]
@@ -168,6 +181,9 @@ pub const FILE_KEYS: &[&str] = &[
     "driver_path",
     "nvml_path",
     "state_dir",
+    "compute_limit",
+    "compute_limits",
+    "compute_mode",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -246,6 +262,39 @@ impl MemoryMode {
 }
 
 impl fmt::Display for MemoryMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a compute limit is enforced (`GPUSHIM_COMPUTE_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ComputeMode {
+    /// `mps` when an MPS control daemon is reachable for the process, else `duty`.
+    #[default]
+    Auto,
+    /// The shim's pacer: launches wait for the process' share of the device's time.
+    Duty,
+    /// The MPS client variables, set before the driver initialises.
+    Mps,
+    /// Green contexts with the limit's share of SMs (experimental).
+    Green,
+}
+
+impl ComputeMode {
+    pub const ALL: [ComputeMode; 4] = [ComputeMode::Auto, ComputeMode::Duty, ComputeMode::Mps, ComputeMode::Green];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Auto => "auto",
+            ComputeMode::Duty => "duty",
+            ComputeMode::Mps => "mps",
+            ComputeMode::Green => "green",
+        }
+    }
+}
+
+impl fmt::Display for ComputeMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -385,6 +434,12 @@ pub struct Settings {
     pub nvml_path: Option<PathBuf>,
     /// Where shared quota files live; `None`: the default (see `quota::state_dir`).
     pub state_dir: Option<PathBuf>,
+    /// The compute limit of every device without a per-device one: a share in (0, 1], 1 being
+    /// no limit; `None`: unset.
+    pub compute_limit: Option<f64>,
+    /// Per-device compute limits by the program's ordinal (1: none on that device).
+    pub compute_limits: BTreeMap<u32, f64>,
+    pub compute_mode: ComputeMode,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -409,6 +464,9 @@ impl Default for Settings {
             nvml_path: None,
             state_dir: None,
             log_placement: false,
+            compute_limit: None,
+            compute_limits: BTreeMap::new(),
+            compute_mode: ComputeMode::Auto,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
@@ -434,6 +492,21 @@ impl Settings {
             || self.memory_mode != MemoryMode::Passthrough
     }
 
+    /// The compute limit of the program's device `ordinal` as a share in (0, 1): its own, else
+    /// the all-devices one; `None` when the device has none (unset, or 100 %).
+    pub fn compute_limit_for(&self, ordinal: u32) -> Option<f64> {
+        self.compute_limits
+            .get(&ordinal)
+            .copied()
+            .or(self.compute_limit)
+            .filter(|&share| share < 1.0)
+    }
+
+    /// Whether any device can have a compute limit.
+    pub fn compute_limits_anything(&self) -> bool {
+        self.compute_limit.is_some_and(|s| s < 1.0) || self.compute_limits.values().any(|&s| s < 1.0)
+    }
+
     /// Where `setting` (a name from [`FILE_KEYS`], or `memory_limits.<i>`) came from.
     pub fn source_of(&self, setting: &str) -> &Source {
         self.sources
@@ -457,6 +530,8 @@ mod load;
 mod values;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod compute_tests;
 
 #[allow(unused_imports)]
 pub use env::*;

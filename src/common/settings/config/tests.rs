@@ -24,14 +24,14 @@ fn load_vars(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     load_vars_default(vars, Path::new(NO_DEFAULT))
 }
 
-fn ok(vars: &[(&str, &str)]) -> Settings {
+pub(super) fn ok(vars: &[(&str, &str)]) -> Settings {
     match load_vars(vars) {
         Ok(s) => s,
         Err(e) => panic!("{vars:?}: {e}"),
     }
 }
 
-fn err(vars: &[(&str, &str)]) -> String {
+pub(super) fn err(vars: &[(&str, &str)]) -> String {
     match load_vars(vars) {
         Ok(s) => panic!("{vars:?} was accepted: {s:?}"),
         Err(e) => e.to_string(),
@@ -70,14 +70,14 @@ fn with_file(
     (path, result)
 }
 
-fn file_ok(contents: &str, vars: &[(&str, &str)]) -> (PathBuf, Settings) {
+pub(super) fn file_ok(contents: &str, vars: &[(&str, &str)]) -> (PathBuf, Settings) {
     match with_file(contents, vars) {
         (path, Ok(s)) => (path, s),
         (_, Err(e)) => panic!("{contents:?}: {e}"),
     }
 }
 
-fn file_err(contents: &str) -> (PathBuf, String) {
+pub(super) fn file_err(contents: &str) -> (PathBuf, String) {
     match with_file(contents, &[]) {
         (_, Ok(s)) => panic!("{contents:?} was accepted: {s:?}"),
         (path, Err(e)) => (path, e.to_string()),

@@ -45,6 +45,49 @@ pub fn parse_memory_mode(s: &str) -> Result<MemoryMode, String> {
         .ok_or_else(|| "expected one of passthrough, grow, preallocate".to_string())
 }
 
+pub fn parse_compute_mode(s: &str) -> Result<ComputeMode, String> {
+    let t = s.trim();
+    ComputeMode::ALL
+        .into_iter()
+        .find(|mode| t.eq_ignore_ascii_case(mode.as_str()))
+        .ok_or_else(|| "expected one of auto, duty, mps, green".to_string())
+}
+
+const COMPUTE_LIMIT_FORM: &str = "expected a share of the device's time above 0 and at most 100%, like 30% or 0.3";
+
+/// A compute limit: `30%` or `0.3`, in (0, 1] (`100%` and `1`: no limit).
+pub fn parse_compute_limit(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (number, scale) = match t.strip_suffix('%') {
+        Some(n) => (n.trim_end(), 100.0),
+        None => (t, 1.0),
+    };
+    // (digits and one point only: no signs, exponents, `inf` or `nan`)
+    let plain = !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && number.bytes().filter(|&b| b == b'.').count() <= 1
+        && number != ".";
+    let share = if plain { number.parse::<f64>().ok().map(|v| v / scale) } else { None };
+    match share {
+        Some(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        Some(v) if v > 1.0 && scale == 1.0 => Err(format!(
+            "{COMPUTE_LIMIT_FORM}; a number without % is a fraction (did you mean {number}%?)"
+        )),
+        _ => Err(COMPUTE_LIMIT_FORM.to_string()),
+    }
+}
+
+/// HAMi-core's `CUDA_DEVICE_SM_LIMIT`: a whole percent from 0 to 100, 0 being no limit
+/// (returned as 1, like 100 %).
+pub fn parse_sm_limit(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    match t.parse::<u32>() {
+        Ok(0) => Ok(1.0),
+        Ok(p) if p <= 100 && t.bytes().all(|b| b.is_ascii_digit()) => Ok(f64::from(p) / 100.0),
+        _ => Err("expected a whole percent from 0 to 100 (0: no limit), like 30".to_string()),
+    }
+}
+
 pub fn parse_report(s: &str) -> Result<ReportTarget, String> {
     if s.trim().eq_ignore_ascii_case("stderr") {
         Ok(ReportTarget::Stderr)

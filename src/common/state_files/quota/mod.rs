@@ -68,7 +68,7 @@ pub const SLOTS: usize = 256;
 pub const DEVICES: usize = 64;
 const UUID_BYTES: usize = 48;
 const MAGIC: u64 = u64::from_le_bytes(*b"gpushimQ");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// The longest anyone waits for the quota's mutex (held for a few loads and stores): beyond it
 /// the mutex is taken to be corrupted or held by a stuck process, and the operation fails.
 pub const LOCK_TIMEOUT_S: i64 = 5;
@@ -113,6 +113,9 @@ struct Device {
     peak: AtomicU64,
     /// The physical size of the device (or part), as the first member saw it.
     size: AtomicU64,
+    /// The group's compute clock on the device (`compute::duty`: the time, on the machine's
+    /// monotonic clock, at which the members' measured work is paid for).
+    compute_clock: AtomicU64,
 }
 
 #[repr(C)]
@@ -530,6 +533,11 @@ impl Quota {
             self.reap(whoami());
         }
         self.h().devices[d].reserved.load(Relaxed)
+    }
+
+    /// The group's compute clock on device `d` (see `Device::compute_clock`), lock-free.
+    pub fn compute_clock(&self, d: usize) -> Option<&AtomicU64> {
+        self.h().devices.get(d).map(|dev| &dev.compute_clock)
     }
 
     /// The highest total device `d` reached.

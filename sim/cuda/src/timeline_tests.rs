@@ -1,0 +1,347 @@
+//! Tests of simulated time: serial execution, events, stream synchronisation, host functions,
+//! the queue depth, graphs, the busy record, `busy_until` shared across processes, utilisation.
+//! Lower bounds are exact (the model guarantees them); upper bounds are loose (2 loaded cores).
+
+use super::*;
+use crate::context::*;
+use crate::graphs::*;
+use crate::kernels::*;
+use crate::streams::*;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+const MS: u64 = 1_000_000;
+const PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry gpusim_busy(.param .u64 ns)\n{ ret; }\n.visible .entry plain(.param .u64 x)\n{ ret; }\n\0";
+
+struct Setup {
+    busy: CUfunction,
+    plain: CUfunction,
+    _g: std::sync::MutexGuard<'static, ()>,
+}
+
+fn setup() -> Setup {
+    let g = crate::DRIVER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    unsafe {
+        assert_eq!(crate::devices::cuInit(0), CUDA_SUCCESS);
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), CUDA_SUCCESS);
+        let mut m: CUmodule = std::ptr::null_mut();
+        assert_eq!(cuModuleLoadData(&mut m, PTX.as_ptr().cast()), CUDA_SUCCESS);
+        let (mut busy, mut plain): (CUfunction, CUfunction) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(cuModuleGetFunction(&mut busy, m, c"gpusim_busy".as_ptr()), CUDA_SUCCESS);
+        assert_eq!(cuModuleGetFunction(&mut plain, m, c"plain".as_ptr()), CUDA_SUCCESS);
+        Setup { busy, plain, _g: g }
+    }
+}
+
+fn stream() -> CUstream {
+    let mut s: CUstream = std::ptr::null_mut();
+    assert_eq!(unsafe { cuStreamCreate(&mut s, 1) }, CUDA_SUCCESS);
+    s
+}
+
+fn event(flags: u32) -> CUevent {
+    let mut e: CUevent = std::ptr::null_mut();
+    assert_eq!(unsafe { cuEventCreate(&mut e, flags) }, CUDA_SUCCESS);
+    e
+}
+
+/// Launches `f` on `s` with its first parameter `ns`.
+fn launch(f: CUfunction, s: CUstream, ns: u64) -> CUresult {
+    let mut v = ns;
+    let mut params = [&mut v as *mut u64 as *mut c_void];
+    unsafe { cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut()) }
+}
+
+fn elapsed_ms(a: CUevent, b: CUevent) -> f32 {
+    let mut ms = -1.0f32;
+    assert_eq!(unsafe { cuEventElapsedTime(&mut ms, a, b) }, CUDA_SUCCESS);
+    ms
+}
+
+#[test]
+fn kernels_run_one_after_another_on_a_device() {
+    let t = setup();
+    let (s1, s2) = (stream(), stream());
+    let (e0, e1) = (event(0), event(0));
+    let wall = Instant::now();
+    unsafe {
+        assert_eq!(cuEventRecord(e0, s1), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, s1, 50 * MS), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, s2, 50 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(e1, s2), CUDA_SUCCESS);
+        assert!(wall.elapsed() < Duration::from_millis(40), "launches do not wait");
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+    }
+    assert!(wall.elapsed() >= Duration::from_millis(100));
+    let ms = elapsed_ms(e0, e1);
+    assert!((100.0..400.0).contains(&ms), "{ms} ms");
+    // a plain kernel takes GPUSIM_KERNEL_NS (0 here): nothing waits
+    unsafe { assert_eq!(cuEventRecord(e0, s1), CUDA_SUCCESS) };
+    assert_eq!(launch(t.plain, s1, 50 * MS), CUDA_SUCCESS);
+    unsafe {
+        assert_eq!(cuEventRecord(e1, s1), CUDA_SUCCESS);
+        assert_eq!(cuStreamQuery(s1), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e1), CUDA_SUCCESS);
+    }
+    assert!(elapsed_ms(e0, e1) < 5.0);
+}
+
+#[test]
+fn events_are_stamped_when_their_stream_reaches_them() {
+    let t = setup();
+    let (s1, s2) = (stream(), stream());
+    let (a, b, c, untimed, never) = (event(0), event(0), event(0), event(2), event(0));
+    unsafe {
+        // never recorded: complete, but no time
+        assert_eq!(cuEventQuery(never), CUDA_SUCCESS);
+        assert_eq!(cuEventSynchronize(never), CUDA_SUCCESS);
+        let mut ms = 0f32;
+        assert_eq!(cuEventElapsedTime(&mut ms, never, never), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(cuEventRecord(a, s1), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, s1, 60 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(b, s1), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(untimed, s1), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(b), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuEventElapsedTime(&mut ms, a, b), CUDA_ERROR_NOT_READY);
+        // s2 waits for b: its next mark comes after it
+        assert_eq!(cuStreamWaitEvent(s2, b, 0), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(c, s2), CUDA_SUCCESS);
+        assert_eq!(cuStreamQuery(s2), CUDA_ERROR_NOT_READY);
+        let wall = Instant::now();
+        assert_eq!(cuEventSynchronize(b), CUDA_SUCCESS);
+        assert!(wall.elapsed() >= Duration::from_millis(30));
+        assert_eq!(cuEventQuery(b), CUDA_SUCCESS);
+        assert_eq!(cuEventElapsedTime(&mut ms, a, untimed), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(cuEventElapsedTime_v2(&mut ms, a, untimed), CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(cuStreamSynchronize(s2), CUDA_SUCCESS);
+    }
+    let ab = elapsed_ms(a, b);
+    assert!((60.0..300.0).contains(&ab), "{ab}");
+    assert!(elapsed_ms(b, c) >= 0.0);
+    assert!(elapsed_ms(a, c) >= 60.0);
+    assert!(elapsed_ms(b, a) <= -60.0, "negative when reversed");
+}
+
+#[test]
+fn stream_synchronize_waits_for_its_work() {
+    let t = setup();
+    let s = stream();
+    let wall = Instant::now();
+    assert_eq!(launch(t.busy, s, 80 * MS), CUDA_SUCCESS);
+    unsafe {
+        assert_eq!(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuStreamSynchronize(s), CUDA_SUCCESS);
+        assert!(wall.elapsed() >= Duration::from_millis(80));
+        assert!(wall.elapsed() < Duration::from_secs(3));
+        assert_eq!(cuStreamQuery(s), CUDA_SUCCESS);
+        // the legacy stream waits for blocking streams: a created blocking stream's kernel
+        // delays the NULL stream's event
+        let mut blocking: CUstream = std::ptr::null_mut();
+        assert_eq!(cuStreamCreate(&mut blocking, 0), CUDA_SUCCESS);
+        let (a, b) = (event(0), event(0));
+        assert_eq!(cuEventRecord(a, blocking), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, blocking, 40 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(b, std::ptr::null_mut()), CUDA_SUCCESS);
+        assert_eq!(cuStreamSynchronize(std::ptr::null_mut()), CUDA_SUCCESS);
+        assert!(elapsed_ms(a, b) >= 40.0);
+        // a synchronous copy waits for the legacy stream's work
+        let wall = Instant::now();
+        assert_eq!(launch(t.busy, std::ptr::null_mut(), 40 * MS), CUDA_SUCCESS);
+        let (mut x, y) = (0u64, 7u64);
+        assert_eq!(crate::memory::cuMemcpy(&mut x as *mut u64 as CUdeviceptr, &y as *const u64 as CUdeviceptr, 8), CUDA_SUCCESS);
+        assert!(wall.elapsed() >= Duration::from_millis(40));
+        assert_eq!(x, 7);
+    }
+}
+
+static ORDER: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn note(data: *mut c_void) {
+    ORDER.lock().unwrap().push((data as u64, now()));
+}
+
+unsafe extern "C" fn note_cb(_s: CUstream, status: CUresult, data: *mut c_void) {
+    assert_eq!(status, CUDA_SUCCESS);
+    ORDER.lock().unwrap().push((data as u64, now()));
+}
+
+#[test]
+fn host_functions_run_in_stream_order_when_reached() {
+    let t = setup();
+    ORDER.lock().unwrap().clear();
+    let (s1, s2) = (stream(), stream());
+    let t0 = now();
+    unsafe {
+        assert_eq!(launch(t.busy, s1, 50 * MS), CUDA_SUCCESS);
+        assert_eq!(cuLaunchHostFunc(s1, Some(note), 1 as *mut c_void), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, s1, 30 * MS), CUDA_SUCCESS);
+        assert_eq!(cuStreamAddCallback(s1, Some(note_cb), 2 as *mut c_void, 0), CUDA_SUCCESS);
+        // s2 has nothing pending: its function runs at once (on the worker)
+        assert_eq!(cuLaunchHostFunc(s2, Some(note), 3 as *mut c_void), CUDA_SUCCESS);
+        assert_eq!(cuStreamSynchronize(s2), CUDA_SUCCESS);
+        let early: Vec<(u64, i64)> = ORDER.lock().unwrap().iter().map(|o| (o.0, o.1 as i64 - t0 as i64)).collect();
+        assert_eq!(early.iter().map(|o| o.0).collect::<Vec<_>>(), vec![3], "{early:?}");
+        assert_eq!(cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuStreamSynchronize(s1), CUDA_SUCCESS);
+    }
+    let order = ORDER.lock().unwrap().clone();
+    assert_eq!(order.iter().map(|o| o.0).collect::<Vec<_>>(), vec![3, 1, 2]);
+    assert!(order[1].1 >= t0 + 50 * MS, "ran when the stream reached it");
+    assert!(order[2].1 >= t0 + 80 * MS);
+    assert!(order[1].1 < t0 + 3000 * MS);
+}
+
+#[test]
+fn a_full_queue_blocks_the_launching_thread() {
+    let t = setup();
+    set_queue_depth(2);
+    let s = stream();
+    let wall = Instant::now();
+    for _ in 0..4 {
+        assert_eq!(launch(t.busy, s, 30 * MS), CUDA_SUCCESS);
+    }
+    // the 3rd launch waits for the 1st kernel's end, the 4th for the 2nd's
+    let waited = wall.elapsed();
+    set_queue_depth(1024);
+    assert!(waited >= Duration::from_millis(60), "{waited:?}");
+    assert!(waited < Duration::from_secs(3));
+    unsafe { assert_eq!(cuStreamSynchronize(s), CUDA_SUCCESS) };
+    assert!(wall.elapsed() >= Duration::from_millis(120));
+}
+
+#[test]
+fn graphs_take_the_sum_of_their_kernel_nodes() {
+    let t = setup();
+    let s = stream();
+    unsafe {
+        // captured
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), CUDA_SUCCESS);
+        for _ in 0..3 {
+            assert_eq!(launch(t.busy, s, 20 * MS), CUDA_SUCCESS);
+        }
+        let mut g: CUgraph = std::ptr::null_mut();
+        assert_eq!(cuStreamEndCapture(s, &mut g), CUDA_SUCCESS);
+        // and one added explicitly (CUDA_KERNEL_NODE_PARAMS, v1: 56 bytes)
+        let mut v = 25 * MS;
+        let mut kp = [&mut v as *mut u64 as *mut c_void];
+        let mut params = [0u8; 56];
+        params[0..8].copy_from_slice(&(t.busy as usize).to_le_bytes());
+        params[40..48].copy_from_slice(&(kp.as_mut_ptr() as usize).to_le_bytes());
+        let mut n: CUgraphNode = std::ptr::null_mut();
+        assert_eq!(cuGraphAddKernelNode(&mut n, g, std::ptr::null(), 0, params.as_ptr()), CUDA_SUCCESS);
+        let mut kind = -1;
+        assert_eq!(cuGraphNodeGetType(n, &mut kind), CUDA_SUCCESS);
+        assert_eq!(kind, 0);
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), CUDA_SUCCESS);
+        let (a, b) = (event(0), event(0));
+        assert_eq!(cuEventRecord(a, s), CUDA_SUCCESS);
+        assert_eq!(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(b, s), CUDA_SUCCESS);
+        assert_eq!(cuEventSynchronize(b), CUDA_SUCCESS);
+        let ms = elapsed_ms(a, b);
+        assert!((85.0..400.0).contains(&ms), "{ms}");
+    }
+}
+
+fn busy_of(json: &str, p: usize) -> Option<(u64, Vec<u64>)> {
+    let at = json.find(&format!("{{\"device\":{p},\"busy_ns\":"))?;
+    let rest = &json[at..];
+    let num = |key: &str| -> u64 {
+        let i = rest.find(key).unwrap() + key.len();
+        rest[i..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap()
+    };
+    let i = rest.find("\"buckets\":[").unwrap() + "\"buckets\":[".len();
+    let list = &rest[i..i + rest[i..].find(']').unwrap()];
+    let buckets = list.split(',').filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect();
+    Some((num("\"busy_ns\":"), buckets))
+}
+
+#[test]
+fn busy_time_is_recorded_in_10ms_buckets() {
+    let t = setup();
+    let s = stream();
+    let before = busy_of(&busy_json(), 0).unwrap_or((0, Vec::new()));
+    assert_eq!(launch(t.busy, s, 25 * MS), CUDA_SUCCESS);
+    assert_eq!(launch(t.busy, s, 5 * MS), CUDA_SUCCESS);
+    let after = busy_of(&busy_json(), 0).expect("device 0 in the busy report");
+    assert_eq!(after.0 - before.0, 30 * MS);
+    let sum = |b: &[u64]| b.iter().sum::<u64>();
+    assert_eq!(sum(&after.1) - sum(&before.1), 30 * MS);
+    assert!(after.1.iter().all(|&n| n <= BUCKET_NS));
+    let changed = after.1.iter().enumerate().filter(|(i, n)| before.1.get(*i) != Some(n)).count();
+    assert!(changed >= 3, "30 ms span at least 3 buckets of 10 ms");
+    assert!(crate::stats::report_json().contains("\"busy\":[{\"device\":0,"));
+    unsafe { assert_eq!(cuStreamSynchronize(s), CUDA_SUCCESS) };
+}
+
+/// Forks a child running `f`, which writes a u64 to the pipe; returns it.
+fn in_child(f: impl FnOnce() -> u64) -> u64 {
+    let mut fds = [0i32; 2];
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        let pid = libc::fork();
+        assert!(pid >= 0);
+        if pid == 0 {
+            libc::close(fds[0]);
+            let v = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(0);
+            libc::write(fds[1], (&v as *const u64).cast(), 8);
+            libc::_exit(0);
+        }
+        libc::close(fds[1]);
+        let mut v = 0u64;
+        let n = libc::read(fds[0], (&mut v as *mut u64).cast(), 8);
+        libc::close(fds[0]);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        assert_eq!(n, 8);
+        v
+    }
+}
+
+#[test]
+fn processes_of_a_node_share_busy_until_and_utilisation() {
+    let t = setup();
+    let path = crate::node::tests::temp_path("time");
+    let totals = vec![16u64 << 30; crate::devices::physical().len()];
+    crate::node::install_for_test(Some(crate::node::Node::attach(&path, &totals).unwrap()));
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            crate::node::install_for_test(None);
+        }
+    }
+    let _u = Uninstall;
+    let s = stream();
+    unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
+    // a child submits 300 ms of work on device 0 and exits at once (its kernel "runs" on)
+    let busy = t.busy;
+    let sent = in_child(move || {
+        let before = now();
+        let mut v = 300 * MS;
+        let mut params = [&mut v as *mut u64 as *mut c_void];
+        let s: CUstream = std::ptr::null_mut();
+        let rc = unsafe { cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut()) };
+        if rc == CUDA_SUCCESS { before } else { 0 }
+    });
+    assert_ne!(sent, 0, "the child launched");
+    // our own work starts after the child's: the device is shared
+    let e = event(0);
+    unsafe {
+        assert_eq!(cuEventRecord(e, s), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuEventSynchronize(e), CUDA_SUCCESS);
+    }
+    assert!(now() >= sent + 300 * MS);
+    // utilisation: the child's 300 ms lie in the last second once its buckets are complete
+    let end = sent + 300 * MS;
+    sleep_until((busy::epoch(end) + 1) * busy::BUCKET_NS + MS, || true);
+    let node = crate::node::active().unwrap();
+    let block: Vec<u8> = (0..busy::DEV_SIZE / 8).flat_map(|i| node.time_word(0, i).unwrap().load(Ordering::Acquire).to_le_bytes()).collect();
+    let (gpu, procs) = busy::utilisation(&block, now());
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    assert_ne!(procs[0].0, std::process::id());
+    assert!((29..=31).contains(&procs[0].1), "{procs:?}");
+    assert_eq!(gpu, procs[0].1);
+    let _ = std::fs::remove_dir_all(std::path::Path::new(&path).parent().unwrap());
+}

@@ -1,0 +1,128 @@
+//! Unit tests of the `duty` pacer against a fake device: one stream that runs each launch for a
+//! fixed time after the previous one, and events stamped when the stream reaches them.
+
+use super::duty::*;
+use crate::driver::ffi::*;
+use gpushim_common::live;
+use std::ffi::{c_float, c_uint};
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+/// The fake device: the stream's tail, the events' stamps (index = handle − 1), the kernels run.
+struct Fake {
+    tail: u64,
+    stamps: Vec<u64>,
+    kernels: Vec<(u64, u64)>,
+}
+
+static FAKE: Mutex<Fake> = Mutex::new(Fake { tail: 0, stamps: Vec::new(), kernels: Vec::new() });
+/// Serialises the tests (one fake device).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn fake() -> std::sync::MutexGuard<'static, Fake> {
+    FAKE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+unsafe extern "C" fn create(e: *mut CUevent, _: c_uint) -> CUresult {
+    let mut f = fake();
+    f.stamps.push(u64::MAX);
+    *e = f.stamps.len() as CUevent;
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn record(e: CUevent, _: CUstream) -> CUresult {
+    let mut f = fake();
+    let t = f.tail.max(now_ns());
+    f.stamps[e as usize - 1] = t;
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn query(e: CUevent) -> CUresult {
+    if fake().stamps[e as usize - 1] <= now_ns() { CUDA_SUCCESS } else { 600 }
+}
+unsafe extern "C" fn elapsed(ms: *mut c_float, a: CUevent, b: CUevent) -> CUresult {
+    let f = fake();
+    let (a, b) = (f.stamps[a as usize - 1], f.stamps[b as usize - 1]);
+    *ms = (b.saturating_sub(a)) as f32 / 1e6;
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn destroy(_: CUevent) -> CUresult {
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn current(c: *mut CUcontext) -> CUresult {
+    *c = 0x1000 as CUcontext;
+    CUDA_SUCCESS
+}
+
+const API: EventApi = EventApi { create, record, query, elapsed, destroy, current };
+
+fn launch(d: u64) {
+    let mut f = fake();
+    let start = f.tail.max(now_ns());
+    f.tail = start + d;
+    f.kernels.push((start, start + d));
+}
+
+/// Busy fraction of the fake device over [from, to).
+fn busy(kernels: &[(u64, u64)], from: u64, to: u64) -> f64 {
+    let ns: u64 = kernels.iter().map(|&(s, e)| e.min(to).saturating_sub(s.max(from))).sum();
+    ns as f64 / (to - from) as f64
+}
+
+/// Launches kernels of `d` ns for `seconds` through a pacer of `share`; `sync`: waits for each.
+/// Returns the kernels run, the start and the figures.
+fn run(share: f64, d: u64, seconds: f64, sync: bool) -> (Vec<(u64, u64)>, u64, &'static live::Compute) {
+    {
+        let mut f = fake();
+        f.tail = 0;
+        f.stamps.clear();
+        f.kernels.clear();
+    }
+    let figures: &'static live::Compute = Box::leak(Box::new(live::Compute::new()));
+    let clock: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let pacer = Pacer::new(share, clock, figures);
+    let start = now_ns();
+    let end = start + (seconds * 1e9) as u64;
+    while now_ns() < end {
+        let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+        launch(d);
+        pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+        if sync {
+            let tail = fake().tail;
+            while now_ns() < tail {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+    let kernels = fake().kernels.clone();
+    (kernels, start, figures)
+}
+
+fn check(share: f64, d: u64, sync: bool) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (kernels, start, figures) = run(share, d, 3.2, sync);
+    let s = 1_000_000_000;
+    for (a, b) in [(start + s, start + 3 * s), (start + s + s / 10, start + 3 * s + s / 10)] {
+        let got = busy(&kernels, a, b);
+        eprintln!("share {share} d {d} sync {sync}: {got:.4}");
+        assert!((got - share).abs() <= 0.05, "share {share}, kernels of {d} ns, sync {sync}: {got:.3} over a 2 s window");
+    }
+    assert_eq!(figures.limit_ppm.load(std::sync::atomic::Ordering::Relaxed), (share * 1e6).round() as u64);
+    assert!(figures.busy_ns.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn continuous_launches_get_their_share() {
+    for share in [0.1, 0.5, 0.9] {
+        check(share, 1_000_000, false);
+    }
+}
+
+#[test]
+fn synchronised_launches_get_their_share() {
+    check(0.3, 2_000_000, true);
+}
+
+#[test]
+fn tiny_and_huge_kernels_get_their_share() {
+    check(0.3, 20_000, false);
+    check(0.5, 200_000_000, false);
+}

@@ -1,0 +1,125 @@
+//! The state's side of the compute share: whether the `duty` pacer paces launches, each
+//! device's pacer (its share, its clock: the process' own or its shared quota's, its published
+//! figures), and the gate every launch hook goes through.
+
+use std::sync::atomic::AtomicU64;
+
+use gpushim_common::live;
+
+use crate::compute::duty::{EventApi, Pacer, Ticket};
+use crate::driver::ffi::*;
+use crate::driver::{self};
+use crate::platform::log::{log, Level};
+use crate::state::{Mode, State};
+
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream, named in any call.
+const STREAM_PER_THREAD: usize = 2;
+
+impl State {
+    /// Whether the `duty` pacer paces launches: a compute limit is set and the mode is `duty`
+    /// (or `auto` without an MPS daemon).
+    pub fn compute_paced(&self) -> bool {
+        self.mode == Mode::Active
+            && self.settings.compute_limits_anything()
+            && crate::compute::mode::resolve(&self.settings) == crate::compute::mode::Mode::Duty
+    }
+
+    /// Runs `launch` (a launch onto `stream`; `per_thread`: a `_ptsz` variant) through the
+    /// pacer of the stream's device: waits for the device's share, brackets the launch with
+    /// the pacer's events. Straight through when nothing paces launches or the stream is
+    /// capturing a graph (the graph's launches are paced).
+    #[inline]
+    pub fn paced_launch(&self, stream: CUstream, per_thread: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
+        if self.needs() & crate::state::NEEDS_COMPUTE == 0 {
+            return launch();
+        }
+        self.paced_launch_slow(stream, per_thread, launch)
+    }
+
+    #[inline(never)]
+    fn paced_launch_slow(&self, stream: CUstream, per_thread: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
+        let Some((pacer, events)) = self.pacer_of_stream(stream) else { return launch() };
+        // (during a capture the launch only adds a node to a graph; an event recorded there
+        // would add one too)
+        if self.capturing(stream) {
+            return launch();
+        }
+        let on = if per_thread && stream.is_null() { STREAM_PER_THREAD as CUstream } else { stream };
+        let ticket: Ticket = pacer.before_launch(&events, on);
+        let result = launch();
+        pacer.after_launch(&events, on, ticket, result == CUDA_SUCCESS);
+        result
+    }
+
+    /// The pacer of the device `stream`'s work runs on, with the driver's event functions.
+    fn pacer_of_stream(&self, stream: CUstream) -> Option<(&Pacer, EventApi)> {
+        let events = EventApi::from(self.api())?;
+        let dev = self.stream_device(stream).or_else(|| self.current_device())?;
+        let dev = usize::try_from(dev).ok()?;
+        Some((self.pacer(dev)?, events))
+    }
+
+    /// Device `dev`'s pacer (`None`: no compute limit on it), made at its first launch.
+    fn pacer(&self, dev: usize) -> Option<&Pacer> {
+        self.pacers.get_or_make(dev, || self.make_pacer(dev))
+    }
+
+    #[cold]
+    fn make_pacer(&self, dev: usize) -> Option<Pacer> {
+        let share = self.settings.compute_limit_for(dev as u32)?;
+        let publisher = crate::sharing::publisher();
+        if let Some(p) = publisher {
+            p.set_compute_mode(1);
+        }
+        let figures: &'static live::Compute = match publisher.and_then(|p| p.device(dev)) {
+            Some(entry) => &entry.compute,
+            None => Box::leak(Box::new(live::Compute::new())),
+        };
+        let clock = self.group_clock(dev).unwrap_or_else(|| Box::leak(Box::new(AtomicU64::new(0))));
+        log!(Level::Debug, "device {dev}: compute limit {:.1}% (duty)", share * 100.0);
+        Some(Pacer::new(share, clock, figures))
+    }
+
+    /// With a shared quota: the group's clock for device `dev` (keyed, like its memory, by the
+    /// device's UUID, the part's when split).
+    fn group_clock(&self, dev: usize) -> Option<&'static AtomicU64> {
+        let quota = crate::sharing::quota()?;
+        // (the memory side attaches the device to the quota at its first use)
+        let _ = self.limit(dev as CUdevice);
+        let uuid = self.part_uuid(dev as CUdevice).or_else(|| {
+            let mut id = [0u8; 16];
+            let get = self.api().device_get_uuid?;
+            // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
+            (unsafe { get(&mut id, self.driver_of(dev as CUdevice)?) } == CUDA_SUCCESS).then_some(id)
+        })?;
+        let d = quota.find(&driver::uuid_string(&uuid))?;
+        quota.compute_clock(d)
+    }
+
+    /// Each paced device's figures, for the exit report.
+    pub fn compute_rows(&self) -> Vec<crate::state::report::ComputeRow> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.pacers
+            .made_by_device()
+            .map(|(ordinal, p)| {
+                let f = p.figures();
+                crate::state::report::ComputeRow {
+                    ordinal,
+                    limit: p.share(),
+                    busy_ns: f.busy_ns.load(Relaxed),
+                    throttled_ns: f.throttled_ns.load(Relaxed),
+                    launches: f.launches.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Context `ctx` goes away: the pacers forget their events of it; `alive`: it still lives
+    /// (they are destroyed first).
+    pub fn compute_forget_context(&self, ctx: CUcontext, alive: bool) {
+        let destroy = if alive { self.api().event_destroy } else { None };
+        for p in self.pacers.made() {
+            p.forget_context(ctx as usize, destroy);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Compute share (`GPUSHIM_COMPUTE_LIMIT`, the `duty` pacer) on the simulator's timed device:
+//! every launch path, shares from 10 to 90 %, tiny and huge kernels, per-device limits, two
+//! processes on one device, a shared quota's group share, the CUDA runtime; each limit also run
+//! without the shim (the device then runs flat out), so every test can fail.
+//!
+//! Shares are read from the simulator's own record of the process' kernel time (10 ms buckets,
+//! `common::compute`), over consecutive 2 s windows after the first second, and must be within
+//! ±5 points of the limit (SPEC).
+
+mod common;
+
+use common::compute::{window_shares, Load};
+use common::*;
+
+/// Seconds each workload runs: the first second, then two 2 s windows.
+const SECONDS: &str = "5.2";
+const TOLERANCE: f64 = 0.05;
+
+fn load(mode: &str, kernel_ns: u64, devices: &str) -> Run {
+    Run::program(Program::ComputeLoad).args([mode, SECONDS, &kernel_ns.to_string(), devices]).env("GPUSIM_DEVICES", "2")
+}
+
+/// The shares of device `device`'s 2 s windows after the first second of `out`'s run.
+fn shares(out: &RunOutput, device: u32) -> Vec<f64> {
+    out.assert_completed();
+    let l = Load::of(out);
+    let raw = &out.report().raw;
+    let end = l.start_ns + l.wall_ns;
+    let s = window_shares(raw, device, l.start_ns, 1.0, 2.0, end);
+    assert!(s.len() >= 2, "fewer than two windows: {s:?}\n{}", out.dump());
+    s
+}
+
+fn assert_share(out: &RunOutput, device: u32, want: f64, what: &str) {
+    let got = shares(out, device);
+    for s in &got {
+        assert!((s - want).abs() <= TOLERANCE, "{what}: device {device} windows {got:?}, want {want} ± {TOLERANCE}\n{}", out.dump());
+    }
+}
+
+/// A workload under the shim at `limit` (a `GPUSHIM_COMPUTE_LIMIT` value).
+fn at(run: Run, limit: &str) -> Run {
+    run.shim(true).env("GPUSHIM_COMPUTE_LIMIT", limit).env("GPUSHIM_COMPUTE_MODE", "duty")
+}
+
+fn limited(run: Run, limit: &str) -> RunOutput {
+    at(run, limit).run()
+}
+
+#[test]
+fn without_the_shim_the_device_runs_flat_out() {
+    let out = load("continuous", 1_000_000, "0").env("GPUSHIM_COMPUTE_LIMIT", "30%").run();
+    for s in shares(&out, 0) {
+        assert!(s > 0.95, "{s}\n{}", out.dump());
+    }
+}
+
+#[test]
+fn continuous_launches_get_each_share() {
+    for pct in [10, 30, 50, 70, 90] {
+        let out = limited(load("continuous", 1_000_000, "0"), &format!("{pct}%"));
+        assert_share(&out, 0, pct as f64 / 100.0, &format!("continuous 1 ms kernels at {pct}%"));
+    }
+}
+
+#[test]
+fn synchronising_after_every_launch_is_paced_too() {
+    for pct in [10, 50, 90] {
+        let out = limited(load("sync", 2_000_000, "0"), &format!("{pct}%"));
+        assert_share(&out, 0, pct as f64 / 100.0, &format!("sync after each 2 ms kernel at {pct}%"));
+    }
+}
+
+#[test]
+fn tiny_kernels_by_the_hundred_thousand() {
+    for pct in [10, 30, 50] {
+        let out = limited(load("continuous", 10_000, "0"), &format!("{pct}%"));
+        assert_share(&out, 0, pct as f64 / 100.0, &format!("10 µs kernels at {pct}%"));
+    }
+}
+
+#[test]
+fn huge_kernels() {
+    for pct in [30, 70] {
+        let out = limited(load("continuous", 200_000_000, "0"), &format!("{pct}%"));
+        assert_share(&out, 0, pct as f64 / 100.0, &format!("200 ms kernels at {pct}%"));
+    }
+}
+
+#[test]
+fn every_launch_path_is_gated() {
+    for mode in ["ex", "coop", "graph", "ptsz", "null"] {
+        // (a graph launch runs its 10 nodes: 10 ms of work)
+        let out = limited(load(mode, 1_000_000, "0"), "30%");
+        assert_share(&out, 0, 0.3, &format!("{mode} at 30%"));
+    }
+}
+
+#[test]
+fn per_device_limits_are_independent() {
+    let out = load("continuous", 1_000_000, "0,1")
+        .shim(true)
+        .env("GPUSHIM_COMPUTE_LIMIT_0", "30%")
+        .env("GPUSHIM_COMPUTE_LIMIT_1", "70%")
+        .run();
+    assert_share(&out, 0, 0.3, "device 0 at 30%");
+    assert_share(&out, 1, 0.7, "device 1 at 70%");
+    // a device without a limit of its own runs flat out
+    let out = load("continuous", 1_000_000, "0,1").shim(true).env("GPUSHIM_COMPUTE_LIMIT_1", "20%").run();
+    for s in shares(&out, 0) {
+        assert!(s > 0.95, "device 0 has no limit: {s}\n{}", out.dump());
+    }
+    assert_share(&out, 1, 0.2, "device 1 at 20%");
+}
+
+/// Runs `runs` at the same time, on one simulated node (the device shared across them).
+fn together(runs: Vec<Run>) -> Vec<RunOutput> {
+    let node = scratch_path("node-state");
+    let handles: Vec<_> = runs.into_iter().map(|r| {
+        let r = r.env("GPUSIM_NODE_STATE", &node);
+        std::thread::spawn(move || r.run())
+    }).collect();
+    let outs = handles.into_iter().map(|h| h.join().expect("a run")).collect();
+    let _ = std::fs::remove_file(&node);
+    outs
+}
+
+/// Shares of both runs over the 2 s windows common to them, after the later one's first second.
+fn common_windows(a: &RunOutput, b: &RunOutput) -> Vec<(f64, f64)> {
+    let (la, lb) = (Load::of(a), Load::of(b));
+    let start = la.start_ns.max(lb.start_ns) + 1_000_000_000;
+    let end = (la.start_ns + la.wall_ns).min(lb.start_ns + lb.wall_ns);
+    let (sa, sb) = (
+        window_shares(&a.report().raw, 0, start, 0.0, 1.5, end),
+        window_shares(&b.report().raw, 0, start, 0.0, 1.5, end),
+    );
+    assert!(!sa.is_empty(), "no common window\n{}\n{}", a.dump(), b.dump());
+    sa.into_iter().zip(sb).collect()
+}
+
+#[test]
+fn two_processes_at_30_and_70_percent_each_get_theirs() {
+    let outs = together(vec![at(load("continuous", 1_000_000, "0"), "30%"), at(load("continuous", 1_000_000, "0"), "70%")]);
+    for (a, b) in common_windows(&outs[0], &outs[1]) {
+        assert!((a - 0.3).abs() <= TOLERANCE && (b - 0.7).abs() <= TOLERANCE, "30/70: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+    }
+}
+
+#[test]
+fn a_process_at_30_percent_leaves_the_rest_to_an_unlimited_one() {
+    let outs = together(vec![at(load("continuous", 1_000_000, "0"), "30%"), load("continuous", 1_000_000, "0").shim(true)]);
+    for (a, b) in common_windows(&outs[0], &outs[1]) {
+        assert!((a - 0.3).abs() <= TOLERANCE && b >= 0.7 - TOLERANCE && a + b > 0.95, "30/unlimited: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+    }
+}
+
+#[test]
+fn a_shared_quota_shares_one_share() {
+    let state = fresh_dir("compute-quota-state");
+    let member = || at(load("continuous", 1_000_000, "0"), "40%").env("GPUSHIM_SHARED_QUOTA", "team").env("GPUSHIM_STATE_DIR", &state);
+    let outs = together(vec![member(), member()]);
+    for (a, b) in common_windows(&outs[0], &outs[1]) {
+        assert!((a + b - 0.4).abs() <= TOLERANCE, "group at 40%: {a:.3} + {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+    }
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[test]
+fn the_cuda_runtime_is_paced() {
+    for major in [12, 13] {
+        let out = limited(Run::program(Program::RtCompute { major }).args([SECONDS, "1000000"]), "30%");
+        assert_share(&out, 0, 0.3, &format!("cudaLaunchKernel (cudart {major}) at 30%"));
+    }
+}
+
+#[test]
+fn bad_values_fail_cuda_initialisation_naming_the_variable() {
+    for (var, value) in [("GPUSHIM_COMPUTE_LIMIT", "30"), ("GPUSHIM_COMPUTE_LIMIT_0", "0%"), ("GPUSHIM_COMPUTE_MODE", "fast"), ("CUDA_DEVICE_SM_LIMIT", "150")] {
+        let out = Run::program(Program::ComputeLoad).args(["continuous", "0.1", "1000"]).shim(true).env(var, value).run();
+        assert_eq!(out.status.code(), Some(1), "{var}={value}\n{}", out.dump());
+        assert!(out.stdout_text().contains("error: cuInit = "), "{var}={value}\n{}", out.dump());
+        let lines: Vec<&str> = out.stderr.split(|&b| b == b'\n').filter(|l| l.starts_with(b"gpushim: ")).map(|l| std::str::from_utf8(l).unwrap_or("")).collect();
+        assert_eq!(lines.len(), 1, "one line: {lines:?}\n{}", out.dump());
+        assert!(lines[0].starts_with(&format!("gpushim: {var}=\"{value}\": ")), "{lines:?}");
+    }
+}
