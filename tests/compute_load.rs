@@ -1,7 +1,8 @@
 //! The compute workloads (`tests/c/compute_load.c`, `tests/c/rt_compute.c`) without the shim:
 //! every launch path runs for its wall time and counts its launches, the simulated driver's
-//! own record agrees, a CUDA error is reported and exits 1; and the busy-share arithmetic over
-//! the simulator report's 10 ms buckets (`common::compute`).
+//! own record agrees, a CUDA error is reported and exits 1, every kernel's simulated time is in
+//! the simulator's report (`busy`, exactly launches × kernel time); and the busy-share
+//! arithmetic over the report's 10 ms buckets (`common::compute`).
 
 mod common;
 
@@ -109,7 +110,7 @@ fn a_cuda_error_is_named_and_exits_1() {
 fn the_runtime_variant_launches_through_cudart() {
     for major in [12, 13] {
         for sync in [false, true] {
-            let mut run = Run::program(Program::RtCompute { major }).args(["0.2", "0"]);
+            let mut run = Run::program(Program::RtCompute { major }).args(["0.2", "100000"]);
             if sync {
                 run = run.arg("sync");
             }
@@ -117,6 +118,32 @@ fn the_runtime_variant_launches_through_cudart() {
             let l = Load::of(&out);
             assert!(l.on(0) > 0 && l.wall_ns >= 200_000_000, "cudart {major}\n{}", out.dump());
             assert_eq!(out.report().launches.get("gpusim_busy").copied(), Some(l.on(0)), "cudart {major}\n{}", out.dump());
+            assert_eq!(busy_ns(&out.report().raw, 0), l.on(0) * 100_000, "cudart {major}\n{}", out.dump());
+        }
+    }
+}
+
+/// With the simulator's time model: every launched kernel's time is in the report, exactly
+/// (`busy_ns` = launches × kernels per launch × KERNEL_NS on each device: the program
+/// synchronises before it exits), and launches back to back keep the device busy.
+#[test]
+fn the_kernels_time_is_in_the_simulator_report() {
+    const NS: u64 = 1_000_000;
+    for mode in MODES {
+        let out = completed(
+            load(&[mode, "0.6", &NS.to_string(), "0,1"]).env("GPUSIM_DEVICES", "2").env("COMPUTE_LOAD_MAX_PENDING", "50"),
+        );
+        let l = Load::of(&out);
+        let per_launch = if mode == "graph" { 10 * NS } else { NS };
+        let raw = &out.report().raw;
+        for d in [0, 1] {
+            assert!(l.on(d) > 0, "{mode}\n{}", out.dump());
+            assert_eq!(busy_ns(raw, d), l.on(d) * per_launch, "{mode}: device {d}\n{}", out.dump());
+        }
+        if mode != "sync" {
+            // (the first launches' set-up aside) the device never idles
+            let share = busy_share(raw, 0, l.start_ns + 100_000_000, l.start_ns + 500_000_000);
+            assert!(share > 0.9, "{mode}: busy {share}\n{}", out.dump());
         }
     }
 }

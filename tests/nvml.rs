@@ -610,3 +610,47 @@ fn pynvml_follows_visible_devices() {
         }
     }
 }
+
+/// The compute processes of a device: this process once its simulated driver has a context
+/// there (the primary context retained), with what it allocated, and no longer after the last
+/// release; never on another device; the count protocol of the real NVML (a count of 0 asks).
+#[test]
+fn compute_processes_list_this_process_while_it_has_a_context() {
+    const SCRIPT: &str = r#"
+import ctypes, os
+import pynvml as n
+cuda = ctypes.CDLL("libcuda.so.1")
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+def show(tag):
+    for i, h in enumerate(hs):
+        procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+        print(f"{tag}.d{i}=" + ",".join(f"{p.pid == os.getpid()}:{p.usedGpuMemory}" for p in procs))
+    count = ctypes.c_uint(0)
+    rc = n.nvmlLib.nvmlDeviceGetComputeRunningProcesses_v3(hs[1], ctypes.byref(count), None)
+    print(f"{tag}.ask={rc}:{count.value}")
+print("init=%d" % cuda.cuInit(0))
+show("before")
+ctx = ctypes.c_void_p()
+print("retain=%d" % cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 1))
+print("current=%d" % cuda.cuCtxSetCurrent(ctx))
+ptr = ctypes.c_uint64()
+print("alloc=%d" % cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(3 << 20)))
+show("with")
+print("release=%d" % cuda.cuDevicePrimaryCtxRelease_v2(1))
+show("after")
+print("done=1")
+"#;
+    let out = python_run(SCRIPT).env("GPUSIM_DEVICES", "2").run();
+    out.assert_completed();
+    for k in ["init", "retain", "current", "alloc", "release"] {
+        out.assert_num(k, 0, k);
+    }
+    out.assert_str("before.d0", "", "no context yet");
+    out.assert_str("before.d1", "", "no context yet");
+    out.assert_str("before.ask", "0:0", "no process: SUCCESS, count 0");
+    out.assert_str("with.d0", "", "no context on device 0");
+    out.assert_str("with.d1", &format!("True:{}", 3 * MIB), "this process, its bytes");
+    out.assert_str("with.ask", "7:1", "count 0 asks: INSUFFICIENT_SIZE, 1 needed");
+    out.assert_str("after.d1", "", "the last release ends the context");
+}

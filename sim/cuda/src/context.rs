@@ -186,6 +186,33 @@ fn primary_set_flags(dev: CUdevice, flags: u32) -> Res {
     Ok(())
 }
 
+/// Whether this process has a context on physical device `p`: a retained primary context or a
+/// live created one (a process the real NVML lists among a device's compute processes).
+pub fn has_context(p: usize) -> bool {
+    let primary_active = PRIMARIES
+        .get()
+        .is_some_and(|all| all.iter().any(|x| x.ctx.physical == p && x.refs.load(Ordering::Acquire) > 0));
+    primary_active
+        || live().read().unwrap_or_else(|e| e.into_inner()).iter().any(|&h| {
+            // SAFETY: handles in the live set are leaked `Ctx`s, never freed.
+            let c = unsafe { &*(h as *const Ctx) };
+            !c.primary && c.physical == p && c.is_alive()
+        })
+}
+
+/// `int gpusim_has_context(int physical)`: 1 if this process has a context on that physical
+/// device ([`has_context`]), 0 if not, -1 for an unknown device. For the simulated NVML's
+/// process lists.
+#[no_mangle]
+pub extern "C" fn gpusim_has_context(p: std::ffi::c_int) -> std::ffi::c_int {
+    crate::ffi::guard_value(-1, || {
+        if p < 0 || p as usize >= devices::physical().len() {
+            return -1;
+        }
+        has_context(p as usize) as std::ffi::c_int
+    })
+}
+
 // ---- the current-context stack ---------------------------------------------------------------
 
 thread_local! {

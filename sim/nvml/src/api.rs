@@ -6,6 +6,7 @@
 #![allow(non_snake_case)]
 
 use crate::cuda_link;
+use crate::processes;
 use crate::devices::{self, Device};
 use crate::ffi::*;
 use crate::types::*;
@@ -63,6 +64,23 @@ unsafe fn pci_info_legacy(d: &Device) -> nvmlPciInfoLegacy_t {
 }
 
 /// The running-process queries: never any process.
+/// The compute processes of `device` ([`processes::own`]); `infos` NULL with room for them is
+/// `NVML_ERROR_INVALID_ARGUMENT`.
+unsafe fn compute_processes(device: nvmlDevice_t, count: *mut c_uint, infos_null: bool) -> Res<Vec<(u32, u64)>> {
+    let d = device_arg(device)?;
+    let list: Vec<(u32, u64)> = processes::own(d.index).into_iter().collect();
+    // SAFETY: `count` is checked for NULL first; otherwise the caller's count.
+    if infos_null && !count.is_null() && !list.is_empty() && unsafe { *count } as usize >= list.len() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(list)
+}
+
+/// A `nvmlProcessInfo_v2_t` without MIG instances (`0xFFFFFFFF`, as the real NVML outside MIG).
+fn process_v2((pid, used): (u32, u64)) -> nvmlProcessInfo_v2_t {
+    nvmlProcessInfo_v2_t { pid, usedGpuMemory: used, gpuInstanceId: u32::MAX, computeInstanceId: u32::MAX }
+}
+
 unsafe fn no_processes(device: nvmlDevice_t, count: *mut c_uint) -> Res {
     device_arg(device)?;
     put(count, 0)
@@ -478,21 +496,23 @@ nvml_api! {
         Err(NVML_ERROR_NOT_SUPPORTED)
     }
 
-    // ---- processes: never any ----------------------------------------------------------------
+    // ---- processes: this one, with a context on the device (`processes`); no graphics ----------
 
     fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) {
-        let _ = infos;
-        no_processes(device, infoCount)
+        let list = compute_processes(device, infoCount, infos.is_null())?;
+        processes::answer(&list, infoCount, |i, (pid, used)| {
+            *infos.add(i) = nvmlProcessInfo_v1_t { pid, usedGpuMemory: used };
+        })
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) {
-        let _ = infos;
-        no_processes(device, infoCount)
+        let list = compute_processes(device, infoCount, infos.is_null())?;
+        processes::answer(&list, infoCount, |i, e| *infos.add(i) = process_v2(e))
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) {
-        let _ = infos;
-        no_processes(device, infoCount)
+        let list = compute_processes(device, infoCount, infos.is_null())?;
+        processes::answer(&list, infoCount, |i, e| *infos.add(i) = process_v2(e))
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) {

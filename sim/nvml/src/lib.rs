@@ -12,6 +12,7 @@ mod api;
 mod config;
 mod cuda_link;
 mod devices;
+mod processes;
 pub mod internal;
 mod registry;
 mod types;

@@ -166,7 +166,7 @@ pub struct nvmlUUID_v1_t {
 /// `nvmlUUID_v1` = `0x01000034`.
 pub const NVML_UUID_V1: c_uint = struct_version::<nvmlUUID_v1_t>(1);
 
-/// `nvmlProcessInfo_v1_t` (only its size matters: no process is ever listed).
+/// `nvmlProcessInfo_v1_t`.
 #[repr(C)]
 pub struct nvmlProcessInfo_v1_t {
     pub pid: c_uint,
