@@ -657,6 +657,9 @@ impl State {
         static ONCE: ForkOnce<()> = ForkOnce::new();
         ONCE.call_once(|| {
             let publisher = self.publish_now(devices);
+            if let Some(p) = publisher {
+                self.publish_compute(p, devices.len());
+            }
             // (the program's devices only: the others' budgets, if ever used, keep the gate)
             let count = self.program_devices().map_or(devices.len(), |d| d.list.len()).min(self.budgets.len());
             let budgets: &'static [crate::accounting::memory::DeviceBudget] = &self.budgets;

@@ -185,3 +185,21 @@ fn bad_values_fail_cuda_initialisation_naming_the_variable() {
         assert!(lines[0].starts_with(&format!("gpushim: {var}=\"{value}\": ")), "{lines:?}");
     }
 }
+
+#[test]
+fn without_a_limit_the_launch_functions_are_the_drivers_own() {
+    // Pointer identity on every way of reaching the driver (`tests/driver_paths.rs`): no limit
+    // or 100 %, the driver's own cuLaunchKernel; a limit in duty mode, the shim's.
+    for path in DriverPath::ALL.into_iter().filter(|p| p.asks_driver()) {
+        let name = if path.is_ptsz() { "cuLaunchKernel_ptsz" } else { "cuLaunchKernel" };
+        for (limit, want) in [(None, "driver"), (Some("100%"), "driver"), (Some("1"), "driver"), (Some("30%"), "other")] {
+            let mut run = Run::program(Program::Driver(path)).env("GPUSIM_MEMORY", "1GiB").arg("ident").shim(true).env("GPUSHIM_COMPUTE_MODE", "duty");
+            if let Some(l) = limit {
+                run = run.env("GPUSHIM_COMPUTE_LIMIT", l);
+            }
+            let out = run.run();
+            out.assert_completed();
+            assert_eq!(out.get(&format!("ident.{name}")), want, "{name} by {path:?}, limit {limit:?}\n{}", out.dump());
+        }
+    }
+}

@@ -68,9 +68,6 @@ impl State {
     fn make_pacer(&self, dev: usize) -> Option<Pacer> {
         let share = self.settings.compute_limit_for(dev as u32)?;
         let publisher = crate::sharing::publisher();
-        if let Some(p) = publisher {
-            p.set_compute_mode(1);
-        }
         let figures: &'static live::Compute = match publisher.and_then(|p| p.device(dev)) {
             Some(entry) => &entry.compute,
             None => Box::leak(Box::new(live::Compute::new())),
@@ -94,6 +91,28 @@ impl State {
         })?;
         let d = quota.find(&driver::uuid_string(&uuid))?;
         quota.compute_clock(d)
+    }
+
+    /// Publishes the compute mode and each program device's compute limit (its busy and waited
+    /// time follow from its pacer, in `duty` mode).
+    pub(crate) fn publish_compute(&self, p: &gpushim_common::live::Publisher, driver_devices: usize) {
+        use crate::compute::mode::Mode as M;
+        let mode = crate::compute::mode::resolve(&self.settings);
+        p.set_compute_mode(match mode {
+            M::None => 0,
+            M::Duty => 1,
+            M::Mps => 2,
+            M::Green => 3,
+        });
+        if mode == M::None {
+            return;
+        }
+        let count = self.program_devices().map_or(driver_devices, |d| d.list.len());
+        for i in 0..count {
+            if let (Some(share), Some(entry)) = (self.settings.compute_limit_for(i as u32), p.device(i)) {
+                entry.compute.limit_ppm.store((share * 1e6).round().max(1.0) as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
 
     /// Each paced device's figures, for the exit report.
