@@ -274,16 +274,18 @@ fn check_defaults() {
     golden("defaults", &out, 0, &[]);
 }
 
-/// Settings from the file, the environment (and its HAMi-core alias) and the options, each
-/// with its source; hidden, reordered and limited devices.
+/// Settings from the file, the environment (and its HAMi-core aliases) and the options, each
+/// with its source; hidden, reordered and limited devices, with their compute limits.
 #[test]
 fn check_sources_and_view() {
     let config = scratch_path("check-sources.toml");
-    std::fs::write(&config, "memory_mode = \"grow\"\nmemory_limit = \"50%\"\nlog = \"error\"\n").unwrap();
+    std::fs::write(&config, "memory_mode = \"grow\"\nmemory_limit = \"50%\"\nlog = \"error\"\ncompute_limit = \"50%\"\ncompute_mode = \"duty\"\n").unwrap();
     let out = gpushim(args!["check", "--memory-limit-device", "1=2GiB", "--report", "stderr"])
         .env("GPUSHIM_CONFIG", &config)
         .env("GPUSHIM_VISIBLE_DEVICES", "2,0")
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "3GiB")
+        .env("CUDA_DEVICE_SM_LIMIT_0", "20")
+        .env("GPUSHIM_COMPUTE_LIMIT_1", "70%")
         .env("GPUSHIM_SOMETHING", "1")
         .run();
     golden("sources", &out, 0, &[(&config.display().to_string(), "$CONFIG")]);

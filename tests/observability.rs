@@ -249,6 +249,37 @@ fn top_in_a_terminal() {
     // a program killed: shown as exited
     drop(a);
     wait_screen(&|s: &str| s.contains(&format!("pid {pa} drvapi-link (root): exited")), "the killed program was not shown as exited");
+    // the compute columns: a live file of this process (as the pacer fills it) with a 50 %
+    // limit in mode duty, its busy time growing at a quarter of the wall time: SHARE ≈ 25 %
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        let publisher = gpushim_common::live::Publisher::start(&node.state, None, &[gpushim_common::live::ViewEntry { uuid: phys_uuid(0), part: None }]).unwrap();
+        publisher.set_compute_mode(1);
+        let c = &publisher.device(0).unwrap().compute;
+        c.limit_ppm.store(500_000, Relaxed);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let me = std::process::id().to_string();
+        let share_of = |screen: &str| -> Option<u32> {
+            let row = screen.lines().find(|l| l.trim_start().starts_with(&format!("{me} ")))?;
+            let t: Vec<&str> = row.split_whitespace().collect();
+            let k = t.iter().position(|w| *w == "duty")?;
+            (t[k - 1] == "50%").then(|| t.get(k + 1)?.strip_suffix('%')?.parse().ok())?
+        };
+        std::thread::scope(|scope| {
+            // (bounded: it ends by itself if the check below panics before stopping it)
+            scope.spawn(|| {
+                let t0 = Instant::now();
+                while !stop.load(Relaxed) && t0.elapsed() < Duration::from_secs(30) {
+                    c.busy_ns.store(t0.elapsed().as_nanos() as u64 / 4, Relaxed);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let screen = wait_screen(&|s: &str| share_of(s).is_some_and(|x| (20..=30).contains(&x)), "top did not show a 25 % share under a 50 % duty limit");
+            assert!(screen.contains("COMPUTE LIMIT") && screen.contains("SHARE") && screen.contains("WAITED"), "{screen}");
+            stop.store(true, Relaxed);
+        });
+        publisher.remove();
+    }
     tmux(&["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while tmux(&["has-session", "-t", "top"]).status.success() {

@@ -54,7 +54,7 @@ pub fn main(args: &crate::cli::CheckArgs) -> Result<(), Failure> {
         shimmed.retain(|(n, _)| n.as_os_str() != quiet);
     }
     let seen = probe(&shimmed, &["cuda", "nvml"]).map_err(|e| Failure::setup("check", e))?;
-    let problems = print_devices(&settings, &env_for_compute(&shimmed), &physical, &seen.values);
+    let problems = print_devices(&settings, &physical, &seen.values);
     if problems.is_empty() {
         return Ok(());
     }
@@ -99,6 +99,13 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
     rows.extend([
         ("virtual_devices".into(), if splits.is_empty() { "none".into() } else { list(splits, ";") }),
         ("memory_mode".into(), s.memory_mode.to_string()),
+        ("compute_limit".into(), s.compute_limit.filter(|&l| l < 1.0).map_or("none".into(), crate::figures::percent)),
+    ]);
+    for (ordinal, limit) in &s.compute_limits {
+        rows.push((format!("compute_limits.{ordinal}"), if *limit < 1.0 { crate::figures::percent(*limit) } else { "none".into() }));
+    }
+    rows.extend([
+        ("compute_mode".into(), s.compute_mode.as_str().to_string()),
         ("log".into(), s.log_level.to_string()),
         ("log_file".into(), path(&s.log_file, "stderr")),
         (
@@ -193,7 +200,7 @@ pub(crate) fn probe(env: &[(OsString, OsString)], sections: &[&str]) -> Result<P
 }
 
 /// Prints the program's devices; returns what makes the check fail.
-fn print_devices(s: &Settings, env: &[(String, String)], physical: &BTreeMap<String, String>, seen: &BTreeMap<String, String>) -> Vec<String> {
+fn print_devices(s: &Settings, physical: &BTreeMap<String, String>, seen: &BTreeMap<String, String>) -> Vec<String> {
     let get = |m: &BTreeMap<String, String>, k: String| m.get(&k).cloned();
     let mut problems = Vec::new();
     if seen.get("shim").is_none() {
@@ -260,7 +267,7 @@ fn print_devices(s: &Settings, env: &[(String, String)], physical: &BTreeMap<Str
             limit,
             set_by,
             s.memory_mode.to_string(),
-            compute_text(s, env, i),
+            compute_text(s, i),
         ]);
     }
     print_table(&rows);
@@ -312,46 +319,11 @@ fn print_table<const N: usize>(rows: &[[String; N]]) {
     }
 }
 
-/// The environment as text, for [`compute_of`].
-fn env_for_compute(env: &[(OsString, OsString)]) -> Vec<(String, String)> {
-    env.iter().filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string()))).collect()
-}
-
 /// The `compute` column of program device `ordinal`: its compute limit and the mode
 /// (`30% auto`), or `none`.
-fn compute_text(s: &Settings, env: &[(String, String)], ordinal: usize) -> String {
-    match compute_of(s, env, ordinal) {
-        (Some(limit), mode) => format!("{} {mode}", crate::figures::percent(limit)),
-        (None, _) => "none".into(),
+fn compute_text(s: &Settings, ordinal: usize) -> String {
+    match s.compute_limit_for(ordinal as u32) {
+        Some(limit) => format!("{} {}", crate::figures::percent(limit), s.compute_mode.as_str()),
+        None => "none".into(),
     }
-}
-
-/// The compute limit of program device `ordinal` (a fraction; `None`: none) and the compute
-/// mode, as the library would resolve them.
-///
-/// TODO(settings): stands in for `Settings::compute_limit_for(ordinal)` and
-/// `Settings::compute_mode.as_str()` until those land in `gpushim-common`; it reads only the
-/// environment (no config file keys), with the contract's precedence: `GPUSHIM_COMPUTE_LIMIT_<i>`,
-/// `GPUSHIM_COMPUTE_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<i>`, `CUDA_DEVICE_SM_LIMIT`. A value it
-/// cannot read counts as none here (the library's own check fails the probe).
-fn compute_of(_s: &Settings, env: &[(String, String)], ordinal: usize) -> (Option<f64>, String) {
-    let get = |k: String| env.iter().rev().find(|(n, _)| *n == k).map(|(_, v)| v.trim().to_string()).filter(|v| !v.is_empty());
-    let share = |v: &str| -> Option<f64> {
-        let x = match v.strip_suffix('%') {
-            Some(p) => p.trim().parse::<f64>().ok()? / 100.0,
-            None => v.parse::<f64>().ok()?,
-        };
-        (x > 0.0 && x <= 1.0).then_some(x)
-    };
-    let hami = |v: &str| -> Option<f64> { v.parse::<u32>().ok().filter(|&p| p > 0 && p <= 100).map(|p| p as f64 / 100.0) };
-    let limit = if let Some(v) = get(format!("GPUSHIM_COMPUTE_LIMIT_{ordinal}")).or_else(|| get("GPUSHIM_COMPUTE_LIMIT".into())) {
-        share(&v)
-    } else if let Some(v) = get(format!("CUDA_DEVICE_SM_LIMIT_{ordinal}")).or_else(|| get("CUDA_DEVICE_SM_LIMIT".into())) {
-        hami(&v)
-    } else {
-        None
-    };
-    let mode = get("GPUSHIM_COMPUTE_MODE".into()).map_or("auto".to_string(), |m| m.to_ascii_lowercase());
-    // (100 %: no compute limit)
-    (limit.filter(|&l| l < 1.0), mode)
 }

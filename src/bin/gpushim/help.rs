@@ -111,8 +111,11 @@ pub const PS_DESCRIPTION: &str = "\
 DESCRIPTION
     Without --quota, first every process of this user under the shim (all users' when run as
     root): pid, user, name, its shared quota, and per device of its view (ordinal, GPU UUID,
-    part of a split GPU) what it holds, its peak, what is reserved for it, its limit and the
-    allocations refused. The figures are the ones the process publishes in the state directory
+    part of a split GPU) what it holds, its peak, what is reserved for it, its limit, the
+    allocations refused, and its compute share: the compute limit and mode (- without a
+    limit), the share achieved (the GPU time its work took on the device over the wall time
+    since the process started publishing, in whole percent) and the time its launches waited
+    for their share. The figures are the ones the process publishes in the state directory
     (proc-PID-NONCE) as they change; a process killed without exiting is shown as exited until the
     next process of the user that starts CUDA removes its entry. With no process under the shim,
     one line says so.
@@ -141,8 +144,10 @@ pub const TOP_DESCRIPTION: &str = "\
 DESCRIPTION
     A live view of what gpushim ps shows, refreshed every SECONDS (default 1): per GPU its
     memory as NVML sees it (used of total), then each process under the shim on it with a bar
-    of what it holds against its limit, its peak, its limit, its shared quota and the
-    allocations refused; then the shared quotas. It follows the terminal's size. Keys: q (or
+    of what it holds against its limit, its peak, its limit, its compute limit and mode, the
+    share of the device's time its work took over the last interval (SHARE: GPU time between
+    two readings over the wall time between them) and the share of that time its launches
+    waited (WAITED), its shared quota and the allocations refused; then the shared quotas. It follows the terminal's size. Keys: q (or
     Ctrl-C) quits; s changes the order (memory in use, pid, refusals, name); r refreshes now.
     SIGTERM, SIGHUP, SIGINT and SIGQUIT quit too, the terminal restored.
 
@@ -165,8 +170,11 @@ DESCRIPTION
     10 s. SIGTERM or SIGINT stops the server.
     Metrics: gpushim_memory_used_bytes, gpushim_memory_reserved_bytes,
     gpushim_memory_peak_used_bytes, gpushim_memory_peak_reserved_bytes,
-    gpushim_memory_limit_bytes, gpushim_allocations_refused_total (labels pid, user, comm,
-    quota, device, gpu_uuid, part), gpushim_process_alive, gpushim_process_devices,
+    gpushim_memory_limit_bytes, gpushim_allocations_refused_total,
+    gpushim_compute_limit_ratio (0..1, devices with a compute limit only),
+    gpushim_gpu_busy_seconds_total, gpushim_compute_throttled_seconds_total,
+    gpushim_compute_launches_total (labels pid, user, comm, quota, device, gpu_uuid, part),
+    gpushim_process_alive, gpushim_process_devices,
     gpushim_quota_used_bytes, gpushim_quota_peak_used_bytes, gpushim_quota_limit_bytes (labels
     quota, user, gpu_uuid), gpushim_gpu_memory_total_bytes and gpushim_gpu_memory_used_bytes
     (NVML; labels gpu, gpu_uuid, name; left out with --no-gpus).

@@ -192,7 +192,7 @@ pub fn settings(env: &[(OsString, OsString)]) -> Result<config::Settings, config
     let names: Vec<String> = env
         .iter()
         .filter_map(|(n, _)| n.to_str())
-        .filter(|n| n.starts_with("GPUSHIM_") || n.starts_with(config::ENV_ALIAS_MEMORY_LIMIT))
+        .filter(|n| n.starts_with("GPUSHIM_") || n.starts_with(config::ENV_ALIAS_MEMORY_LIMIT) || n.starts_with(config::ENV_ALIAS_SM_LIMIT))
         .map(str::to_string)
         .collect();
     let lookup = |name: &str| {
