@@ -25,17 +25,32 @@
 //! is `share × window` give or take one burst and one kernel.
 //!
 //! The bound on what is queued ahead is the same rule: at most `AHEAD + BURST` of the clock
-//! can be launched and unmeasured, so the share holds at sub-second scale even when the
-//! program queues work far ahead. Before the first measurement nothing is known of the
-//! kernels' length: one launch at a time until the first has completed.
+//! can be launched and unmeasured (at the running mean's estimate), so the share holds at
+//! sub-second scale even when the program queues work far ahead; and at most
+//! [`MAX_IN_FLIGHT`] launches are in flight, which bounds what a program whose kernels suddenly
+//! grow can queue before the first of the new ones is measured (the debt is paid afterwards).
+//! Before the first measurement nothing is known of the kernels' length: one launch at a time
+//! until the first has completed. A launch is admitted by two compare-and-swaps (the count in
+//! flight, then the estimate against the clock), so threads launching at once cannot all pass
+//! on the same room.
 //!
 //! # Waiting
 //!
 //! In the launching thread, never a thread of the pacer's own; in steps of at most
-//! [`STEP`], measuring between steps; never more than [`MAX_WAIT`] for one launch (a GPU
-//! whose work never completes does not hang the program in the shim; the launch then goes, with
-//! one warning). No lock is held across a call into the driver: the queue of unmeasured work
-//! is taken out of its lock entry by entry.
+//! [`STEP`], measuring between steps. A wait for the clock lasts what the share demands (the
+//! work measured divided by the share; a clock more than [`MAX_LEAD`] ahead, which no real
+//! history gives, is taken as corrupt and reset, with a warning). A wait for earlier work to
+//! complete lasts at most [`MAX_WAIT`] (a GPU whose work never completes does not hang the
+//! program in the shim; the launch then goes, with one warning). No lock is held across a call
+//! into the driver: the queue of unmeasured work is taken out of its lock entry by entry, and
+//! the queries run with the thread's capture mode relaxed (a global-mode stream capture on
+//! another thread is not invalidated by them).
+//!
+//! # Contexts
+//!
+//! Events belong to a context. When the program destroys one, the pacer forgets its events
+//! first (destroying them while the context lives) after the measurements under way have ended
+//! (a bounded wait), so that the driver never sees the pacer use a destroyed context's events.
 //!
 //! # A group
 //!
@@ -44,7 +59,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_float, c_uint};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use gpushim_common::bounded::Bounded;
@@ -62,13 +77,19 @@ pub const BURST: u64 = 4_000_000;
 pub const CREDIT: u64 = 50_000_000;
 /// The longest single sleep between two measurements.
 pub const STEP: u64 = 2_000_000;
-/// The longest a launch waits.
+/// The longest a launch waits for earlier work to complete (not for the clock).
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
-/// The most launches in flight (unmeasured) per device.
-pub const MAX_PENDING: usize = 4096;
+/// A clock further ahead than this is corrupt (a day).
+pub const MAX_LEAD: u64 = 86_400_000_000_000;
+/// The most launches in flight (unmeasured) per device: the bound on what a program whose
+/// kernels suddenly grow can queue before the first of the new ones is measured.
+pub const MAX_IN_FLIGHT: usize = 16;
+const MAX_PENDING: usize = MAX_IN_FLIGHT;
 /// The most events kept per context for reuse.
-const POOL_PER_CONTEXT: usize = 2 * MAX_PENDING;
+const POOL_PER_CONTEXT: usize = 4 * MAX_IN_FLIGHT;
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: u32 = 2;
 /// `CUDA_ERROR_NOT_READY`: an event not reached yet.
 const CUDA_ERROR_NOT_READY: CUresult = 600;
 
@@ -90,6 +111,8 @@ pub struct EventApi {
     pub elapsed: unsafe extern "C" fn(*mut c_float, CUevent, CUevent) -> CUresult,
     pub destroy: unsafe extern "C" fn(CUevent) -> CUresult,
     pub current: unsafe extern "C" fn(*mut CUcontext) -> CUresult,
+    /// `cuThreadExchangeStreamCaptureMode` (CUDA 10.1+), when the driver has it.
+    pub capture_mode: Option<unsafe extern "C" fn(*mut u32) -> CUresult>,
 }
 
 impl EventApi {
@@ -102,6 +125,7 @@ impl EventApi {
             elapsed: api.event_elapsed?,
             destroy: api.event_destroy?,
             current: api.ctx_get_current?,
+            capture_mode: api.thread_exchange_capture_mode,
         })
     }
 }
@@ -123,6 +147,10 @@ pub struct Pacer {
     clock: &'static AtomicU64,
     /// Estimated nanoseconds of the work launched and not measured yet.
     outstanding: AtomicU64,
+    /// Launches admitted and not settled (measured or charged).
+    in_flight: AtomicUsize,
+    /// Measurements under way (an entry out of the queue, its events being queried).
+    measuring: AtomicUsize,
     /// A running mean of the measured work's nanoseconds per launch (0: nothing measured yet).
     estimate: AtomicU64,
     pending: Bounded<VecDeque<Pending>>,
@@ -149,6 +177,8 @@ impl Pacer {
             share,
             clock,
             outstanding: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            measuring: AtomicUsize::new(0),
             estimate: AtomicU64::new(0),
             pending: Bounded::new("gpushim's queue of unmeasured launches", VecDeque::new()),
             pool: Bounded::new("gpushim's pool of pacing events", Vec::new()),
@@ -175,58 +205,52 @@ impl Pacer {
     /// the launch's events go on: the per-thread default stream written as
     /// `CU_STREAM_PER_THREAD`). To be followed by [`Pacer::after_launch`].
     pub fn before_launch(&self, api: &EventApi, stream: CUstream) -> Ticket {
-        self.wait_turn(api);
+        let estimate = self.wait_turn(api);
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         if unsafe { (api.current)(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
-            return self.unmeasured(0);
+            return Ticket { ctx: 0, events: None, estimate };
         }
         let ctx = ctx as usize;
-        let Some((before, after)) = self.take_events(api, ctx) else { return self.unmeasured(ctx) };
+        let Some((before, after)) = self.take_events(api, ctx) else { return Ticket { ctx, events: None, estimate } };
         // SAFETY: our event, of the current context; the program's stream passed as given.
         if unsafe { (api.record)(before as CUevent, stream) } != CUDA_SUCCESS {
             self.give_back(ctx, &[before, after]);
-            return self.unmeasured(ctx);
+            return Ticket { ctx, events: None, estimate };
         }
-        let estimate = self.estimate.load(Relaxed);
-        self.outstanding.fetch_add(estimate, Relaxed);
         Ticket { ctx, events: Some((before, after)), estimate }
     }
 
-    fn unmeasured(&self, ctx: usize) -> Ticket {
-        Ticket { ctx, events: None, estimate: self.estimate.load(Relaxed) }
+    /// A launch leaves the flight (measured, or charged without measuring).
+    fn leave_flight(&self, estimate: u64) {
+        let _ = self.outstanding.fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(estimate)));
+        let _ = self.in_flight.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
     }
 
     /// After the launch: records `after` and queues the work for measuring; a launch the
     /// driver refused costs nothing.
     pub fn after_launch(&self, api: &EventApi, stream: CUstream, ticket: Ticket, launched: bool) {
-        let Some((before, after)) = ticket.events else {
+        let unmeasured = |this: &Pacer| {
+            this.leave_flight(ticket.estimate);
             if launched {
                 // (not measurable: charged the estimate, or a millisecond before any is known)
-                let charge = if ticket.estimate == 0 { 1_000_000 } else { ticket.estimate };
-                self.charge(charge, now_ns());
+                this.charge(if ticket.estimate == 0 { 1_000_000 } else { ticket.estimate }, now_ns());
             }
-            return;
         };
+        let Some((before, after)) = ticket.events else { return unmeasured(self) };
         // SAFETY: our event; the stream as above.
-        let recorded = launched && unsafe { (api.record)(after as CUevent, stream) } == CUDA_SUCCESS;
-        if !recorded {
-            self.outstanding.fetch_sub(ticket.estimate.min(self.outstanding.load(Relaxed)), Relaxed);
+        if !launched || unsafe { (api.record)(after as CUevent, stream) } != CUDA_SUCCESS {
             self.give_back(ticket.ctx, &[before, after]);
-            if launched {
-                self.charge(ticket.estimate.max(1), now_ns());
-            }
-            return;
+            return unmeasured(self);
         }
         let entry = Pending { ctx: ticket.ctx, before, after, estimate: ticket.estimate };
-        match self.pending.lock() {
-            Ok(mut q) if q.len() < MAX_PENDING => q.push_back(entry),
-            _ => {
-                // (cannot be queued: charged its estimate at once)
-                self.outstanding.fetch_sub(ticket.estimate.min(self.outstanding.load(Relaxed)), Relaxed);
-                self.charge(ticket.estimate.max(1), now_ns());
-            }
+        if let Ok(mut q) = self.pending.lock() {
+            q.push_back(entry);
+            return;
         }
+        // (the queue's lock is stuck: charged at once, the events given back)
+        self.give_back(ticket.ctx, &[before, after]);
+        unmeasured(self);
     }
 
     /// Adds `ns` of device work that ended about `end` to the clock and the figures.
@@ -241,13 +265,33 @@ impl Pacer {
     /// Measures what has completed, oldest first, stopping at the first not complete.
     /// Returns how many launches are still unmeasured.
     fn measure(&self, api: &EventApi) -> usize {
-        loop {
-            let Ok(entry) = self.pending.lock().map(|mut q| q.pop_front()) else { return MAX_PENDING };
-            let Some(entry) = entry else { return 0 };
-            // SAFETY: our event.
+        // (queries run with this thread's capture mode relaxed: a global-mode capture on
+        // another thread is not invalidated by them)
+        let mut relaxed: Option<u32> = None;
+        let left = loop {
+            self.measuring.fetch_add(1, Relaxed);
+            let Ok(entry) = self.pending.lock().map(|mut q| q.pop_front()) else {
+                self.measuring.fetch_sub(1, Relaxed);
+                break MAX_PENDING;
+            };
+            let Some(entry) = entry else {
+                self.measuring.fetch_sub(1, Relaxed);
+                break 0;
+            };
+            if relaxed.is_none() {
+                if let Some(exchange) = api.capture_mode {
+                    let mut mode = CAPTURE_MODE_RELAXED;
+                    // SAFETY: valid in-out pointer; the thread's own mode, restored below.
+                    if unsafe { exchange(&mut mode) } == CUDA_SUCCESS {
+                        relaxed = Some(mode);
+                    }
+                }
+            }
+            // SAFETY: our event (its context not forgotten: `forget_context` waits for the
+            // measurements under way before the context goes).
             let state = unsafe { (api.query)(entry.after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
-                return match self.pending.lock() {
+                let left = match self.pending.lock() {
                     Ok(mut q) => {
                         q.push_front(entry);
                         q.len()
@@ -257,19 +301,27 @@ impl Pacer {
                         0
                     }
                 };
+                self.measuring.fetch_sub(1, Relaxed);
+                break left;
             }
             let mut ms: c_float = 0.0;
             // SAFETY: our events, both recorded; valid out-pointer.
             let took = (state == CUDA_SUCCESS && unsafe { (api.elapsed)(&mut ms, entry.before as CUevent, entry.after as CUevent) } == CUDA_SUCCESS)
                 .then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
+            self.measuring.fetch_sub(1, Relaxed);
             self.settle(entry, took);
+        };
+        if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
+            // SAFETY: restores the thread's mode exchanged above.
+            unsafe { exchange(&mut mode) };
         }
+        left
     }
 
     /// Moves a measured launch from the estimate to the clock (`None`: its events failed, it is
     /// charged its estimate) and gives its events back.
     fn settle(&self, entry: Pending, took: Option<u64>) {
-        self.outstanding.fetch_sub(entry.estimate.min(self.outstanding.load(Relaxed)), Relaxed);
+        self.leave_flight(entry.estimate);
         let ns = took.unwrap_or(entry.estimate.max(1));
         if took.is_some() {
             let old = self.estimate.load(Relaxed);
@@ -280,26 +332,49 @@ impl Pacer {
         self.give_back(entry.ctx, &[entry.before, entry.after]);
     }
 
-    /// Sleeps until the clock allows a launch (bounded by [`MAX_WAIT`]).
-    fn wait_turn(&self, api: &EventApi) {
+    /// Sleeps until the clock allows a launch, then admits it (counts it in flight, its
+    /// estimate outstanding, in one step each, so that threads launching at once cannot all
+    /// pass on the same room): returns its estimate.
+    fn wait_turn(&self, api: &EventApi) -> u64 {
         let first = now_ns();
         // once the clock made this thread wait: the time it waits for (a burst's worth paid)
         let mut resume = 0u64;
         loop {
-            let unmeasured = self.measure(api);
+            self.measure(api);
             let now = now_ns();
-            let due = self.clock.load(Relaxed).saturating_add(self.pay(self.outstanding.load(Relaxed)));
+            if self.clock.load(Relaxed) > now.saturating_add(MAX_LEAD) {
+                self.clock.store(now, Relaxed);
+                log!(Level::Warn, "compute limit: the pacing clock was more than a day ahead (a corrupt shared quota file?); reset");
+            }
+            let estimate = self.estimate.load(Relaxed);
             // (before the first measurement nothing is known of the kernels: one at a time)
-            let room = if self.estimate.load(Relaxed) != 0 { unmeasured < MAX_PENDING } else { unmeasured == 0 };
+            let cap = if estimate != 0 { MAX_IN_FLIGHT } else { 1 };
+            let room = self.in_flight.load(Relaxed) < cap;
+            let due = self.clock.load(Relaxed).saturating_add(self.pay(self.outstanding.load(Relaxed)));
             let paid = due <= now.saturating_add(AHEAD);
             if room && paid && now >= resume {
-                break;
-            }
-            if now.saturating_sub(first) >= MAX_WAIT.as_nanos() as u64 {
-                if !self.warned.swap(true, Relaxed) {
-                    log!(Level::Warn, "compute limit: a launch waited {} s for the device's earlier work to be measured; letting it go", MAX_WAIT.as_secs());
+                // admitted if the room and the clock still hold once counted
+                if self.in_flight.fetch_update(Relaxed, Relaxed, |n| (n < cap).then_some(n + 1)).is_ok() {
+                    let clock = self.clock.load(Relaxed);
+                    let counted = self.outstanding.fetch_update(Relaxed, Relaxed, |o| {
+                        (clock.saturating_add(self.pay(o)) <= now.saturating_add(AHEAD)).then_some(o.saturating_add(estimate))
+                    });
+                    if counted.is_ok() {
+                        self.count_wait(first);
+                        return estimate;
+                    }
+                    let _ = self.in_flight.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
                 }
-                break;
+                continue;
+            }
+            if !room && now.saturating_sub(first) >= MAX_WAIT.as_nanos() as u64 {
+                if !self.warned.swap(true, Relaxed) {
+                    log!(Level::Warn, "compute limit: a launch waited {} s for the device's earlier work to complete; letting it go", MAX_WAIT.as_secs());
+                }
+                self.in_flight.fetch_add(1, Relaxed);
+                self.outstanding.fetch_add(estimate, Relaxed);
+                self.count_wait(first);
+                return estimate;
             }
             let sleep = if !room {
                 // earlier work still running: look again soon
@@ -312,6 +387,9 @@ impl Pacer {
             };
             std::thread::sleep(Duration::from_nanos(sleep.max(20_000)));
         }
+    }
+
+    fn count_wait(&self, first: u64) {
         let waited = now_ns().saturating_sub(first);
         if waited > 50_000 {
             self.figures.throttled_ns.fetch_add(waited, Relaxed);
@@ -382,8 +460,11 @@ impl Pacer {
             }
             Err(_) => Vec::new(),
         };
+        // (a measurement that took one of its entries out before: a bounded wait for it)
+        let mut backoff = gpushim_common::bounded::Backoff::within(Duration::from_millis(200));
+        while self.measuring.load(Relaxed) != 0 && backoff.wait() {}
         for p in gone {
-            self.outstanding.fetch_sub(p.estimate.min(self.outstanding.load(Relaxed)), Relaxed);
+            self.leave_flight(p.estimate);
             self.charge(p.estimate.max(1), now_ns());
             events.extend([p.before, p.after]);
         }
@@ -400,5 +481,7 @@ impl Pacer {
         self.pending.reset_after_fork(VecDeque::new());
         self.pool.reset_after_fork(Vec::new());
         self.outstanding.store(0, Relaxed);
+        self.in_flight.store(0, Relaxed);
+        self.measuring.store(0, Relaxed);
     }
 }

@@ -52,7 +52,7 @@ unsafe extern "C" fn current(c: *mut CUcontext) -> CUresult {
     CUDA_SUCCESS
 }
 
-const API: EventApi = EventApi { create, record, query, elapsed, destroy, current };
+const API: EventApi = EventApi { create, record, query, elapsed, destroy, current, capture_mode: None };
 
 fn launch(d: u64) {
     let mut f = fake();
@@ -125,4 +125,52 @@ fn synchronised_launches_get_their_share() {
 fn tiny_and_huge_kernels_get_their_share() {
     check(0.3, 20_000, false);
     check(0.5, 200_000_000, false);
+}
+
+/// Launches from `threads` threads (each kernel of `d` ns, `d_after` after `switch_s` seconds)
+/// for `seconds`; returns the share of the device over the window [from_s, to_s).
+fn run_threads(share: f64, threads: usize, d: u64, d_after: u64, switch_s: f64, seconds: f64, from_s: f64, to_s: f64) -> f64 {
+    {
+        let mut f = fake();
+        f.tail = 0;
+        f.stamps.clear();
+        f.kernels.clear();
+    }
+    let figures: &'static live::Compute = Box::leak(Box::new(live::Compute::new()));
+    let clock: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, figures)));
+    let start = now_ns();
+    let s = move |x: f64| start + (x * 1e9) as u64;
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                while now_ns() < s(seconds) {
+                    let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+                    launch(if now_ns() < s(switch_s) { d } else { d_after });
+                    pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    busy(&fake().kernels, s(from_s), s(to_s))
+}
+
+#[test]
+fn threads_launching_at_once_share_one_turn() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let got = run_threads(0.1, 16, 100_000_000, 100_000_000, 0.0, 4.0, 1.0, 3.0);
+    assert!(got <= 0.15, "16 threads of 100 ms kernels at 10%: {got:.3}");
+}
+
+#[test]
+fn kernels_that_grow_at_once_queue_little_ahead() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // 10 µs kernels, then 100 ms ones: at most MAX_IN_FLIGHT of them go before the first is
+    // measured (1.6 s of work here); the debt is then paid, and over a few seconds the share
+    // holds
+    let got = run_threads(0.5, 1, 10_000, 100_000_000, 0.5, 5.0, 1.0, 5.0);
+    assert!(got <= 0.55, "a 10,000-fold growth at 50%: {got:.3} over [1 s, 5 s)");
 }

@@ -42,6 +42,13 @@ fn resolve_first(settings: &Settings) -> Mode {
     let r = compute_mode::resolve(settings, pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
     if let Some(why) = &r.why {
         log!(Level::Info, "GPUSHIM_COMPUTE_MODE=auto: {} ({why})", r.mode.as_str());
+    } else if r.mode == Mode::Mps {
+        // chosen explicitly: without a daemon the variables do nothing; say so
+        let dir = compute_mode::pipe_directory(pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
+        // SAFETY: geteuid cannot fail.
+        if let Err(why) = compute_mode::mps_reachable(&dir, unsafe { libc::geteuid() }) {
+            log!(Level::Warn, "GPUSHIM_COMPUTE_MODE=mps: no usable MPS control daemon ({why}): the MPS variables are set, but only an MPS server enforces them");
+        }
     }
     let index = MODES.iter().position(|&m| m == r.mode).unwrap_or(1);
     RESOLVED.store(index as u8 + 1, Relaxed);

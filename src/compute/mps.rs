@@ -3,7 +3,7 @@
 //! share of SMs; `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: the memory of each device).
 //!
 //! MPS holds one percentage per client: with different per-device limits the largest is used
-//! and the devices whose limit it cannot hold are named in a warning. A percentage already in
+//! and the devices whose limit it cannot hold are paced by the `duty` pacer (`state::compute`). A percentage already in
 //! the environment that is lower is kept (a client can only lower its own). The memory pairs
 //! speak the driver's ordinals after the shim's device view (`CUDA_VISIBLE_DEVICES`, which the
 //! shim rewrites before this), in whole MiB rounded down; a lower value already set for a
@@ -105,8 +105,8 @@ pub fn apply(settings: &Settings, totals: Option<&[u64]>, split: bool) {
     if !plan.unheld.is_empty() {
         let names: Vec<String> = plan.unheld.iter().map(|d| format!("device {d}")).collect();
         log!(
-            Level::Warn,
-            "GPUSHIM_COMPUTE_MODE=mps: MPS gives a process one share of every device; the largest compute limit is used, so the lower limit of {} is not held",
+            Level::Info,
+            "GPUSHIM_COMPUTE_MODE=mps: MPS gives a process one share of every device; the largest compute limit is used, and the lower limit of {} is held by gpushim's duty pacer",
             names.join(", ")
         );
     }

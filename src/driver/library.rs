@@ -238,6 +238,7 @@ pub struct Api {
     pub event_query: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
     pub event_elapsed: Option<unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult>,
     pub event_destroy: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
+    pub thread_exchange_capture_mode: Option<unsafe extern "C" fn(*mut u32) -> CUresult>,
     // Green contexts for the `green` compute mode (`compute::green`; CUDA 12.4+). The
     // resources are `CUdevResource *`, descriptors and green contexts opaque pointers.
     pub device_get_dev_resource: Option<unsafe extern "C" fn(CUdevice, *mut c_void, c_int) -> CUresult>,
@@ -302,6 +303,7 @@ impl Api {
         event_query: None,
         event_elapsed: None,
         event_destroy: None,
+        thread_exchange_capture_mode: None,
         device_get_dev_resource: None,
         dev_sm_resource_split_by_count: None,
         dev_resource_generate_desc: None,
@@ -352,6 +354,7 @@ impl Api {
             // (CUDA 12.8 added `_v2`, which keeps the same signature; older drivers lack it)
             event_elapsed: sym!(lib, known, c"cuEventElapsedTime_v2").or(sym!(lib, known, c"cuEventElapsedTime")),
             event_destroy: sym!(lib, known, c"cuEventDestroy_v2"),
+            thread_exchange_capture_mode: sym!(lib, known, c"cuThreadExchangeStreamCaptureMode"),
             device_get_dev_resource: sym!(lib, known, c"cuDeviceGetDevResource"),
             dev_sm_resource_split_by_count: sym!(lib, known, c"cuDevSmResourceSplitByCount"),
             dev_resource_generate_desc: sym!(lib, known, c"cuDevResourceGenerateDesc"),

@@ -4,7 +4,7 @@
 //! only while either is on (`place`, `compute` in the hook table); the call is passed on
 //! unchanged.
 
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::driver::ffi::*;
 use crate::state::State;
@@ -177,6 +177,39 @@ pub unsafe fn launch_kernel_ex_ptsz(
     extra: *mut *mut c_void,
 ) -> CUresult {
     kernel_ex(st, real, true, config, f, params, extra)
+}
+
+/// A deprecated launch while the pacer paces: refused (`CUDA_ERROR_NOT_SUPPORTED`), one line
+/// the first time; the driver's otherwise (the hook is handed out only while pacing, but the
+/// exported symbol can be called directly).
+fn refuse_legacy(st: &State, what: &str) -> Option<CUresult> {
+    if !st.compute_paced() {
+        return None;
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::platform::log::log!(
+            crate::platform::log::Level::Error,
+            "{what} is refused while a compute limit is set (GPUSHIM_COMPUTE_LIMIT, duty mode): this deprecated launch cannot be paced; use cuLaunchKernel"
+        );
+    }
+    Some(CUDA_ERROR_NOT_SUPPORTED)
+}
+
+pub unsafe fn legacy_launch(st: &State, real: unsafe extern "C" fn(Function) -> CUresult, f: Function) -> CUresult {
+    refuse_legacy(st, "cuLaunch").unwrap_or_else(|| real(f))
+}
+
+pub unsafe fn legacy_launch_grid(st: &State, real: unsafe extern "C" fn(Function, c_int, c_int) -> CUresult, f: Function, w: c_int, h: c_int) -> CUresult {
+    refuse_legacy(st, "cuLaunchGrid").unwrap_or_else(|| real(f, w, h))
+}
+
+pub unsafe fn legacy_launch_grid_async(st: &State, real: unsafe extern "C" fn(Function, c_int, c_int, CUstream) -> CUresult, f: Function, w: c_int, h: c_int, stream: CUstream) -> CUresult {
+    refuse_legacy(st, "cuLaunchGridAsync").unwrap_or_else(|| real(f, w, h, stream))
+}
+
+pub unsafe fn legacy_multi_device(st: &State, real: unsafe extern "C" fn(*mut c_void, c_uint, c_uint) -> CUresult, params: *mut c_void, n: c_uint, flags: c_uint) -> CUresult {
+    refuse_legacy(st, "cuLaunchCooperativeKernelMultiDevice").unwrap_or_else(|| real(params, n, flags))
 }
 
 pub unsafe fn module_get_function(st: &State, real: unsafe extern "C" fn(*mut Function, *mut c_void, *const c_char) -> CUresult, f: *mut Function, module: *mut c_void, name: *const c_char) -> CUresult {

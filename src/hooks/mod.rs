@@ -178,6 +178,12 @@ hook_table! {
     cuLaunchKernelEx_ptsz     = "cuLaunchKernelEx"      @ 11060 ptsz place compute (config: *const CUlaunchConfigHead, f: *mut c_void, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
     cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel" @ 9000 place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
     cuLaunchCooperativeKernel_ptsz = "cuLaunchCooperativeKernel" @ 9000 ptsz place compute (f: *mut c_void, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
+    // The deprecated launches (still in cuda.h 12.x and the driver): refused while the duty
+    // pacer paces launches (they would pass it), the driver's own otherwise.
+    cuLaunch                  = "cuLaunch"              @ 2000 compute (f: *mut c_void)                                                       => launch::legacy_launch;
+    cuLaunchGrid              = "cuLaunchGrid"          @ 2000 compute (f: *mut c_void, w: c_int, h: c_int)                                   => launch::legacy_launch_grid;
+    cuLaunchGridAsync         = "cuLaunchGridAsync"     @ 2000 compute (f: *mut c_void, w: c_int, h: c_int, stream: CUstream)                 => launch::legacy_launch_grid_async;
+    cuLaunchCooperativeKernelMultiDevice = "cuLaunchCooperativeKernelMultiDevice" @ 9000 compute (params: *mut c_void, n: c_uint, flags: c_uint) => launch::legacy_multi_device;
     cuModuleGetFunction       = "cuModuleGetFunction"   @ 2000 place (f: *mut *mut c_void, module: *mut c_void, name: *const c_char)         => launch::module_get_function;
     cuLibraryGetKernel        = "cuLibraryGetKernel"    @ 12000 place (kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char)  => launch::library_get_kernel;
     cuKernelGetFunction       = "cuKernelGetFunction"   @ 12000 place (f: *mut *mut c_void, kernel: *mut c_void)                             => launch::kernel_get_function;

@@ -19,9 +19,21 @@ impl State {
     /// Whether the `duty` pacer paces launches: a compute limit is set and the mode is `duty`
     /// (or `auto` without an MPS daemon).
     pub fn compute_paced(&self) -> bool {
-        self.mode == Mode::Active
-            && self.settings.compute_limits_anything()
-            && crate::compute::mode::resolve(&self.settings) == crate::compute::mode::Mode::Duty
+        if self.mode != Mode::Active || !self.settings.compute_limits_anything() {
+            return false;
+        }
+        match crate::compute::mode::resolve(&self.settings) {
+            crate::compute::mode::Mode::Duty => true,
+            // (MPS holds one percentage per process: the devices whose lower limit it cannot
+            // hold are paced here)
+            crate::compute::mode::Mode::Mps => !self.mps_unheld().is_empty(),
+            _ => false,
+        }
+    }
+
+    /// In `mps` mode: the devices whose limit the MPS percentage does not hold.
+    fn mps_unheld(&self) -> Vec<u32> {
+        crate::compute::mps::plan(&self.settings, None, false, None, None).unheld
     }
 
     /// Runs `launch` (a launch onto `stream`; `per_thread`: a `_ptsz` variant) through the
@@ -41,14 +53,26 @@ impl State {
         let Some((pacer, events)) = self.pacer_of_stream(stream) else { return launch() };
         // (during a capture the launch only adds a node to a graph; an event recorded there
         // would add one too)
-        if self.capturing(stream) {
+        let on = if per_thread && stream.is_null() { STREAM_PER_THREAD as CUstream } else { stream };
+        if self.compute_capturing(on) {
             return launch();
         }
-        let on = if per_thread && stream.is_null() { STREAM_PER_THREAD as CUstream } else { stream };
         let ticket: Ticket = pacer.before_launch(&events, on);
         let result = launch();
         pacer.after_launch(&events, on, ticket, result == CUDA_SUCCESS);
         result
+    }
+
+    /// Whether `stream` is capturing a graph: also the per-thread default stream (which can be
+    /// captured), asked by its handle; the legacy stream cannot be.
+    fn compute_capturing(&self, stream: CUstream) -> bool {
+        if stream as usize != STREAM_PER_THREAD {
+            return self.capturing(stream);
+        }
+        let Some(get) = self.api().stream_is_capturing else { return false };
+        let mut status: std::ffi::c_int = 0;
+        // SAFETY: `CU_STREAM_PER_THREAD`, a handle every call accepts; valid out-pointer.
+        (unsafe { get(stream, &mut status) }) == CUDA_SUCCESS && status != 0
     }
 
     /// The pacer of the device `stream`'s work runs on, with the driver's event functions.
@@ -67,6 +91,9 @@ impl State {
     #[cold]
     fn make_pacer(&self, dev: usize) -> Option<Pacer> {
         let share = self.settings.compute_limit_for(dev as u32)?;
+        if crate::compute::mode::resolve(&self.settings) == crate::compute::mode::Mode::Mps && !self.mps_unheld().contains(&(dev as u32)) {
+            return None;
+        }
         let publisher = crate::sharing::publisher();
         let figures: &'static live::Compute = match publisher.and_then(|p| p.device(dev)) {
             Some(entry) => &entry.compute,

@@ -5,8 +5,9 @@
 //! `auto` is `mps` when the MPS control daemon's pipe directory (`CUDA_MPS_PIPE_DIRECTORY`, not
 //! in a secure-execution process, else `/tmp/nvidia-mps`) holds a `control` UNIX socket that
 //! accepts a connection (non-blocking, closed at once). Another local user can create
-//! `/tmp/nvidia-mps/control`, so the socket counts only when the directory and the socket are
-//! owned by root or by the process' effective user and the directory is not writable by
+//! `/tmp/nvidia-mps/control`, and the limited user could start an MPS daemon of its own (which
+//! needs no privilege) to trade the pacer for a daemon it controls, so the socket counts only
+//! when the directory and the socket are owned by root and the directory is not writable by
 //! others (group or world). Anything else — and anything unsure — is `duty`.
 
 use std::ffi::OsStr;
@@ -84,13 +85,15 @@ pub fn pipe_directory(pipe_dir: Option<&OsStr>, secure: bool) -> PathBuf {
 
 /// Whether `dir/control` is a trustworthy UNIX socket that accepts a connection; else why not.
 pub fn mps_reachable(dir: &Path, euid: u32) -> Result<(), String> {
-    let trusted = |uid: u32| uid == 0 || uid == euid;
+    // (root only: a daemon of the limited user's own would let it choose to be unlimited)
+    let _ = euid;
+    let trusted = |uid: u32| uid == 0;
     let d = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !d.is_dir() {
         return Err(format!("{} is not a directory", dir.display()));
     }
     if !trusted(d.uid()) {
-        return Err(format!("{} belongs to uid {}, neither root nor this user", dir.display(), d.uid()));
+        return Err(format!("{} belongs to uid {}, not root", dir.display(), d.uid()));
     }
     if d.mode() & 0o022 != 0 {
         return Err(format!("{} is writable by others (mode {:o})", dir.display(), d.mode() & 0o7777));
@@ -101,7 +104,7 @@ pub fn mps_reachable(dir: &Path, euid: u32) -> Result<(), String> {
         return Err(format!("{} is not a socket", control.display()));
     }
     if !trusted(s.uid()) {
-        return Err(format!("{} belongs to uid {}, neither root nor this user", control.display(), s.uid()));
+        return Err(format!("{} belongs to uid {}, not root", control.display(), s.uid()));
     }
     connect(&control).map_err(|e| format!("{}: {e}", control.display()))
 }
@@ -171,6 +174,12 @@ mod tests {
         let r = resolve(&settings, Some(d.as_os_str()), false);
         assert_eq!(r.mode, Mode::Duty, "no socket: {r:?}");
         let listener = std::os::unix::net::UnixListener::bind(d.join("control")).unwrap();
+        if euid != 0 {
+            // (only root's daemon counts: as another user, this one is not trusted)
+            assert!(mps_reachable(&d, euid).unwrap_err().contains("not root"));
+            let _ = std::fs::remove_dir_all(&d);
+            return;
+        }
         assert_eq!(mps_reachable(&d, euid), Ok(()));
         assert_eq!(resolve(&settings, Some(d.as_os_str()), false).mode, Mode::Mps);
         // secure execution: the variable is not taken
@@ -183,7 +192,7 @@ mod tests {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
         // owned by someone else (as the check sees it: another effective user)
         if euid != 0 {
-            assert!(mps_reachable(&d, euid + 1).unwrap_err().contains("neither root nor this user"));
+            assert!(mps_reachable(&d, euid + 1).unwrap_err().contains("not root"));
         }
         // nobody listening any more
         drop(listener);
