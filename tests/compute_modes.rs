@@ -80,10 +80,10 @@ fn mps_keeps_a_lower_percentage_already_set() {
 fn mps_uses_the_largest_per_device_limit_and_says_which_it_cannot_hold() {
     let env = [("GPUSHIM_COMPUTE_MODE", "mps"), ("GPUSHIM_COMPUTE_LIMIT_0", "20%"), ("GPUSHIM_COMPUTE_LIMIT_1", "60%")];
     assert_eq!(mps_vars(&env).0, "60");
-    let out = run(&env, false, true);
+    let out = run(&[env[0], env[1], env[2], ("GPUSHIM_LOG", "info")], false, true);
     let lines = out.gpushim_lines_with("MPS gives a process one share");
     assert_eq!(lines.len(), 1, "{}", out.dump());
-    assert!(lines[0].contains("device 0") && !lines[0].contains("device 1"), "{}", out.dump());
+    assert!(lines[0].contains("device 0") && !lines[0].contains("device 1") && lines[0].contains("held by gpushim's duty pacer"), "{}", out.dump());
 }
 
 #[test]

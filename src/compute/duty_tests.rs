@@ -61,6 +61,15 @@ fn launch(d: u64) {
     f.kernels.push((start, start + d));
 }
 
+/// An empty fake device, and new figures and clock.
+fn fresh() -> (&'static live::Compute, &'static AtomicU64) {
+    let mut f = fake();
+    f.tail = 0;
+    f.stamps.clear();
+    f.kernels.clear();
+    (Box::leak(Box::new(live::Compute::new())), Box::leak(Box::new(AtomicU64::new(0))))
+}
+
 /// Busy fraction of the fake device over [from, to).
 fn busy(kernels: &[(u64, u64)], from: u64, to: u64) -> f64 {
     let ns: u64 = kernels.iter().map(|&(s, e)| e.min(to).saturating_sub(s.max(from))).sum();
@@ -70,14 +79,7 @@ fn busy(kernels: &[(u64, u64)], from: u64, to: u64) -> f64 {
 /// Launches kernels of `d` ns for `seconds` through a pacer of `share`; `sync`: waits for each.
 /// Returns the kernels run, the start and the figures.
 fn run(share: f64, d: u64, seconds: f64, sync: bool) -> (Vec<(u64, u64)>, u64, &'static live::Compute) {
-    {
-        let mut f = fake();
-        f.tail = 0;
-        f.stamps.clear();
-        f.kernels.clear();
-    }
-    let figures: &'static live::Compute = Box::leak(Box::new(live::Compute::new()));
-    let clock: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let (figures, clock) = fresh();
     let pacer = Pacer::new(share, clock, figures);
     let start = now_ns();
     let end = start + (seconds * 1e9) as u64;
@@ -130,14 +132,7 @@ fn tiny_and_huge_kernels_get_their_share() {
 /// Launches from `threads` threads (each kernel of `d` ns, `d_after` after `switch_s` seconds)
 /// for `seconds`; returns the share of the device over the window [from_s, to_s).
 fn run_threads(share: f64, threads: usize, d: u64, d_after: u64, switch_s: f64, seconds: f64, from_s: f64, to_s: f64) -> f64 {
-    {
-        let mut f = fake();
-        f.tail = 0;
-        f.stamps.clear();
-        f.kernels.clear();
-    }
-    let figures: &'static live::Compute = Box::leak(Box::new(live::Compute::new()));
-    let clock: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let (figures, clock) = fresh();
     let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, figures)));
     let start = now_ns();
     let s = move |x: f64| start + (x * 1e9) as u64;

@@ -54,13 +54,14 @@ pub(crate) fn env_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, Co
 }
 
 pub(crate) fn alias_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, ConfigError> {
-    Ok(Box::new(Layer {
-        memory_limit: env_setting(env, ENV_ALIAS_MEMORY_LIMIT, parse_limit)?,
-        device_limits: env_device_limits(env, names, ENV_ALIAS_MEMORY_LIMIT_PREFIX)?,
-        compute_limit: env_setting(env, ENV_ALIAS_SM_LIMIT, parse_sm_limit)?,
-        compute_limits: env_per_device(env, names, ENV_ALIAS_SM_LIMIT_PREFIX, parse_sm_limit)?,
-        ..Layer::default()
-    }))
+    // (set field by field into a boxed layer, as `env_layer`: a `Layer` built by value would
+    // take a kilobyte of the first CUDA call's stack)
+    let mut layer = Box::<Layer>::default();
+    layer.memory_limit = env_setting(env, ENV_ALIAS_MEMORY_LIMIT, parse_limit)?;
+    layer.device_limits = env_device_limits(env, names, ENV_ALIAS_MEMORY_LIMIT_PREFIX)?;
+    layer.compute_limit = env_setting(env, ENV_ALIAS_SM_LIMIT, parse_sm_limit)?;
+    layer.compute_limits = env_per_device(env, names, ENV_ALIAS_SM_LIMIT_PREFIX, parse_sm_limit)?;
+    Ok(layer)
 }
 
 /// `<prefix><i>` variables, in name order so the first error reported does not depend on
