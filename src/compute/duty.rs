@@ -84,7 +84,6 @@ pub const MAX_LEAD: u64 = 86_400_000_000_000;
 /// The most launches in flight (unmeasured) per device: the bound on what a program whose
 /// kernels suddenly grow can queue before the first of the new ones is measured.
 pub const MAX_IN_FLIGHT: usize = 16;
-const MAX_PENDING: usize = MAX_IN_FLIGHT;
 /// The most events kept per context for reuse.
 const POOL_PER_CONTEXT: usize = 4 * MAX_IN_FLIGHT;
 
@@ -100,6 +99,11 @@ pub fn now_ns() -> u64 {
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A share as the live file publishes it: millionths, at least 1 (0 means no limit).
+pub fn ppm(share: f64) -> u64 {
+    (share * 1e6).round().max(1.0) as u64
 }
 
 /// The driver functions the pacer records and reads its events with.
@@ -172,7 +176,7 @@ impl Pacer {
     /// A pacer for `share` of the device (0 < share < 1), with `clock` (the group's, or a fresh
     /// one) and `figures`.
     pub fn new(share: f64, clock: &'static AtomicU64, figures: &'static live::Compute) -> Pacer {
-        figures.limit_ppm.store((share * 1e6).round().max(1.0) as u64, Relaxed);
+        figures.limit_ppm.store(ppm(share), Relaxed);
         Pacer {
             share,
             clock,
@@ -263,20 +267,19 @@ impl Pacer {
     }
 
     /// Measures what has completed, oldest first, stopping at the first not complete.
-    /// Returns how many launches are still unmeasured.
-    fn measure(&self, api: &EventApi) -> usize {
+    fn measure(&self, api: &EventApi) {
         // (queries run with this thread's capture mode relaxed: a global-mode capture on
         // another thread is not invalidated by them)
         let mut relaxed: Option<u32> = None;
-        let left = loop {
+        loop {
             self.measuring.fetch_add(1, Relaxed);
             let Ok(entry) = self.pending.lock().map(|mut q| q.pop_front()) else {
                 self.measuring.fetch_sub(1, Relaxed);
-                break MAX_PENDING;
+                break;
             };
             let Some(entry) = entry else {
                 self.measuring.fetch_sub(1, Relaxed);
-                break 0;
+                break;
             };
             if relaxed.is_none() {
                 if let Some(exchange) = api.capture_mode {
@@ -291,18 +294,12 @@ impl Pacer {
             // measurements under way before the context goes).
             let state = unsafe { (api.query)(entry.after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
-                let left = match self.pending.lock() {
-                    Ok(mut q) => {
-                        q.push_front(entry);
-                        q.len()
-                    }
-                    Err(_) => {
-                        self.settle(entry, None);
-                        0
-                    }
-                };
+                match self.pending.lock() {
+                    Ok(mut q) => q.push_front(entry),
+                    Err(_) => self.settle(entry, None),
+                }
                 self.measuring.fetch_sub(1, Relaxed);
-                break left;
+                break;
             }
             let mut ms: c_float = 0.0;
             // SAFETY: our events, both recorded; valid out-pointer.
@@ -310,12 +307,11 @@ impl Pacer {
                 .then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
             self.measuring.fetch_sub(1, Relaxed);
             self.settle(entry, took);
-        };
+        }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
             unsafe { exchange(&mut mode) };
         }
-        left
     }
 
     /// Moves a measured launch from the estimate to the clock (`None`: its events failed, it is

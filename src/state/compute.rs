@@ -137,7 +137,7 @@ impl State {
         let count = self.program_devices().map_or(driver_devices, |d| d.list.len());
         for i in 0..count {
             if let (Some(share), Some(entry)) = (self.settings.compute_limit_for(i as u32), p.device(i)) {
-                entry.compute.limit_ppm.store((share * 1e6).round().max(1.0) as u64, std::sync::atomic::Ordering::Relaxed);
+                entry.compute.limit_ppm.store(crate::compute::duty::ppm(share), std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
