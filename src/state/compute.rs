@@ -50,7 +50,15 @@ impl State {
 
     #[inline(never)]
     fn paced_launch_slow(&self, stream: CUstream, per_thread: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
-        let Some((pacer, events)) = self.pacer_of_stream(stream) else { return launch() };
+        let Some(pacer) = self.pacer_of_stream(stream) else { return launch() };
+        let Some(events) = EventApi::from(self.api()) else {
+            // (a driver without the event functions cannot be paced: refused, never unpaced)
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log!(Level::Error, "compute limit: the driver lacks cuEventCreate/Record/Query/ElapsedTime/Destroy or cuCtxGetCurrent, which the duty pacer measures with; launches are refused (use GPUSHIM_COMPUTE_MODE=mps, or no compute limit)");
+            }
+            return CUDA_ERROR_NOT_SUPPORTED;
+        };
         // (during a capture the launch only adds a node to a graph; an event recorded there
         // would add one too)
         let on = if per_thread && stream.is_null() { STREAM_PER_THREAD as CUstream } else { stream };
@@ -75,12 +83,10 @@ impl State {
         (unsafe { get(stream, &mut status) }) == CUDA_SUCCESS && status != 0
     }
 
-    /// The pacer of the device `stream`'s work runs on, with the driver's event functions.
-    fn pacer_of_stream(&self, stream: CUstream) -> Option<(&Pacer, EventApi)> {
-        let events = EventApi::from(self.api())?;
+    /// The pacer of the device `stream`'s work runs on (`None`: that device has no limit).
+    fn pacer_of_stream(&self, stream: CUstream) -> Option<&Pacer> {
         let dev = self.stream_device(stream).or_else(|| self.current_device())?;
-        let dev = usize::try_from(dev).ok()?;
-        Some((self.pacer(dev)?, events))
+        self.pacer(usize::try_from(dev).ok()?)
     }
 
     /// Device `dev`'s pacer (`None`: no compute limit on it), made at its first launch.
