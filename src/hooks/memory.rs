@@ -129,12 +129,10 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     let (Some(dev), Ok(Some(live))) = (dev, st.live.remove(Kind::DevicePtr, ptr)) else { return CUDA_SUCCESS };
     let Some(budget) = st.budget(dev) else { return CUDA_SUCCESS };
     if actual <= live.bytes {
-        budget.release(live.bytes - actual);
-        budget.give(live.bytes - actual);
+        budget.freed(live.bytes - actual);
     } else if budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)).is_err() {
         st.report_refusal("cuMemAllocPitch", dev, actual);
-        budget.release(live.bytes);
-        budget.give(live.bytes);
+        budget.freed(live.bytes);
         free_driver_ptr(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     } else {
@@ -142,8 +140,7 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     }
     if let Err(stuck) = st.live.insert(Kind::DevicePtr, ptr, crate::accounting::memory::Live { bytes: actual, ..live }) {
         undo_allocation(Kind::DevicePtr, ptr);
-        budget.release(actual);
-        budget.give(actual);
+        budget.freed(actual);
         budget.count_refusal();
         return crate::platform::log::refuse("cuMemAllocPitch", stuck, CUDA_ERROR_OUT_OF_MEMORY);
     }

@@ -165,8 +165,7 @@ impl State {
                     m.launched = false;
                 }
             }
-            budget.release(before - held);
-            budget.give(before - held);
+            budget.freed(before - held);
         } else if held > before {
             // the driver took more than predicted (rounding, another thread's launch): count it
             let _ = budget.try_reserve(held - before, u64::MAX);

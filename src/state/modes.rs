@@ -290,10 +290,12 @@ impl State {
             log!(Level::Debug, "free of {ptr:#x}: synchronising failed ({synced}); the block stays held");
             return synced;
         }
-        match self.reserves.arena(live.device).map(|mut a| a.free(ptr)) {
-            Ok(Some(freed)) => self.budgets_of(live.device).give(freed.size),
-            Ok(None) => {}
-            Err(stuck) => return self.refuse_served_free(ptr, live, stuck),
+        // Given back while the arena's lock is still held: once the block can be carved again,
+        // it no longer counts as in use (in use never passes what is reserved, even for a moment).
+        let budget = self.budgets_of(live.device);
+        let freed = self.reserves.arena(live.device).map(|mut a| a.free(ptr).map(|f| budget.give(f.size)));
+        if let Err(stuck) = freed {
+            return self.refuse_served_free(ptr, live, stuck);
         }
         CUDA_SUCCESS
     }

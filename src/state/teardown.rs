@@ -41,8 +41,9 @@ impl State {
 
     pub(crate) fn credit_now(&self, device: usize, reserved: u64, in_use: u64) {
         let budget = self.budgets_of(device);
-        budget.release(reserved);
+        // (held first: in use never passes what is reserved, even for a moment)
         budget.give(in_use);
+        budget.release(reserved);
     }
 
     /// The current context's handle (0: none).

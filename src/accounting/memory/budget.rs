@@ -577,8 +577,9 @@ pub(crate) fn take_in(f: &Figures, bytes: u64) {
 /// `saturating_sub` of both, their common case tested once.
 #[inline(always)]
 pub(crate) fn freed_in(f: &Figures, bytes: u64) {
-    let reserved = f.reserved.fetch_sub(bytes, Relaxed);
+    // (held first: in use never passes what is reserved, even for a moment, as the peaks see it)
     let in_use = f.in_use.fetch_sub(bytes, Relaxed);
+    let reserved = f.reserved.fetch_sub(bytes, Relaxed);
     if reserved < bytes || in_use < bytes {
         freed_short(f, reserved, in_use, bytes);
     }
