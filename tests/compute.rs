@@ -55,6 +55,43 @@ fn limited(run: Run, limit: &str) -> RunOutput {
     at(run, limit).run()
 }
 
+/// The shares the issue asks for, each on its own simulated device of one process (the
+/// devices run in parallel, each paced by its own limit: one run measures all five).
+const SHARES: [u32; 5] = [10, 30, 50, 70, 90];
+
+/// `mode` with kernels of `kernel_ns` on five devices at once, device `i` limited to
+/// `SHARES[i]` %; and the same without the shim, where every device must run at least
+/// `flat_out` busy (so that each limit is below what the workload would take).
+fn every_share(mode: &str, kernel_ns: u64, flat_out: f64, what: &str) {
+    let devices = "0,1,2,3,4";
+    let five = || {
+        Run::program(Program::ComputeLoad).args([mode, SECONDS, &kernel_ns.to_string(), devices]).env("GPUSIM_DEVICES", "5")
+    };
+    let mut run = five().shim(true).env("GPUSHIM_COMPUTE_MODE", "duty");
+    for (i, pct) in SHARES.iter().enumerate() {
+        run = run.env(&format!("GPUSHIM_COMPUTE_LIMIT_{i}"), format!("{pct}%"));
+    }
+    let out = run.run();
+    for (i, pct) in SHARES.iter().enumerate() {
+        assert_share(&out, i as u32, f64::from(*pct) / 100.0, &format!("{what} at {pct}%"));
+    }
+    // the limits are why: without the shim (the same variables set) each device runs flat out
+    let mut bare = five();
+    if kernel_ns >= 100_000_000 {
+        // (unpaced, 200 ms kernels would queue minutes of work behind the deadline)
+        bare = bare.env("COMPUTE_LOAD_MAX_PENDING", "4");
+    }
+    for i in 0..SHARES.len() {
+        bare = bare.env(&format!("GPUSHIM_COMPUTE_LIMIT_{i}"), "30%");
+    }
+    let out = bare.run();
+    for i in 0..SHARES.len() as u32 {
+        for s in shares(&out, i) {
+            assert!(s >= flat_out, "{what} without the shim, device {i}: {s:.3} < {flat_out}\n{}", out.dump());
+        }
+    }
+}
+
 #[test]
 fn without_the_shim_the_device_runs_flat_out() {
     let _serial = serial();
@@ -67,39 +104,36 @@ fn without_the_shim_the_device_runs_flat_out() {
 #[test]
 fn continuous_launches_get_each_share() {
     let _serial = serial();
-    for pct in [10, 30, 50, 70, 90] {
-        let out = limited(load("continuous", 1_000_000, "0"), &format!("{pct}%"));
-        assert_share(&out, 0, pct as f64 / 100.0, &format!("continuous 1 ms kernels at {pct}%"));
-    }
+    every_share("continuous", 1_000_000, 0.95, "continuous 1 ms kernels");
 }
 
 #[test]
 fn synchronising_after_every_launch_is_paced_too() {
     let _serial = serial();
-    // (up to 70 %: synchronising after each launch, the program itself keeps the simulated
-    // device no more than about 88 % busy from these cores, limit or not)
-    for pct in [10, 30, 50, 70] {
-        let out = limited(load("sync", 2_000_000, "0"), &format!("{pct}%"));
-        assert_share(&out, 0, pct as f64 / 100.0, &format!("sync after each 2 ms kernel at {pct}%"));
-    }
+    // (10 ms kernels: synchronising after each launch, the program leaves the device idle
+    // while its thread wakes, which on two busy cores is long enough to matter for short ones)
+    every_share("sync", 10_000_000, 0.95, "sync after each 10 ms kernel");
 }
 
 #[test]
 fn tiny_kernels_by_the_hundred_thousand() {
     let _serial = serial();
-    for pct in [10, 30, 50] {
+    // (one device per run: five threads launching 10 µs kernels flat out would need more than
+    // two cores)
+    for pct in SHARES {
         let out = limited(load("continuous", 10_000, "0"), &format!("{pct}%"));
-        assert_share(&out, 0, pct as f64 / 100.0, &format!("10 µs kernels at {pct}%"));
+        assert_share(&out, 0, f64::from(pct) / 100.0, &format!("10 µs kernels at {pct}%"));
+    }
+    let out = load("continuous", 10_000, "0").env("GPUSHIM_COMPUTE_LIMIT", "30%").run();
+    for s in shares(&out, 0) {
+        assert!(s > 0.95, "10 µs kernels without the shim: {s}\n{}", out.dump());
     }
 }
 
 #[test]
 fn huge_kernels() {
     let _serial = serial();
-    for pct in [30, 70] {
-        let out = limited(load("continuous", 200_000_000, "0"), &format!("{pct}%"));
-        assert_share(&out, 0, pct as f64 / 100.0, &format!("200 ms kernels at {pct}%"));
-    }
+    every_share("continuous", 200_000_000, 0.95, "200 ms kernels");
 }
 
 #[test]
@@ -107,8 +141,7 @@ fn every_launch_path_is_gated() {
     let _serial = serial();
     for mode in ["ex", "coop", "graph", "ptsz", "null"] {
         // (a graph launch runs its 10 nodes: 10 ms of work)
-        let out = limited(load(mode, 1_000_000, "0"), "30%");
-        assert_share(&out, 0, 0.3, &format!("{mode} at 30%"));
+        every_share(mode, 1_000_000, 0.95, mode);
     }
 }
 
@@ -158,15 +191,14 @@ fn common_windows(a: &RunOutput, b: &RunOutput) -> Vec<(f64, f64)> {
 #[test]
 fn two_processes_at_30_and_70_percent_each_get_theirs() {
     let _serial = serial();
-    // (2 ms kernels: the device changes hands between them, and each change costs the
-    // simulated time slice's hand-over)
-    // (an 8 ms time slice, `nvidia-smi compute-policy --set-timeslice`'s longer settings: with
-    // the simulator's default 2 ms the 70 % process gets 63-66 %, each hand-over of the device
-    // costing it; docs/src/known-gaps.md)
-    let slice = |r: Run| r.env("GPUSIM_TIMESLICE_NS", "8000000");
-    let outs = together(vec![slice(at(load("continuous", 2_000_000, "0"), "30%")), slice(at(load("continuous", 2_000_000, "0"), "70%"))]);
-    for (a, b) in common_windows(&outs[0], &outs[1]) {
-        assert!((a - 0.3).abs() <= TOLERANCE && (b - 0.7).abs() <= TOLERANCE, "30/70: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+    // (2 ms kernels: the device changes hands between them; with the simulator's default 2 ms
+    // time slice and an 8 ms one, `nvidia-smi compute-policy --set-timeslice`'s longer setting)
+    for slice in ["2000000", "8000000"] {
+        let at_slice = |pct| at(load("continuous", 2_000_000, "0"), pct).env("GPUSIM_TIMESLICE_NS", slice);
+        let outs = together(vec![at_slice("30%"), at_slice("70%")]);
+        for (a, b) in common_windows(&outs[0], &outs[1]) {
+            assert!((a - 0.3).abs() <= TOLERANCE && (b - 0.7).abs() <= TOLERANCE, "30/70, {slice} ns slice: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+        }
     }
 }
 

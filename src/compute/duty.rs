@@ -79,6 +79,9 @@ pub const CREDIT: u64 = 50_000_000;
 pub const STEP: u64 = 2_000_000;
 /// The longest a launch waits for earlier work to complete (not for the clock).
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// How much longer than asked a sleep of the launching thread lasts, about (Linux's default
+/// timer slack, 50 µs, plus waking).
+const SLACK: u64 = 60_000;
 /// A clock further ahead than this is corrupt (a day).
 pub const MAX_LEAD: u64 = 86_400_000_000_000;
 /// The most launches in flight (unmeasured) per device: the bound on what a program whose
@@ -147,12 +150,17 @@ struct Pending {
 pub struct Pacer {
     /// The share, in (0, 1).
     share: f64,
+    /// 1 / share in 32.32 fixed point: what [`Pacer::pay`] multiplies by (a float division and
+    /// the conversions around it cost ~20 instructions each, and it runs three times a launch).
+    inverse: u64,
     /// The clock: the process' own, or the group's in the quota file.
     clock: &'static AtomicU64,
     /// Estimated nanoseconds of the work launched and not measured yet.
     outstanding: AtomicU64,
     /// Launches admitted and not settled (measured or charged).
     in_flight: AtomicUsize,
+    /// Entries in `pending` (a measurement with nothing queued takes no lock).
+    queued: AtomicUsize,
     /// Measurements under way (an entry out of the queue, its events being queried).
     measuring: AtomicUsize,
     /// A running mean of the measured work's nanoseconds per launch (0: nothing measured yet).
@@ -179,9 +187,11 @@ impl Pacer {
         figures.limit_ppm.store(ppm(share), Relaxed);
         Pacer {
             share,
+            inverse: ((1u64 << 32) as f64 / share).round() as u64,
             clock,
             outstanding: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
             measuring: AtomicUsize::new(0),
             estimate: AtomicU64::new(0),
             pending: Bounded::new("gpushim's queue of unmeasured launches", VecDeque::new()),
@@ -201,8 +211,10 @@ impl Pacer {
     }
 
     /// Pay-time of `ns` of device work.
+    #[inline]
     fn pay(&self, ns: u64) -> u64 {
-        (ns as f64 / self.share) as u64
+        let pay = (u128::from(ns) * u128::from(self.inverse)) >> 32;
+        u64::try_from(pay).unwrap_or(u64::MAX)
     }
 
     /// Waits until a launch may go, then records the `before` event on `stream` (the stream
@@ -250,6 +262,7 @@ impl Pacer {
         let entry = Pending { ctx: ticket.ctx, before, after, estimate: ticket.estimate };
         if let Ok(mut q) = self.pending.lock() {
             q.push_back(entry);
+            self.queued.fetch_add(1, Relaxed);
             return;
         }
         // (the queue's lock is stuck: charged at once, the events given back)
@@ -267,13 +280,16 @@ impl Pacer {
     }
 
     /// Measures what has completed, oldest first, stopping at the first not complete.
-    fn measure(&self, api: &EventApi) {
+    fn measure(&self, api: &EventApi, now: u64) {
         // (queries run with this thread's capture mode relaxed: a global-mode capture on
         // another thread is not invalidated by them)
         let mut relaxed: Option<u32> = None;
-        loop {
+        while self.queued.load(Relaxed) != 0 {
             self.measuring.fetch_add(1, Relaxed);
-            let Ok(entry) = self.pending.lock().map(|mut q| q.pop_front()) else {
+            let popped = self.pending.lock().map(|mut q| q.pop_front().inspect(|_| {
+                self.queued.fetch_sub(1, Relaxed);
+            }));
+            let Ok(entry) = popped else {
                 self.measuring.fetch_sub(1, Relaxed);
                 break;
             };
@@ -295,8 +311,11 @@ impl Pacer {
             let state = unsafe { (api.query)(entry.after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
                 match self.pending.lock() {
-                    Ok(mut q) => q.push_front(entry),
-                    Err(_) => self.settle(entry, None),
+                    Ok(mut q) => {
+                        q.push_front(entry);
+                        self.queued.fetch_add(1, Relaxed);
+                    }
+                    Err(_) => self.settle(entry, None, now),
                 }
                 self.measuring.fetch_sub(1, Relaxed);
                 break;
@@ -306,7 +325,7 @@ impl Pacer {
             let took = (state == CUDA_SUCCESS && unsafe { (api.elapsed)(&mut ms, entry.before as CUevent, entry.after as CUevent) } == CUDA_SUCCESS)
                 .then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
             self.measuring.fetch_sub(1, Relaxed);
-            self.settle(entry, took);
+            self.settle(entry, took, now);
         }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
@@ -316,7 +335,7 @@ impl Pacer {
 
     /// Moves a measured launch from the estimate to the clock (`None`: its events failed, it is
     /// charged its estimate) and gives its events back.
-    fn settle(&self, entry: Pending, took: Option<u64>) {
+    fn settle(&self, entry: Pending, took: Option<u64>, now: u64) {
         self.leave_flight(entry.estimate);
         let ns = took.unwrap_or(entry.estimate.max(1));
         if took.is_some() {
@@ -324,7 +343,7 @@ impl Pacer {
             let new = if old == 0 { ns.max(1) } else { (old - old / 8 + ns / 8).max(1) };
             self.estimate.store(new, Relaxed);
         }
-        self.charge(ns, now_ns());
+        self.charge(ns, now);
         self.give_back(entry.ctx, &[entry.before, entry.after]);
     }
 
@@ -333,11 +352,11 @@ impl Pacer {
     /// pass on the same room): returns its estimate.
     fn wait_turn(&self, api: &EventApi) -> u64 {
         let first = now_ns();
+        let mut now = first;
         // once the clock made this thread wait: the time it waits for (a burst's worth paid)
         let mut resume = 0u64;
         loop {
-            self.measure(api);
-            let now = now_ns();
+            self.measure(api, now);
             if self.clock.load(Relaxed) > now.saturating_add(MAX_LEAD) {
                 self.clock.store(now, Relaxed);
                 log!(Level::Warn, "compute limit: the pacing clock was more than a day ahead (a corrupt shared quota file?); reset");
@@ -356,7 +375,7 @@ impl Pacer {
                         (clock.saturating_add(self.pay(o)) <= now.saturating_add(AHEAD)).then_some(o.saturating_add(estimate))
                     });
                     if counted.is_ok() {
-                        self.count_wait(first);
+                        self.count_wait(now - first);
                         return estimate;
                     }
                     let _ = self.in_flight.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
@@ -369,24 +388,27 @@ impl Pacer {
                 }
                 self.in_flight.fetch_add(1, Relaxed);
                 self.outstanding.fetch_add(estimate, Relaxed);
-                self.count_wait(first);
+                self.count_wait(now - first);
                 return estimate;
             }
             let sleep = if !room {
-                // earlier work still running: look again soon
-                200_000
+                // earlier work still running: look again once about half of it may be done,
+                // less the ~50 µs a sleep overshoots by (the kernel's timer slack): kernels of
+                // 10 µs drain sixteen launches in 160 µs, and a fixed 200 µs would leave the
+                // device idle
+                (estimate.saturating_mul(cap as u64) / 2).saturating_sub(SLACK).clamp(10_000, 200_000)
             } else {
                 if !paid {
                     resume = due.saturating_sub(AHEAD).saturating_add(BURST);
                 }
                 resume.saturating_sub(now).min(STEP)
             };
-            std::thread::sleep(Duration::from_nanos(sleep.max(20_000)));
+            std::thread::sleep(Duration::from_nanos(sleep.max(10_000)));
+            now = now_ns();
         }
     }
 
-    fn count_wait(&self, first: u64) {
-        let waited = now_ns().saturating_sub(first);
+    fn count_wait(&self, waited: u64) {
         if waited > 50_000 {
             self.figures.throttled_ns.fetch_add(waited, Relaxed);
         }
@@ -452,6 +474,7 @@ impl Pacer {
             Ok(mut q) => {
                 let (gone, kept): (Vec<Pending>, Vec<Pending>) = q.drain(..).partition(|p| p.ctx == ctx);
                 q.extend(kept);
+                self.queued.store(q.len(), Relaxed);
                 gone
             }
             Err(_) => Vec::new(),
@@ -478,6 +501,7 @@ impl Pacer {
         self.pool.reset_after_fork(Vec::new());
         self.outstanding.store(0, Relaxed);
         self.in_flight.store(0, Relaxed);
+        self.queued.store(0, Relaxed);
         self.measuring.store(0, Relaxed);
     }
 }

@@ -34,8 +34,8 @@ pub fn now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Sleeps until `now() >= t` (in steps), at most `MAX_WAIT_NS`; `also` is polled after each
-/// step and ends the wait early when it says so.
+/// Sleeps until `now() >= t` and `done` says so (polled every `STEP_NS / 4` from `t` on), at
+/// most `MAX_WAIT_NS`.
 pub fn sleep_until(t: u64, mut done: impl FnMut() -> bool) {
     let deadline = now().saturating_add(MAX_WAIT_NS);
     loop {
@@ -43,7 +43,9 @@ pub fn sleep_until(t: u64, mut done: impl FnMut() -> bool) {
         if (n >= t && done()) || n >= deadline {
             return;
         }
-        let left = if n >= t { STEP_NS / 4 } else { (t - n).min(STEP_NS) };
+        // (before `t` nothing can end the wait: one sleep to `t`, as the real driver's
+        // blocking wait wakes once the work completes; after it, `done` is polled)
+        let left = if n >= t { STEP_NS / 4 } else { (t - n).min(deadline - n) };
         std::thread::sleep(std::time::Duration::from_nanos(left));
     }
 }
