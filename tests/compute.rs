@@ -145,6 +145,32 @@ fn every_launch_path_is_gated() {
     }
 }
 
+/// A child forked while the parent paces its launches (the simulated driver lets it use CUDA):
+/// it is paced at its own limit from a fresh start, and its launches are not counted in its
+/// parent's published figures (its pacer's figures are its own after the fork).
+#[test]
+fn a_forked_child_is_paced_on_its_own() {
+    let _serial = serial();
+    let state = fresh_dir("compute-fork-state");
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let forking = || load("continuous", 1_000_000, "0").env("COMPUTE_LOAD_FORK_AT", "1").env("COMPUTE_LOAD_CHILD_SECONDS", "2").env("GPUSHIM_STATE_DIR", &state);
+    let out = at(forking(), "30%").with_shim_report().run();
+    assert_share(&out, 0, 0.3, "the parent at 30% while its child runs");
+    assert_eq!(out.num("child.status"), 0, "{}", out.dump());
+    // 2 s at 30 % of 1 ms kernels: about 600 (its own clock, from the fork on)
+    let child = out.num("child.launches");
+    assert!((480..=720).contains(&(child as u64)), "the child's launches: {child}\n{}", out.dump());
+    // the parent's report counts its own launches (those measured by its exit), none of the child's
+    let launched = Load::of(&out).on(0);
+    let rows = out.shim_report().compute.clone().unwrap_or_else(|| panic!("no compute rows\n{}", out.dump()));
+    let counted = rows[0]["launches"].as_u64().unwrap_or_else(|| panic!("{rows}"));
+    assert!(counted <= launched && counted + 64 >= launched, "the parent launched {launched}, its report counts {counted}\n{}", out.dump());
+    // without the shim the child runs flat out
+    let out = forking().env("GPUSHIM_COMPUTE_LIMIT", "30%").run();
+    assert!(out.num("child.launches") > 1500, "{}", out.dump());
+    let _ = std::fs::remove_dir_all(&state);
+}
+
 #[test]
 fn per_device_limits_are_independent() {
     let _serial = serial();

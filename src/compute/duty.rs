@@ -59,7 +59,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_float, c_uint};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use gpushim_common::bounded::Bounded;
@@ -139,6 +139,8 @@ impl EventApi {
 
 /// Work launched and not measured yet.
 struct Pending {
+    /// Its number in the queue (which entry a measurement looked at).
+    seq: u64,
     ctx: usize,
     before: usize,
     after: usize,
@@ -161,6 +163,8 @@ pub struct Pacer {
     in_flight: AtomicUsize,
     /// Entries in `pending` (a measurement with nothing queued takes no lock).
     queued: AtomicUsize,
+    /// The next entry's `seq`.
+    next_seq: AtomicU64,
     /// Measurements under way (an entry out of the queue, its events being queried).
     measuring: AtomicUsize,
     /// A running mean of the measured work's nanoseconds per launch (0: nothing measured yet).
@@ -168,8 +172,10 @@ pub struct Pacer {
     pending: Bounded<VecDeque<Pending>>,
     /// Events to reuse, by context.
     pool: Bounded<Vec<(usize, Vec<usize>)>>,
-    /// Where the figures are published (the live file's entry, or the pacer's own).
-    figures: &'static live::Compute,
+    /// Where the figures are published: the live file's entry, or (null) `own`. A forked
+    /// child's are its own (the entry is its parent's).
+    published: AtomicPtr<live::Compute>,
+    own: live::Compute,
     warned: AtomicBool,
 }
 
@@ -182,9 +188,12 @@ pub struct Ticket {
 
 impl Pacer {
     /// A pacer for `share` of the device (0 < share < 1), with `clock` (the group's, or a fresh
-    /// one) and `figures`.
-    pub fn new(share: f64, clock: &'static AtomicU64, figures: &'static live::Compute) -> Pacer {
-        figures.limit_ppm.store(ppm(share), Relaxed);
+    /// one) and its figures' published entry (`None`: its own).
+    pub fn new(share: f64, clock: &'static AtomicU64, published: Option<&'static live::Compute>) -> Pacer {
+        let own = live::Compute::new();
+        for f in [Some(&own), published].into_iter().flatten() {
+            f.limit_ppm.store(ppm(share), Relaxed);
+        }
         Pacer {
             share,
             inverse: ((1u64 << 32) as f64 / share).round() as u64,
@@ -192,11 +201,13 @@ impl Pacer {
             outstanding: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
+            next_seq: AtomicU64::new(0),
             measuring: AtomicUsize::new(0),
             estimate: AtomicU64::new(0),
             pending: Bounded::new("gpushim's queue of unmeasured launches", VecDeque::new()),
             pool: Bounded::new("gpushim's pool of pacing events", Vec::new()),
-            figures,
+            published: AtomicPtr::new(published.map_or(std::ptr::null_mut(), |p| p as *const live::Compute as *mut live::Compute)),
+            own,
             warned: AtomicBool::new(false),
         }
     }
@@ -206,8 +217,11 @@ impl Pacer {
     }
 
     /// The figures: measured busy time, time waited, launches measured.
+    #[inline]
     pub fn figures(&self) -> &live::Compute {
-        self.figures
+        let p = self.published.load(Relaxed);
+        // SAFETY: null or the live file's entry, mapped for the life of the process.
+        if p.is_null() { &self.own } else { unsafe { &*p } }
     }
 
     /// Pay-time of `ns` of device work.
@@ -221,14 +235,15 @@ impl Pacer {
     /// the launch's events go on: the per-thread default stream written as
     /// `CU_STREAM_PER_THREAD`). To be followed by [`Pacer::after_launch`].
     pub fn before_launch(&self, api: &EventApi, stream: CUstream) -> Ticket {
-        let estimate = self.wait_turn(api);
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        if unsafe { (api.current)(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
+        let ctx = if unsafe { (api.current)(&mut ctx) } == CUDA_SUCCESS { ctx as usize } else { 0 };
+        let mut reuse = None;
+        let estimate = self.wait_turn(api, ctx, &mut reuse);
+        if ctx == 0 {
             return Ticket { ctx: 0, events: None, estimate };
         }
-        let ctx = ctx as usize;
-        let Some((before, after)) = self.take_events(api, ctx) else { return Ticket { ctx, events: None, estimate } };
+        let Some((before, after)) = reuse.or_else(|| self.take_events(api, ctx)) else { return Ticket { ctx, events: None, estimate } };
         // SAFETY: our event, of the current context; the program's stream passed as given.
         if unsafe { (api.record)(before as CUevent, stream) } != CUDA_SUCCESS {
             self.give_back(ctx, &[before, after]);
@@ -259,7 +274,7 @@ impl Pacer {
             self.give_back(ticket.ctx, &[before, after]);
             return unmeasured(self);
         }
-        let entry = Pending { ctx: ticket.ctx, before, after, estimate: ticket.estimate };
+        let entry = Pending { seq: self.next_seq.fetch_add(1, Relaxed), ctx: ticket.ctx, before, after, estimate: ticket.estimate };
         if let Ok(mut q) = self.pending.lock() {
             q.push_back(entry);
             self.queued.fetch_add(1, Relaxed);
@@ -275,25 +290,24 @@ impl Pacer {
         let start = end.saturating_sub(ns);
         let pay = self.pay(ns);
         let _ = self.clock.fetch_update(Relaxed, Relaxed, |c| Some(c.max(start.saturating_sub(CREDIT)).saturating_add(pay)));
-        self.figures.busy_ns.fetch_add(ns, Relaxed);
-        self.figures.launches.fetch_add(1, Relaxed);
+        let figures = self.figures();
+        figures.busy_ns.fetch_add(ns, Relaxed);
+        figures.launches.fetch_add(1, Relaxed);
     }
 
-    /// Measures what has completed, oldest first, stopping at the first not complete.
-    fn measure(&self, api: &EventApi, now: u64) {
+    /// Measures what has completed, oldest first, stopping at the first not complete. The
+    /// events of one measured launch of context `ctx` go to `reuse` when it is empty (the
+    /// launch about to go takes them: no trip through the pool); the others to the pool.
+    fn measure(&self, api: &EventApi, now: u64, ctx: usize, reuse: &mut Option<(usize, usize)>) {
         // (queries run with this thread's capture mode relaxed: a global-mode capture on
         // another thread is not invalidated by them)
         let mut relaxed: Option<u32> = None;
         while self.queued.load(Relaxed) != 0 {
             self.measuring.fetch_add(1, Relaxed);
-            let popped = self.pending.lock().map(|mut q| q.pop_front().inspect(|_| {
-                self.queued.fetch_sub(1, Relaxed);
-            }));
-            let Ok(entry) = popped else {
-                self.measuring.fetch_sub(1, Relaxed);
-                break;
-            };
-            let Some(entry) = entry else {
+            // the oldest is looked at, and taken out only once complete (work not complete
+            // yet, the common case at the queue's head, costs one lock)
+            let front = self.pending.lock().map(|q| q.front().map(|p| (p.seq, p.after)));
+            let Ok(Some((seq, after))) = front else {
                 self.measuring.fetch_sub(1, Relaxed);
                 break;
             };
@@ -308,24 +322,33 @@ impl Pacer {
             }
             // SAFETY: our event (its context not forgotten: `forget_context` waits for the
             // measurements under way before the context goes).
-            let state = unsafe { (api.query)(entry.after as CUevent) };
+            let state = unsafe { (api.query)(after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
-                match self.pending.lock() {
-                    Ok(mut q) => {
-                        q.push_front(entry);
-                        self.queued.fetch_add(1, Relaxed);
-                    }
-                    Err(_) => self.settle(entry, None, now),
-                }
                 self.measuring.fetch_sub(1, Relaxed);
                 break;
             }
+            // (another thread may have taken it meanwhile: then on to the next)
+            let taken = self.pending.lock().map(|mut q| {
+                let ours = q.front().is_some_and(|p| p.seq == seq);
+                ours.then(|| q.pop_front()).flatten().inspect(|_| {
+                    self.queued.fetch_sub(1, Relaxed);
+                })
+            });
+            let Ok(Some(entry)) = taken else {
+                self.measuring.fetch_sub(1, Relaxed);
+                continue;
+            };
             let mut ms: c_float = 0.0;
             // SAFETY: our events, both recorded; valid out-pointer.
             let took = (state == CUDA_SUCCESS && unsafe { (api.elapsed)(&mut ms, entry.before as CUevent, entry.after as CUevent) } == CUDA_SUCCESS)
                 .then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
             self.measuring.fetch_sub(1, Relaxed);
-            self.settle(entry, took, now);
+            let events = self.settle(&entry, took, now);
+            if reuse.is_none() && entry.ctx == ctx {
+                *reuse = Some(events);
+            } else {
+                self.give_back(entry.ctx, &[events.0, events.1]);
+            }
         }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
@@ -334,8 +357,8 @@ impl Pacer {
     }
 
     /// Moves a measured launch from the estimate to the clock (`None`: its events failed, it is
-    /// charged its estimate) and gives its events back.
-    fn settle(&self, entry: Pending, took: Option<u64>, now: u64) {
+    /// charged its estimate); returns its events, free again.
+    fn settle(&self, entry: &Pending, took: Option<u64>, now: u64) -> (usize, usize) {
         self.leave_flight(entry.estimate);
         let ns = took.unwrap_or(entry.estimate.max(1));
         if took.is_some() {
@@ -344,19 +367,19 @@ impl Pacer {
             self.estimate.store(new, Relaxed);
         }
         self.charge(ns, now);
-        self.give_back(entry.ctx, &[entry.before, entry.after]);
+        (entry.before, entry.after)
     }
 
     /// Sleeps until the clock allows a launch, then admits it (counts it in flight, its
     /// estimate outstanding, in one step each, so that threads launching at once cannot all
     /// pass on the same room): returns its estimate.
-    fn wait_turn(&self, api: &EventApi) -> u64 {
+    fn wait_turn(&self, api: &EventApi, ctx: usize, reuse: &mut Option<(usize, usize)>) -> u64 {
         let first = now_ns();
         let mut now = first;
         // once the clock made this thread wait: the time it waits for (a burst's worth paid)
         let mut resume = 0u64;
         loop {
-            self.measure(api, now);
+            self.measure(api, now, ctx, reuse);
             if self.clock.load(Relaxed) > now.saturating_add(MAX_LEAD) {
                 self.clock.store(now, Relaxed);
                 log!(Level::Warn, "compute limit: the pacing clock was more than a day ahead (a corrupt shared quota file?); reset");
@@ -410,7 +433,7 @@ impl Pacer {
 
     fn count_wait(&self, waited: u64) {
         if waited > 50_000 {
-            self.figures.throttled_ns.fetch_add(waited, Relaxed);
+            self.figures().throttled_ns.fetch_add(waited, Relaxed);
         }
     }
 
@@ -495,8 +518,13 @@ impl Pacer {
         }
     }
 
-    /// In a forked child: the parent's events and queue mean nothing here.
+    /// In a forked child: the parent's events and queue mean nothing here, and its published
+    /// figures are the parent's: the child counts its own, from zero.
     pub fn reset_after_fork(&self) {
+        self.published.store(std::ptr::null_mut(), Relaxed);
+        for f in [&self.own.busy_ns, &self.own.throttled_ns, &self.own.launches] {
+            f.store(0, Relaxed);
+        }
         self.pending.reset_after_fork(VecDeque::new());
         self.pool.reset_after_fork(Vec::new());
         self.outstanding.store(0, Relaxed);

@@ -80,7 +80,7 @@ fn busy(kernels: &[(u64, u64)], from: u64, to: u64) -> f64 {
 /// Returns the kernels run, the start and the figures.
 fn run(share: f64, d: u64, seconds: f64, sync: bool) -> (Vec<(u64, u64)>, u64, &'static live::Compute) {
     let (figures, clock) = fresh();
-    let pacer = Pacer::new(share, clock, figures);
+    let pacer = Pacer::new(share, clock, Some(figures));
     let start = now_ns();
     let end = start + (seconds * 1e9) as u64;
     while now_ns() < end {
@@ -133,7 +133,7 @@ fn tiny_and_huge_kernels_get_their_share() {
 /// for `seconds`; returns the share of the device over the window [from_s, to_s).
 fn run_threads(share: f64, threads: usize, d: u64, d_after: u64, switch_s: f64, seconds: f64, from_s: f64, to_s: f64) -> f64 {
     let (figures, clock) = fresh();
-    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, figures)));
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, Some(figures))));
     let start = now_ns();
     let s = move |x: f64| start + (x * 1e9) as u64;
     let handles: Vec<_> = (0..threads)
@@ -168,4 +168,38 @@ fn kernels_that_grow_at_once_queue_little_ahead() {
     // holds
     let got = run_threads(0.5, 1, 10_000, 100_000_000, 0.5, 5.0, 1.0, 5.0);
     assert!(got <= 0.55, "a 10,000-fold growth at 50%: {got:.3} over [1 s, 5 s)");
+}
+
+#[test]
+fn a_forked_child_counts_its_own_figures() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (published, clock) = fresh();
+    let pacer = Pacer::new(0.5, clock, Some(published));
+    for _ in 0..3 {
+        let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+        launch(1_000);
+        pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    // (a fourth launch measures the first three)
+    let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+    launch(1_000);
+    pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+    let counted = published.launches.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(counted >= 3, "{counted}");
+    // as the shim's fork handler does in the child
+    pacer.reset_after_fork();
+    assert!(!std::ptr::eq(pacer.figures(), published));
+    assert_eq!(pacer.figures().launches.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(pacer.figures().limit_ppm.load(std::sync::atomic::Ordering::Relaxed), 500_000);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    for _ in 0..2 {
+        let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+        launch(1_000);
+        pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // the parent's entry is left as it was; the child's own launch was measured
+    assert_eq!(published.launches.load(std::sync::atomic::Ordering::Relaxed), counted);
+    assert!(pacer.figures().launches.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }

@@ -101,10 +101,7 @@ impl State {
             return None;
         }
         let publisher = crate::sharing::publisher();
-        let figures: &'static live::Compute = match publisher.and_then(|p| p.device(dev)) {
-            Some(entry) => &entry.compute,
-            None => Box::leak(Box::new(live::Compute::new())),
-        };
+        let figures: Option<&'static live::Compute> = publisher.and_then(|p| p.device(dev)).map(|entry| &entry.compute);
         let clock = self.group_clock(dev).unwrap_or_else(|| Box::leak(Box::new(AtomicU64::new(0))));
         log!(Level::Debug, "device {dev}: compute limit {:.1}% (duty)", share * 100.0);
         Some(Pacer::new(share, clock, figures))

@@ -27,6 +27,13 @@
  * that huge kernels do not queue minutes of work behind the deadline.
  * COMPUTE_LOAD_GRID=G (optional, default 1): blocks per launch (gridDimX; blocks of 32 threads).
  * The simulated time does not depend on it; limiters that count blocks (HAMi-core) do.
+ * COMPUTE_LOAD_FORK_AT=F (optional, seconds): F seconds after the first launch, while the
+ * devices' threads launch, the main thread forks a child. The child (the simulated driver lets
+ * a forked child use CUDA; a real one does not) creates a context of its own on the first
+ * device, launches KERNEL_NS kernels back to back on a stream of its own for
+ * COMPUTE_LOAD_CHILD_SECONDS (default 2), prints `child.launches=N` and leaves with _exit(0)
+ * (no exit handlers: the parent's reports are not written over). The parent prints
+ * `child.status=S` (the wait status) after its own run.
  *
  * Prints, per device in the order given, `device=D launches=N`, then
  * `wall_ns=W start_ns=S` (S = CLOCK_MONOTONIC ns at the first launch, W = ns from S until
@@ -40,7 +47,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Not declared by cuda.h unless the whole program is compiled for the per-thread stream. */
 extern CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -80,6 +89,11 @@ struct worker {
     pthread_t thread;
     int barrier_passed;
 };
+
+static uint64_t now_ns(void);
+
+/* The child of COMPUTE_LOAD_FORK_AT: launches in a context of its own for `seconds`. */
+static int child_run(int device, double seconds);
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -193,6 +207,31 @@ static int run_device(struct worker *w) {
     return 0;
 }
 
+static int child_run(int device, double seconds) {
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cuDeviceGet(&dev, device));
+    CHECK(cuCtxCreate_v4(&ctx, NULL, 0, dev));
+    CUmodule module;
+    CUfunction f;
+    CHECK(cuModuleLoadData(&module, ptx));
+    CHECK(cuModuleGetFunction(&f, module, "gpusim_busy"));
+    CUstream stream;
+    CHECK(cuStreamCreate(&stream, CU_STREAM_DEFAULT));
+    uint64_t ns = kernel_ns;
+    void *args[] = {&ns};
+    unsigned long long launches = 0;
+    uint64_t deadline = now_ns() + (uint64_t)(seconds * 1e9);
+    while (now_ns() < deadline) {
+        CHECK(cuLaunchKernel(f, grid, 1, 1, 32, 1, 1, 0, stream, args, NULL));
+        launches++;
+    }
+    CHECK(cuCtxSynchronize());
+    printf("child.launches=%llu\n", launches);
+    fflush(stdout);
+    return 0;
+}
+
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     if (run_device(w) != 0 && !w->barrier_passed) pthread_barrier_wait(&ready);
@@ -253,8 +292,30 @@ int main(int argc, char **argv) {
             printf("error: pthread_create = -1\n");
             return 1;
         }
+    pid_t child = -1;
+    const char *fork_text = getenv("COMPUTE_LOAD_FORK_AT");
+    if (fork_text && *fork_text) {
+        double at = strtod(fork_text, &end);
+        const char *child_text = getenv("COMPUTE_LOAD_CHILD_SECONDS");
+        double child_seconds = child_text && *child_text ? strtod(child_text, NULL) : 2.0;
+        if (*end || !(at >= 0 && at < 1e6) || !(child_seconds >= 0 && child_seconds < 1e6)) usage();
+        while (__atomic_load_n(&start_ns, __ATOMIC_SEQ_CST) == UINT64_MAX && !__atomic_load_n(&failed, __ATOMIC_SEQ_CST))
+            usleep(1000);
+        while (now_ns() < __atomic_load_n(&start_ns, __ATOMIC_SEQ_CST) + (uint64_t)(at * 1e9)) usleep(1000);
+        fflush(stdout);
+        child = fork();
+        if (child == 0) _exit(child_run(workers[0].device, child_seconds) == 0 ? 0 : 1);
+    }
     for (int i = 0; i < n; i++) pthread_join(workers[i].thread, NULL);
     uint64_t done = now_ns();
+    if (child > 0) {
+        int status = 0;
+        waitpid(child, &status, 0);
+        printf("child.status=%d\n", status);
+    } else if (child == -1 && fork_text && *fork_text) {
+        printf("error: fork = -1\n");
+        failed = 1;
+    }
     for (int i = 0; i < n; i++) printf("device=%d launches=%llu\n", workers[i].device, workers[i].launches);
     uint64_t s = start_ns == UINT64_MAX ? done : start_ns;
     printf("wall_ns=%llu start_ns=%llu\n", (unsigned long long)(done - s), (unsigned long long)s);

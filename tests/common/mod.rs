@@ -1108,6 +1108,8 @@ pub struct ShimReport {
     pub devices: Vec<ShimDevice>,
     /// the placement summary (`placement`), when the placement log was on
     pub placement: Option<serde_json::Value>,
+    /// the compute rows (`compute`), when a device was paced
+    pub compute: Option<serde_json::Value>,
 }
 
 impl ShimReport {
@@ -1129,6 +1131,7 @@ impl ShimReport {
             pid: json_num(&v, "pid")?,
             devices,
             placement: v.get("placement").cloned(),
+            compute: v.get("compute").cloned(),
         })
     }
 
