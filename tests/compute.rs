@@ -272,6 +272,60 @@ fn bad_values_fail_cuda_initialisation_naming_the_variable() {
     }
 }
 
+/// A driver without `cuEventQuery` (the simulator with that name changed in its dynamic
+/// symbol table: its ELF lookup no longer finds it) cannot be paced: a launch on a limited
+/// device is refused (CUDA_ERROR_NOT_SUPPORTED, one error line), never run unpaced; without a
+/// limit the same driver runs the program.
+#[test]
+fn a_driver_without_the_event_functions_refuses_paced_launches() {
+    let _serial = serial();
+    let dir = fresh_dir("driver-without-cuEventQuery");
+    let mut lib = std::fs::read(sim_library()).unwrap();
+    let (from, to) = (b"cuEventQuery\0", b"cuEventQuerX\0");
+    let found: Vec<usize> = lib.windows(from.len()).enumerate().filter(|(_, w)| w == from).map(|(i, _)| i).collect();
+    assert_eq!(found.len(), 1, "the name once, in the dynamic string table");
+    lib[found[0]..found[0] + to.len()].copy_from_slice(to);
+    std::fs::write(dir.join("libcuda.so.1"), &lib).unwrap();
+    std::os::unix::fs::symlink(nvml_sim_library(), dir.join("libnvidia-ml.so.1")).unwrap();
+    let run = || Run::program(Program::ComputeLoad).args(["continuous", "0.5", "1000000"]).env("LD_LIBRARY_PATH", &dir);
+    let out = at(run(), "30%").run();
+    assert_eq!(out.status.code(), Some(1), "{}", out.dump());
+    assert!(out.stdout_text().contains("error: cuLaunchKernel = 801"), "{}", out.dump());
+    let lines: Vec<String> = out.stderr_text().lines().filter(|l| l.starts_with("gpushim: ")).map(String::from).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}\n{}", out.dump());
+    assert!(lines[0].contains("lacks") && lines[0].contains("GPUSHIM_COMPUTE_MODE=mps"), "{lines:?}");
+    let out = run().shim(true).run();
+    out.assert_completed();
+    assert_eq!(out.num("done"), 1, "{}", out.dump());
+}
+
+/// Odd bytes in the compute variables (a terminal escape, a newline, bytes that are not UTF-8,
+/// a huge number): a configuration error whose one line carries none of them raw.
+#[test]
+fn odd_bytes_in_the_compute_variables_are_errors_shown_escaped() {
+    let _serial = serial();
+    use std::os::unix::ffi::OsStringExt;
+    let odd: [(&str, Vec<u8>); 6] = [
+        ("GPUSHIM_COMPUTE_LIMIT", b"3\x1b[2J0%".to_vec()),
+        ("GPUSHIM_COMPUTE_LIMIT_0", b"30%\n5".to_vec()),
+        ("GPUSHIM_COMPUTE_MODE", b"du\xffty".to_vec()),
+        ("GPUSHIM_COMPUTE_MODE", b"duty\x07".to_vec()),
+        ("CUDA_DEVICE_SM_LIMIT", b"99999999999999999999999".to_vec()),
+        ("CUDA_DEVICE_SM_LIMIT_0", b"\x1b]0;owned\x07".to_vec()),
+    ];
+    for (var, value) in odd {
+        let shown = String::from_utf8_lossy(&value).into_owned();
+        let out = Run::program(Program::ComputeLoad).args(["continuous", "0.1", "1000"]).shim(true).env_os(var, std::ffi::OsString::from_vec(value.clone())).run();
+        assert_eq!(out.status.code(), Some(1), "{var}={shown:?}\n{}", out.dump());
+        assert!(out.stdout_text().contains("error: cuInit(0) = 3"), "{var}={shown:?}\n{}", out.dump());
+        assert!(!out.stderr.iter().any(|&b| b == 0x1b || b == 0x07 || b == 0xff), "{var}={shown:?}: raw bytes on stderr\n{}", out.dump());
+        let lines: Vec<String> = out.stderr_text().lines().filter(|l| l.starts_with("gpushim: ")).map(String::from).collect();
+        assert_eq!(lines.len(), 1, "{var}={shown:?}: {lines:?}\n{}", out.dump());
+        assert!(lines[0].starts_with(&format!("gpushim: {var}=")), "{lines:?}");
+        assert_eq!(out.stderr_text().lines().count(), 1, "{var}={shown:?}: one line\n{}", out.dump());
+    }
+}
+
 #[test]
 fn without_a_limit_the_launch_functions_are_the_drivers_own() {
     let _serial = serial();
