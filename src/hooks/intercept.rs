@@ -189,9 +189,9 @@ pub(crate) use hook_table;
 #[inline]
 pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) -> c_int {
     let hook = &HOOKS[index];
-    let (uninitialised, not_found, unknown) = match hook.lib() {
-        Lib::Cuda => (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN),
-        Lib::Nvml => (NVML_ERROR_UNINITIALIZED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_UNKNOWN),
+    let (uninitialised, not_found) = match hook.lib() {
+        Lib::Cuda => (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_FOUND),
+        Lib::Nvml => (NVML_ERROR_UNINITIALIZED, NVML_ERROR_FUNCTION_NOT_FOUND),
     };
     catch_unwind(AssertUnwindSafe(|| {
         let Some(st) = crate::hooks::state() else { return uninitialised };
@@ -215,13 +215,21 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         }
         body(st, real)
     }))
-    .unwrap_or_else(|payload| {
-        // (a one-time step's wait that gave up unwinds with why: `once`)
-        if let Some(&stuck) = payload.downcast_ref::<gpushim_common::bounded::Stuck>() {
-            crate::platform::log::stuck(hook.name.trim_end_matches('\0'), stuck);
-        }
-        unknown
-    })
+    .unwrap_or_else(|payload| unwound(index, payload))
+}
+
+/// What a hook whose body unwound answers (`CUDA_ERROR_UNKNOWN`, NVML's unknown error); a
+/// one-time step's wait that gave up unwinds with why (`once`), said in one line.
+#[cold]
+pub fn unwound(index: usize, payload: Box<dyn std::any::Any + Send>) -> c_int {
+    let hook = &HOOKS[index];
+    if let Some(&stuck) = payload.downcast_ref::<gpushim_common::bounded::Stuck>() {
+        crate::platform::log::stuck(hook.name.trim_end_matches('\0'), stuck);
+    }
+    match hook.lib() {
+        Lib::Cuda => CUDA_ERROR_UNKNOWN,
+        Lib::Nvml => NVML_ERROR_UNKNOWN,
+    }
 }
 
 /// `keys`' indices in the order of the keys (a stable insertion sort, at compile time).

@@ -19,6 +19,59 @@ pub struct CUlaunchConfigHead {
     pub stream: CUstream,
 }
 
+/// The launch hooks' fast lane. A program linked against `libcuda` reaches the shim's export
+/// on every launch whatever the settings (the runtime and frameworks get the driver's own
+/// pointer when neither the placement log nor a compute limit is on); the general path's
+/// checks (`intercept::enter`) cost ~80 instructions a launch. Once the state is ready, the
+/// lane calls the driver's own function at once when neither is on (~40 instructions in
+/// all), else the hook's body, under `catch_unwind` as the general path does. It declines
+/// (the general path then runs) before the state is ready, without the driver's function,
+/// and in a broken state.
+#[inline(always)]
+fn lane_open(index: usize) -> Option<(&'static crate::state::State, usize, bool)> {
+    let st = crate::state::get_if_ready()?;
+    let real = crate::hooks::REAL[index].load(std::sync::atomic::Ordering::Relaxed);
+    if real == 0 || st.broken() {
+        return None;
+    }
+    let needed = crate::state::NEEDS_PLACE | crate::state::NEEDS_COMPUTE;
+    Some((st, real, st.needs() & needed != 0))
+}
+
+macro_rules! launch_lanes {
+    ($($lane:ident for $hook:ident => $body:ident ($($arg:ident : $ty:ty),*);)*) => {$(
+        #[doc = concat!("`", stringify!($hook), "`'s fast lane (`lane_open`).")]
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        pub unsafe fn $lane($($arg: $ty),*) -> Option<c_int> {
+            type Real = unsafe extern "C" fn($($ty),*) -> c_int;
+            let index = crate::hooks::Hook::$hook as usize;
+            let (st, real, body) = lane_open(index)?;
+            // SAFETY: `real` is the driver's own function of that name, whose C signature is
+            // the hook table's.
+            let real = unsafe { std::mem::transmute::<usize, Real>(real) };
+            if !body {
+                // SAFETY: the program's arguments, passed on unchanged.
+                return Some(unsafe { real($($arg),*) });
+            }
+            let run = std::panic::AssertUnwindSafe(|| {
+                // SAFETY: as the general path's call of the body.
+                unsafe { $body(st, real, $($arg),*) }
+            });
+            Some(std::panic::catch_unwind(run).unwrap_or_else(|payload| crate::hooks::intercept::unwound(index, payload)))
+        }
+    )*};
+}
+
+launch_lanes! {
+    kernel_lane for cuLaunchKernel => launch_kernel (f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
+    kernel_ptsz_lane for cuLaunchKernel_ptsz => launch_kernel_ptsz (f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
+    kernel_ex_lane for cuLaunchKernelEx => launch_kernel_ex (config: *const CUlaunchConfigHead, f: Function, params: *mut *mut c_void, extra: *mut *mut c_void);
+    kernel_ex_ptsz_lane for cuLaunchKernelEx_ptsz => launch_kernel_ex_ptsz (config: *const CUlaunchConfigHead, f: Function, params: *mut *mut c_void, extra: *mut *mut c_void);
+    cooperative_lane for cuLaunchCooperativeKernel => launch_cooperative (f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void);
+    cooperative_ptsz_lane for cuLaunchCooperativeKernel_ptsz => launch_cooperative_ptsz (f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void);
+}
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn kernel(
     st: &State,
