@@ -110,9 +110,9 @@ fn continuous_launches_get_each_share() {
 #[test]
 fn synchronising_after_every_launch_is_paced_too() {
     let _serial = serial();
-    // (10 ms kernels: synchronising after each launch, the program leaves the device idle
+    // (20 ms kernels: synchronising after each launch, the program leaves the device idle
     // while its thread wakes, which on two busy cores is long enough to matter for short ones)
-    every_share("sync", 10_000_000, 0.95, "sync after each 10 ms kernel");
+    every_share("sync", 20_000_000, 0.95, "sync after each 20 ms kernel");
 }
 
 #[test]

@@ -79,6 +79,8 @@ pub const CREDIT: u64 = 50_000_000;
 pub const STEP: u64 = 2_000_000;
 /// The longest a launch waits for earlier work to complete (not for the clock).
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The longest sleep of a launch waiting for earlier work to complete.
+const ROOM_SLEEP: u64 = 200_000;
 /// How much longer than asked a sleep of the launching thread lasts, about (Linux's default
 /// timer slack, 50 µs, plus waking).
 const SLACK: u64 = 60_000;
@@ -289,7 +291,10 @@ impl Pacer {
     fn charge(&self, ns: u64, end: u64) {
         let start = end.saturating_sub(ns);
         let pay = self.pay(ns);
-        let _ = self.clock.fetch_update(Relaxed, Relaxed, |c| Some(c.max(start.saturating_sub(CREDIT)).saturating_add(pay)));
+        // (a debt is kept at most half a day ahead, so that only a clock written from outside
+        // is ever past `MAX_LEAD` and reset: 864 s kernels at 1 % wait half a day, never none)
+        let most = end.saturating_add(MAX_LEAD / 2);
+        let _ = self.clock.fetch_update(Relaxed, Relaxed, |c| Some(c.max(start.saturating_sub(CREDIT)).saturating_add(pay).min(most.max(c))));
         let figures = self.figures();
         figures.busy_ns.fetch_add(ns, Relaxed);
         figures.launches.fetch_add(1, Relaxed);
@@ -342,13 +347,15 @@ impl Pacer {
             // SAFETY: our events, both recorded; valid out-pointer.
             let took = (state == CUDA_SUCCESS && unsafe { (api.elapsed)(&mut ms, entry.before as CUevent, entry.after as CUevent) } == CUDA_SUCCESS)
                 .then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
-            self.measuring.fetch_sub(1, Relaxed);
             let events = self.settle(&entry, took, now);
             if reuse.is_none() && entry.ctx == ctx {
                 *reuse = Some(events);
             } else {
                 self.give_back(entry.ctx, &[events.0, events.1]);
             }
+            // (only now: `forget_context` waits for this before it clears the pool, so that
+            // the events are found there, not put back after it)
+            self.measuring.fetch_sub(1, Relaxed);
         }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
@@ -378,6 +385,8 @@ impl Pacer {
         let mut now = first;
         // once the clock made this thread wait: the time it waits for (a burst's worth paid)
         let mut resume = 0u64;
+        // looks in a row that found the most launches in flight
+        let mut room_waits = 0u32;
         loop {
             self.measure(api, now, ctx, reuse);
             if self.clock.load(Relaxed) > now.saturating_add(MAX_LEAD) {
@@ -418,14 +427,22 @@ impl Pacer {
                 // earlier work still running: look again once about half of it may be done,
                 // less the ~50 µs a sleep overshoots by (the kernel's timer slack): kernels of
                 // 10 µs drain sixteen launches in 160 µs, and a fixed 200 µs would leave the
-                // device idle
-                (estimate.saturating_mul(cap as u64) / 2).saturating_sub(SLACK).clamp(10_000, 200_000)
+                // device idle; doubled at each look that found nothing done (kernels that
+                // grew), and 200 µs before anything is known of them
+                let half = if estimate == 0 { ROOM_SLEEP } else { (estimate.saturating_mul(cap as u64) / 2).saturating_sub(SLACK) };
+                let sleep = half.clamp(10_000, ROOM_SLEEP).saturating_mul(1 << room_waits.min(5)).min(ROOM_SLEEP);
+                room_waits += 1;
+                sleep
             } else {
                 if !paid {
                     resume = due.saturating_sub(AHEAD).saturating_add(BURST);
                 }
                 resume.saturating_sub(now).min(STEP)
             };
+            if let Some((before, after)) = reuse.take() {
+                // (not held across a sleep: a context forgotten meanwhile finds them in the pool)
+                self.give_back(ctx, &[before, after]);
+            }
             std::thread::sleep(Duration::from_nanos(sleep.max(10_000)));
             now = now_ns();
         }
@@ -485,14 +502,6 @@ impl Pacer {
     /// lives, destroys them first. Its unmeasured work is charged its estimate.
     pub fn forget_context(&self, ctx: usize, destroy: Option<unsafe extern "C" fn(CUevent) -> CUresult>) {
         let mut events: Vec<usize> = Vec::new();
-        if let Ok(mut pool) = self.pool.lock() {
-            pool.retain_mut(|(c, free)| {
-                if *c == ctx {
-                    events.append(free);
-                }
-                *c != ctx
-            });
-        }
         let gone: Vec<Pending> = match self.pending.lock() {
             Ok(mut q) => {
                 let (gone, kept): (Vec<Pending>, Vec<Pending>) = q.drain(..).partition(|p| p.ctx == ctx);
@@ -505,6 +514,15 @@ impl Pacer {
         // (a measurement that took one of its entries out before: a bounded wait for it)
         let mut backoff = gpushim_common::bounded::Backoff::within(Duration::from_millis(200));
         while self.measuring.load(Relaxed) != 0 && backoff.wait() {}
+        // (after the wait: a measurement under way puts its events back in the pool)
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.retain_mut(|(c, free)| {
+                if *c == ctx {
+                    events.append(free);
+                }
+                *c != ctx
+            });
+        }
         for p in gone {
             self.leave_flight(p.estimate);
             self.charge(p.estimate.max(1), now_ns());

@@ -203,3 +203,67 @@ fn a_forked_child_counts_its_own_figures() {
     assert_eq!(published.launches.load(std::sync::atomic::Ordering::Relaxed), counted);
     assert!(pacer.figures().launches.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }
+
+static FORGOTTEN_UP_TO: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static STALE_RECORDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `record`, counting records of events made before the last `forget_context`.
+unsafe extern "C" fn record_checked(e: CUevent, s: CUstream) -> CUresult {
+    if (e as usize) <= FORGOTTEN_UP_TO.load(std::sync::atomic::Ordering::SeqCst) {
+        STALE_RECORDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    record(e, s)
+}
+
+/// A launch waiting for its turn (at 1 %, ~100 ms) while its context is forgotten by another
+/// thread (`cuCtxDestroy`): it never records the forgotten context's events (those of a
+/// measured launch handed on to it are back in the pool while it sleeps).
+#[test]
+fn a_waiting_launch_never_records_a_forgotten_contexts_events() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let api = EventApi { record: record_checked, ..API };
+    let (figures, clock) = fresh();
+    FORGOTTEN_UP_TO.store(0, SeqCst);
+    STALE_RECORDS.store(0, SeqCst);
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.01, clock, Some(figures))));
+    let t = pacer.before_launch(&api, std::ptr::null_mut());
+    launch(1_000_000);
+    pacer.after_launch(&api, std::ptr::null_mut(), t, true);
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let waiter = std::thread::spawn(move || {
+        let t = pacer.before_launch(&api, std::ptr::null_mut());
+        launch(1_000_000);
+        pacer.after_launch(&api, std::ptr::null_mut(), t, true);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(15));
+    let made = fake().stamps.len();
+    pacer.forget_context(0x1000, Some(destroy));
+    FORGOTTEN_UP_TO.store(made, SeqCst);
+    waiter.join().unwrap();
+    assert_eq!(STALE_RECORDS.load(SeqCst), 0, "events of the forgotten context recorded after it went ({made} made before)");
+}
+
+/// A legitimate debt of more than a day (a 1 s kernel at 0.001 %: 28 hours) is kept (capped at
+/// half a day), never taken for a corrupt clock and reset: the next launch waits.
+#[test]
+fn a_debt_of_days_is_kept_not_reset() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (figures, clock) = fresh();
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.00001, clock, Some(figures))));
+    let t = pacer.before_launch(&API, std::ptr::null_mut());
+    launch(1_000_000_000);
+    pacer.after_launch(&API, std::ptr::null_mut(), t, true);
+    // the next launch measures the first once it completed, and must then wait
+    let done = Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
+    let flag: &'static std::sync::atomic::AtomicBool = done;
+    std::thread::spawn(move || {
+        let t = pacer.before_launch(&API, std::ptr::null_mut());
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        pacer.after_launch(&API, std::ptr::null_mut(), t, false);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "a launch went 0.5 s after a 1 s kernel at 0.001 %");
+    let ahead = clock.load(std::sync::atomic::Ordering::SeqCst).saturating_sub(now_ns());
+    assert!(ahead > 3_600_000_000_000 && ahead <= MAX_LEAD / 2, "the debt: {} s ahead", ahead / 1_000_000_000);
+}

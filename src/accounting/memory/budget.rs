@@ -555,7 +555,7 @@ pub(crate) fn reserve_within(f: &Figures, bytes: u64, room: u64) -> Result<(), u
             return Err(reserved);
         }
         let next = reserved + bytes; // ≤ room + bytes
-        match f.reserved.compare_exchange_weak(reserved, next, Relaxed, Relaxed) {
+        match f.reserved.compare_exchange_weak(reserved, next, Acquire, Relaxed) {
             Ok(_) => {
                 raise_peak(&f.peak_reserved, next);
                 return Ok(());
@@ -577,9 +577,10 @@ pub(crate) fn take_in(f: &Figures, bytes: u64) {
 /// `saturating_sub` of both, their common case tested once.
 #[inline(always)]
 pub(crate) fn freed_in(f: &Figures, bytes: u64) {
-    // (held first: in use never passes what is reserved, even for a moment, as the peaks see it)
+    // (held first: in use never passes what is reserved, even for a moment, as the peaks see
+    // it; Release, with the reservation's Acquire, keeps that order on weakly ordered CPUs)
     let in_use = f.in_use.fetch_sub(bytes, Relaxed);
-    let reserved = f.reserved.fetch_sub(bytes, Relaxed);
+    let reserved = f.reserved.fetch_sub(bytes, Release);
     if reserved < bytes || in_use < bytes {
         freed_short(f, reserved, in_use, bytes);
     }

@@ -32,6 +32,11 @@ fn bad_compute_limits_are_errors_naming_the_variable() {
         assert!(!e.contains('\u{1b}'), "escaped: {e}");
     }
     assert!(err(&[(ENV_COMPUTE_LIMIT, "30")]).contains("did you mean 30%?"));
+    // below a millionth (what the pacer counts in): an error, not a larger share
+    for value in ["0.0000001", "0.00001%", "0.00000000001"] {
+        assert!(err(&[(ENV_COMPUTE_LIMIT, value)]).contains("the smallest share is 0.0001%"), "{value}");
+    }
+    assert_eq!(ok(&[(ENV_COMPUTE_LIMIT, "0.0001%")]).compute_limit, Some(0.000001));
     assert!(err(&[(ENV_COMPUTE_LIMIT, " ")]).contains("empty"));
     let e = err(&[("GPUSHIM_COMPUTE_LIMIT_1", "2")]);
     assert!(e.starts_with("gpushim: GPUSHIM_COMPUTE_LIMIT_1=\"2\""), "{e}");

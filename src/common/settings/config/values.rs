@@ -55,7 +55,10 @@ pub fn parse_compute_mode(s: &str) -> Result<ComputeMode, String> {
 
 const COMPUTE_LIMIT_FORM: &str = "expected a share of the device's time above 0 and at most 100%, like 30% or 0.3";
 
-/// A compute limit: `30%` or `0.3`, in (0, 1] (`100%` and `1`: no limit).
+/// The smallest compute limit (a millionth of the device's time).
+pub const MIN_COMPUTE_LIMIT: f64 = 1e-6;
+
+/// A compute limit: `30%` or `0.3`, in [1e-6, 1] (`100%` and `1`: no limit).
 pub fn parse_compute_limit(s: &str) -> Result<f64, String> {
     let t = s.trim();
     let (number, scale) = match t.strip_suffix('%') {
@@ -69,6 +72,8 @@ pub fn parse_compute_limit(s: &str) -> Result<f64, String> {
         && number != ".";
     let share = if plain { number.parse::<f64>().ok().map(|v| v / scale) } else { None };
     match share {
+        // (the pacer counts shares in millionths: a smaller one would be a larger one)
+        Some(v) if v > 0.0 && v < MIN_COMPUTE_LIMIT => Err(format!("{COMPUTE_LIMIT_FORM}; the smallest share is 0.0001% (0.000001)")),
         Some(v) if v > 0.0 && v <= 1.0 => Ok(v),
         Some(v) if v > 1.0 && scale == 1.0 => Err(format!(
             "{COMPUTE_LIMIT_FORM}; a number without % is a fraction (did you mean {number}%?)"
