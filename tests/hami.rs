@@ -225,3 +225,275 @@ fn two_processes_share_one_region_budget() {
 fn eight_processes_share_one_region_budget() {
     racing(8);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Refusals: a region file the shim cannot safely adopt fails CUDA initialisation with one line
+// ---------------------------------------------------------------------------------------------
+
+fn assert_refused(node: &Node, why: &str) {
+    let out = node.run(true, &[format!("alloc=mem:{}", MIB)]).run();
+    assert_ne!(out.num("init.rc"), 0, "{}", out.dump());
+    let lines = out.gpushim_lines();
+    let named: Vec<_> = lines.iter().filter(|l| l.starts_with("gpushim: CUDA_DEVICE_MEMORY_SHARED_CACHE=")).collect();
+    assert_eq!(named.len(), 1, "{}", out.dump());
+    assert!(named[0].contains(why), "{why}: {}", out.dump());
+}
+
+#[test]
+fn unsafe_region_files_are_refused() {
+    let node = Node::new("hami-refuse-link");
+    let target = node.dir.join("elsewhere");
+    std::fs::write(&target, b"").unwrap();
+    std::os::unix::fs::symlink(&target, &node.region).unwrap();
+    assert_refused(&node, "symbolic link");
+    assert_eq!(std::fs::metadata(&target).unwrap().len(), 0, "the link's target untouched");
+
+    let node = Node::new("hami-refuse-dir");
+    std::fs::create_dir(&node.region).unwrap();
+    assert_refused(&node, "cannot open it");
+
+    let node = Node::new("hami-refuse-fifo");
+    let c = std::ffi::CString::new(node.region.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert_refused(&node, "not a regular file");
+
+    let node = Node::new("hami-refuse-size");
+    std::fs::write(&node.region, vec![7u8; 4096]).unwrap();
+    assert_refused(&node, "is 4096 bytes, not a HAMi-core shared region");
+
+    let node = Node::new("hami-refuse-magic");
+    let mut bytes = vec![0u8; 2_008_953];
+    bytes[0..4].copy_from_slice(&12345i32.to_le_bytes());
+    std::fs::write(&node.region, &bytes).unwrap();
+    assert_refused(&node, "its magic is 12345");
+    assert_eq!(std::fs::read(&node.region).unwrap(), bytes, "left as it was");
+
+    let node = Node::new("hami-refuse-version");
+    let mut bytes = vec![0u8; 2_008_953];
+    bytes[0..4].copy_from_slice(&19_920_718i32.to_le_bytes());
+    bytes[4..8].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&node.region, &bytes).unwrap();
+    assert_refused(&node, "its version is 2.0");
+}
+
+/// Another user's file is refused (as root: the file is given to another user; skipped otherwise).
+#[test]
+fn another_users_region_file_is_refused() {
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to give a file to another user");
+        return;
+    }
+    let node = Node::new("hami-refuse-owner");
+    std::fs::write(&node.region, b"").unwrap();
+    std::os::unix::fs::chown(&node.region, Some(4242), Some(4242)).unwrap();
+    assert_refused(&node, "belongs to user 4242");
+}
+
+/// An existing file's limit wins over `CUDA_DEVICE_MEMORY_LIMIT` (one line), as in HAMi-core; a
+/// `GPUSHIM_` limit wins over the file.
+#[test]
+fn an_existing_files_limit_wins_over_hamis_variable() {
+    let node = Node::new("hami-stored");
+    let out = node.run(true, &["info".to_string()]).run();
+    out.assert_completed();
+    assert_eq!(out.u64("op1.total"), LIMIT, "{}", out.dump());
+    let out = node.run(true, &["info".to_string()]).env("CUDA_DEVICE_MEMORY_LIMIT", "1g").run();
+    out.assert_completed();
+    assert_eq!(out.u64("op1.total"), LIMIT, "{}", out.dump());
+    let lines = out.warn_lines();
+    assert_eq!(lines.iter().filter(|l| l.contains("win over the environment's, as in HAMi-core: devices 0-15: 67108864 bytes (environment: 1073741824 bytes)")).count(), 1, "{}", out.dump());
+    let out = node.run(true, &["info".to_string()]).env("GPUSHIM_MEMORY_LIMIT", "32MiB").run();
+    out.assert_completed();
+    assert_eq!(out.u64("op1.total"), 32 * MIB, "{}", out.dump());
+}
+
+/// A process configured with `GPUSHIM_` names only never opens a region file, even with one at
+/// HAMi-core's path (here a state directory's: the default path is the machine's).
+#[test]
+fn gpushim_names_alone_use_no_region() {
+    let node = Node::new("hami-none");
+    let out = Run::program(Program::Driver(DriverPath::Link))
+        .shim(true)
+        .args([format!("alloc=mem:{}", 48 * MIB)])
+        .env("GPUSIM_DEVICES", "1")
+        .env("GPUSHIM_STATE_DIR", &node.state)
+        .env("GPUSHIM_MEMORY_LIMIT", "64MiB")
+        .env("LIBCUDA_LOG_LEVEL", "3")
+        .run();
+    out.assert_completed();
+    assert_eq!(out.num("op1.rc"), 0, "{}", out.dump());
+    assert!(!out.stderr_text().contains("HAMi-core shared region"), "{}", out.dump());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against HAMi-core itself (its source and library named by the environment)
+// ---------------------------------------------------------------------------------------------
+
+struct Hami {
+    src: PathBuf,
+    lib: PathBuf,
+    nvml_include: PathBuf,
+    cache: PathBuf,
+}
+
+/// HAMi-core's source (`GPUSHIM_HAMI_SRC`, commit 8f3a89c) and built `libvgpu.so`
+/// (`GPUSHIM_HAMI_LIB`), with an `nvml.h` (`GPUSHIM_HAMI_NVML_INCLUDE`, else TensorFlow's in
+/// `.deps`); `None` (the test then prints why it is skipped) when one is missing.
+fn hami() -> Option<Hami> {
+    let var = |n: &str| std::env::var_os(n).map(PathBuf::from);
+    let (Some(src), Some(lib)) = (var("GPUSHIM_HAMI_SRC"), var("GPUSHIM_HAMI_LIB")) else {
+        eprintln!("skipped: set GPUSHIM_HAMI_SRC (HAMi-core's source at 8f3a89c) and GPUSHIM_HAMI_LIB (its libvgpu.so) to compare with HAMi-core");
+        return None;
+    };
+    let nvml_include = var("GPUSHIM_HAMI_NVML_INCLUDE").unwrap_or_else(|| {
+        workspace_root().join(".deps/tf/venv/lib/python3.11/site-packages/tensorflow/include/third_party/gpus/cuda/nvml/include")
+    });
+    if !nvml_include.join("nvml.h").exists() || !src.join("src/multiprocess/multiprocess_memory_limit.h").exists() || !lib.exists() {
+        eprintln!("skipped: no nvml.h in {} (GPUSHIM_HAMI_NVML_INCLUDE), or GPUSHIM_HAMI_SRC / GPUSHIM_HAMI_LIB wrong", nvml_include.display());
+        return None;
+    }
+    // (outside the repository: the built programs are HAMi-core's)
+    // SAFETY: no arguments.
+    let cache = std::env::temp_dir().join(format!("gpushim-hami-cache-{}", unsafe { libc::geteuid() }));
+    std::fs::create_dir_all(cache.join("config")).unwrap();
+    std::fs::write(
+        cache.join("config/static_config.h"),
+        "#define MULTIPROCESS_LIMIT_ENABLE\n#define DLSYM_HOOK_ENABLE\n#define HOOK_MEMINFO_ENABLE\n#define HOOK_NVML_ENABLE\n",
+    )
+    .unwrap();
+    Some(Hami { src, lib, nvml_include, cache })
+}
+
+impl Hami {
+    /// Compiles `sources` (relative to the source tree) into the cache as `name`.
+    fn build(&self, name: &str, sources: &[&str]) -> PathBuf {
+        let exe = self.cache.join(format!("{name}-{}", std::process::id()));
+        let deps = cuda_deps(13);
+        let out = Command::new("gcc")
+            .args(["-O1", "-w", "-std=gnu11"])
+            .arg(format!("-I{}", deps.join("include").display()))
+            .arg(format!("-I{}", self.nvml_include.display()))
+            .arg(format!("-I{}", self.src.join("src").display()))
+            .arg(format!("-I{}", self.cache.join("config").display()))
+            .args(sources.iter().map(|s| self.src.join(s)))
+            .arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", sim_dir().display()))
+            .args(["-lcuda", "-lnvidia-ml"])
+            .arg(format!("-L{}", deps.join("lib").display()))
+            .arg("-l:libcudart.so.13")
+            .arg(format!("-Wl,-rpath,{}", deps.join("lib").display()))
+            .args(["-lpthread", "-lrt"])
+            .output()
+            .expect("gcc");
+        assert!(out.status.success(), "building {name}: {}", String::from_utf8_lossy(&out.stderr));
+        exe
+    }
+}
+
+/// Every field's offset in HAMi-core's header is the one `gpushim_common::hami` uses.
+#[test]
+fn the_c_header_agrees_on_every_offset() {
+    let Some(h) = hami() else { return };
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"multiprocess/multiprocess_memory_limit.h\"\nint main(void) {\n");
+    c += "printf(\"size %zu\\n\", sizeof(shared_region_t));\n";
+    for (name, _) in gpushim_common::hami::OFFSETS {
+        let expr = match *name {
+            "procs[1]" => "offsetof(shared_region_t, procs) + sizeof(shrreg_proc_slot_t)".to_string(),
+            n => format!("offsetof(shared_region_t, {n})"),
+        };
+        c += &format!("printf(\"{name} %zu\\n\", (size_t)({expr}));\n");
+    }
+    c += "return 0; }\n";
+    let file = h.cache.join(format!("offsets-{}.c", std::process::id()));
+    std::fs::write(&file, c).unwrap();
+    let exe = h.build("offsets", &[file.to_str().unwrap()]);
+    let out = Command::new(&exe).env("LD_LIBRARY_PATH", sim_dir()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut want = format!("size {}\n", gpushim_common::hami::SIZE);
+    for (name, off) in gpushim_common::hami::OFFSETS {
+        want += &format!("{name} {off}\n");
+    }
+    assert_eq!(text, want);
+}
+
+/// HAMi-core's own test programs (test/*.c; test_alloc_hold holds forever and is left out) give
+/// the same exit status under gpushim with HAMi's variables as under libvgpu.so, on the same
+/// simulated driver; gpushim's region file is left without live slots.
+#[test]
+fn hami_cores_test_programs_give_the_same_results() {
+    let Some(h) = hami() else { return };
+    let mut names: Vec<String> = std::fs::read_dir(h.src.join("test"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".c") && n != "test_alloc_hold.c")
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "{names:?}");
+    let dir = fresh_dir("hami-programs");
+    let mut table = Vec::new();
+    for name in &names {
+        let exe = h.build(name.trim_end_matches(".c"), &[&format!("test/{name}")]);
+        let mut codes = Vec::new();
+        for (which, lib) in [("gpushim", shim_path()), ("libvgpu", h.lib.clone())] {
+            let region = dir.join(format!("{which}-{name}.cache"));
+            let out = Command::new(&exe)
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .env("LD_LIBRARY_PATH", sim_dir())
+                .env("LD_PRELOAD", &lib)
+                .env("GPUSIM_DEVICES", "1")
+                .env("GPUSIM_MEMORY", "16GiB")
+                .env("GPUSHIM_STATE_DIR", dir.join("state"))
+                .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap();
+            codes.push(out.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&out).map(|s| 128 + s)));
+            if which == "gpushim" && region.exists() {
+                // (a program that aborts runs no exit handler: its slot reads dead, for the next to remove)
+                assert!(!slot_lines(&show(&region)).iter().any(|l| l.contains(" alive ")), "{name}: {:?}", show(&region));
+            }
+        }
+        table.push(format!("{name}: gpushim {:?}, libvgpu {:?}", codes[0], codes[1]));
+        assert_eq!(codes[0], codes[1], "{name}\n{}", table.join("\n"));
+    }
+    eprintln!("{}", table.join("\n"));
+}
+
+/// HAMi-core's `shrreg-tool` (built from the same source) adopts gpushim's region: same size and
+/// version, no version or limit mismatch, and the member's slot and usage are left as they were.
+#[test]
+fn shrreg_tool_reads_the_region() {
+    let Some(h) = hami() else { return };
+    let tool = h.build("shrreg-tool", &[
+        "src/multiprocess/shrreg_tool.c",
+        "src/log_utils.c",
+        "src/multiprocess/multiprocess_memory_limit.c",
+        "src/multiprocess/multiprocess_utilization_watcher.c",
+    ]);
+    let node = Node::new("hami-shrreg");
+    let holder = node.start_holder(40 * MIB);
+    let out = Command::new(&tool)
+        .args(["--version", "--print"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("GPUSIM_DEVICES", "1")
+        .env("LIBCUDA_LOG_LEVEL", "2")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &node.region)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("shrreg size: 2008952, version 1.2"), "{text}");
+    assert!(!text.contains("different from the file's version") && !text.contains("inconsistency"), "{text}");
+    let lines = node.show();
+    let alive: Vec<_> = slot_lines(&lines).into_iter().filter(|l| l.contains(" alive ")).cloned().collect();
+    assert_eq!(alive, vec![format!("slot pid {} hostpid 0 status 1 alive used 0:{}", holder.pid(), 40 * MIB)], "{lines:?}");
+}

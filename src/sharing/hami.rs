@@ -107,12 +107,28 @@ pub fn join_region(s: &Settings) -> Result<(), config::ConfigError> {
     let m = Mapped::open(path, &init).map_err(fail)?;
     if !m.created {
         let r = m.region();
+        // (one line for all devices: runs of devices with the same two limits)
+        let mut runs: Vec<(usize, usize, u64, u64)> = Vec::new();
         for i in 0..hami::DEVICES {
             let stored = r.limit[i];
             if stored != 0 && stored != init.limit[i] && hami_or_unset(s, i as u32) {
                 STORED[i].store(stored, Relaxed);
-                log!(Level::Warn, "device {i}: the limit stored in {} ({stored} bytes) wins over the environment's ({}), as in HAMi-core", path.display(), if init.limit[i] == 0 { "none".to_string() } else { format!("{} bytes", init.limit[i]) });
+                match runs.last_mut() {
+                    Some(run) if run.1 + 1 == i && (run.2, run.3) == (stored, init.limit[i]) => run.1 = i,
+                    _ => runs.push((i, i, stored, init.limit[i])),
+                }
             }
+        }
+        if !runs.is_empty() {
+            let each: Vec<String> = runs
+                .iter()
+                .map(|&(a, b, stored, env)| {
+                    let which = if a == b { format!("device {a}") } else { format!("devices {a}-{b}") };
+                    let env = if env == 0 { "none".to_string() } else { format!("{env} bytes") };
+                    format!("{which}: {stored} bytes (environment: {env})")
+                })
+                .collect();
+            log!(Level::Warn, "the limits stored in HAMi-core's shared region {} win over the environment's, as in HAMi-core: {}", path.display(), each.join("; "));
         }
     }
     m.join().map_err(fail)?;

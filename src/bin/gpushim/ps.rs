@@ -149,7 +149,7 @@ pub fn hami(file: &std::path::Path) -> Result<(), Failure> {
     let v = gpushim_common::hami::read(file).map_err(|e| Failure::setup("ps", format!("{shown}: {e}")))?;
     println!("HAMi-core shared region {shown}: version {}.{}, {} devices, {} process slots, utilization_switch {}, recent_kernel {}, priority {}",
         v.version.0, v.version.1, v.device_num, v.slots.len(), v.utilization_switch, v.recent_kernel, v.priority);
-    let devices = (v.device_num as usize).max(v.limit.iter().rposition(|&l| l != 0).map_or(0, |i| i + 1)).min(v.limit.len());
+    let devices = (v.device_num as usize).min(v.limit.len());
     for d in 0..devices {
         println!("device {d} {} limit {} sm_limit {}", printable(if v.uuids[d].is_empty() { "-" } else { &v.uuids[d] }), v.limit[d], v.sm_limit[d]);
     }
