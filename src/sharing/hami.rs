@@ -25,8 +25,10 @@
 //! A new file is initialised with HAMi's limits from the environment (sizes in bytes; a fraction
 //! is stored as 0, "no limit", since HAMi-core's field is bytes). An existing file's non-zero
 //! limit for a device wins over `CUDA_DEVICE_MEMORY_LIMIT(_<i>)` (as HAMi-core), with one `warn`
-//! line; a `GPUSHIM_` limit or the config file still win over the file, and a file's 0 never
-//! lifts a limit the environment sets. HAMi's device index is taken to be the program's ordinal.
+//! line, when the file can be trusted: only its owner can write it, or the process is root
+//! (HAMi's containers; HAMi-core makes its files 0666, which any user could rewrite). A
+//! `GPUSHIM_` limit or the config file still win over the file, and a file's 0 never lifts a
+//! limit the environment sets. HAMi's device index is taken to be the program's ordinal.
 //!
 //! # What the monitor writes back
 //!
@@ -105,7 +107,7 @@ pub fn join_region(s: &Settings) -> Result<(), config::ConfigError> {
     }
     let init = init_of(s);
     let m = Mapped::open(path, &init).map_err(fail)?;
-    if !m.created {
+    if !m.created && m.trusted {
         let r = m.region();
         // (one line for all devices: runs of devices with the same two limits)
         let mut runs: Vec<(usize, usize, u64, u64)> = Vec::new();

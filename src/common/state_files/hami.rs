@@ -178,6 +178,9 @@ pub struct Mapped {
     pub id: (u64, u64),
     /// Whether this process initialised it.
     pub created: bool,
+    /// Whether only its owner can write it (or this process is root: HAMi's containers), so
+    /// the limits it stores may be trusted over the environment's.
+    pub trusted: bool,
     /// This process' slot index (`usize::MAX`: none).
     slot: AtomicUsize,
     pid: AtomicI32,
@@ -300,7 +303,7 @@ impl Mapped {
         if p == libc::MAP_FAILED {
             return Err(format!("cannot map it: {}", errno()));
         }
-        let mut m = Mapped { fd, region: p.cast(), id: (st.st_dev as u64, st.st_ino as u64), created: false, slot: AtomicUsize::new(usize::MAX), pid: AtomicI32::new(0) };
+        let mut m = Mapped { fd, region: p.cast(), id: (st.st_dev as u64, st.st_ino as u64), created: false, trusted: st.st_mode & 0o022 == 0 || unsafe { libc::geteuid() } == 0, slot: AtomicUsize::new(usize::MAX), pid: AtomicI32::new(0) };
         let r = m.region_mut();
         let flag = r.initialized_flag.load(Acquire);
         if flag == MAGIC {
