@@ -497,3 +497,54 @@ fn shrreg_tool_reads_the_region() {
     let alive: Vec<_> = slot_lines(&lines).into_iter().filter(|l| l.contains(" alive ")).cloned().collect();
     assert_eq!(alive, vec![format!("slot pid {} hostpid 0 status 1 alive used 0:{}", holder.pid(), 40 * MIB)], "{lines:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// HAMi's variables in a real run
+// ---------------------------------------------------------------------------------------------
+
+/// A size HAMi-core would misread (`64MiB`: 64 bytes to it) is read as meant, said once;
+/// `LIBCUDA_LOG_LEVEL=0` silences everything, a refusal included; `CUDA_DISABLE_CONTROL=true`
+/// passes through. Each also without the shim (the physical size, nothing refused).
+#[test]
+fn hamis_variables_in_a_run() {
+    let node = Node::new("hami-vars");
+    let args = vec!["info".to_string(), format!("alloc=mem:{}", 80 * MIB)];
+    for shim in [true, false] {
+        let out = node.run(shim, &args).env("CUDA_DEVICE_MEMORY_LIMIT", "64MiB").run();
+        out.assert_completed();
+        let total = if shim { LIMIT } else { 16 << 30 };
+        assert_eq!((out.u64("op1.total"), out.num("op2.rc")), (total, if shim { 2 } else { 0 }), "{}", out.dump());
+        let said: Vec<_> = out.gpushim_lines().into_iter().filter(|l| l.contains("HAMi-core would read 64 bytes")).collect();
+        assert_eq!(said.len(), usize::from(shim), "{}", out.dump());
+
+        let out = node.run(shim, &args).env("CUDA_DEVICE_MEMORY_LIMIT", "64MiB").env("LIBCUDA_LOG_LEVEL", "0").run();
+        out.assert_completed();
+        assert_eq!(out.num("op2.rc"), if shim { 2 } else { 0 }, "{}", out.dump());
+        assert_eq!(out.stderr_text(), "", "{}", out.dump());
+
+        let out = node.run(shim, &args).env("CUDA_DISABLE_CONTROL", "true").run();
+        out.assert_completed();
+        assert_eq!((out.u64("op1.total"), out.num("op2.rc")), (16 << 30, 0), "{}", out.dump());
+    }
+}
+
+/// Two members without the shim: both get what they ask (64 MiB passed together), so the
+/// region's budget above can fail.
+#[test]
+fn a_holder_and_a_member_without_the_shim_pass_the_budget() {
+    let node = Node::new("hami-noshim-two");
+    let ready = node.dir.join("ready");
+    let args = [format!("alloc=mem:{}", 48 * MIB), format!("touch={}", ready.display()), "sleep=60000".into()];
+    let mut cmd = node.background(Program::Driver(DriverPath::Link), &args, &[]);
+    cmd.env_remove("LD_PRELOAD");
+    let _holder = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the holder never got ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = node.run(false, &[format!("alloc=mem:{}", 32 * MIB)]).run();
+    out.assert_completed();
+    assert_eq!(out.num("op1.rc"), 0, "{}", out.dump());
+    assert_eq!(out.report().device(0).node_peak, Some(80 * MIB), "{}", out.dump());
+}
