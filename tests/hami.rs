@@ -548,3 +548,15 @@ fn a_holder_and_a_member_without_the_shim_pass_the_budget() {
     assert_eq!(out.num("op1.rc"), 0, "{}", out.dump());
     assert_eq!(out.report().device(0).node_peak, Some(80 * MIB), "{}", out.dump());
 }
+
+/// A `libvgpu.so` process on gpushim's region counts gpushim's members: with 40 MiB held under
+/// gpushim, HAMi-core refuses 32 MiB more of the 64 MiB and grants 16 MiB.
+#[test]
+fn libvgpu_counts_gpushims_members() {
+    let Some(h) = hami() else { return };
+    let node = Node::new("hami-mixed");
+    let _holder = node.start_holder(40 * MIB);
+    let out = node.run(false, &[format!("alloc=mem:{}", 32 * MIB), format!("alloc=mem:{}", 16 * MIB)]).env("LD_PRELOAD", &h.lib).run();
+    out.assert_completed();
+    assert_eq!((out.num("op1.rc"), out.num("op2.rc")), (2, 0), "{}", out.dump());
+}

@@ -658,3 +658,7 @@ pub fn read(path: &Path) -> Result<View, String> {
     unsafe { libc::munmap(p, SIZE) };
     view
 }
+
+#[cfg(test)]
+#[path = "hami_tests.rs"]
+mod tests;
