@@ -3,8 +3,22 @@
 use super::*;
 use std::path::PathBuf;
 
+thread_local! {
+    /// The directories this test (its thread) made.
+    static CREATED: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Removes the directories this test made (each test calls it last; one that failed leaves its
+/// files for a look).
+fn cleanup() {
+    for dir in CREATED.with(|c| std::mem::take(&mut *c.borrow_mut())) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpushim-hami-unit-{}-{name}", std::process::id()));
+    CREATED.with(|c| c.borrow_mut().push(dir.clone()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("region.cache")
@@ -42,6 +56,7 @@ fn a_new_region_is_hami_cores_and_usage_shows() {
     m.leave();
     let v = read(&path).unwrap();
     assert!(v.slots.is_empty(), "{v:?}");
+    cleanup();
 }
 
 #[test]
@@ -63,6 +78,7 @@ fn dead_and_exited_slots_are_removed_by_the_next_joiner() {
     assert_eq!(pids, [1, std::process::id() as i32], "{v:?}");
     assert_eq!(i, 1);
     assert_eq!(v.slots[0].used[0], 102, "the live slot moved with its usage");
+    cleanup();
 }
 
 #[test]
@@ -89,6 +105,7 @@ fn what_cannot_be_adopted_is_refused() {
     std::os::unix::fs::symlink("/dev/null", &path).unwrap();
     assert!(Mapped::open(&path, &init()).err().unwrap().contains("symbolic link"));
     assert!(read(&temp("absent")).is_err());
+    cleanup();
 }
 
 #[test]
@@ -98,4 +115,5 @@ fn an_uninitialised_file_of_hami_cores_size_is_initialised() {
     let m = Mapped::open(&path, &init()).unwrap();
     assert!(m.created);
     assert_eq!(m.region().initialized_flag.load(Relaxed), MAGIC);
+    cleanup();
 }
