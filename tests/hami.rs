@@ -369,7 +369,9 @@ fn hami() -> Option<Hami> {
 impl Hami {
     /// Compiles `sources` (relative to the source tree) into the cache as `name`.
     fn build(&self, name: &str, sources: &[&str]) -> PathBuf {
-        let exe = self.cache.join(format!("{name}-{}", std::process::id()));
+        // (built under a name of this process' own, then renamed into place: tests side by side)
+        let exe = self.cache.join(name);
+        let tmp = self.cache.join(format!("{name}.{}", std::process::id()));
         let deps = cuda_deps(13);
         let out = Command::new("gcc")
             .args(["-O1", "-w", "-std=gnu11"])
@@ -379,7 +381,7 @@ impl Hami {
             .arg(format!("-I{}", self.cache.join("config").display()))
             .args(sources.iter().map(|s| self.src.join(s)))
             .arg("-o")
-            .arg(&exe)
+            .arg(&tmp)
             .arg(format!("-L{}", sim_dir().display()))
             .args(["-lcuda", "-lnvidia-ml"])
             .arg(format!("-L{}", deps.join("lib").display()))
@@ -389,6 +391,7 @@ impl Hami {
             .output()
             .expect("gcc");
         assert!(out.status.success(), "building {name}: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::rename(&tmp, &exe).unwrap();
         exe
     }
 }
@@ -410,6 +413,7 @@ fn the_c_header_agrees_on_every_offset() {
     let file = h.cache.join(format!("offsets-{}.c", std::process::id()));
     std::fs::write(&file, c).unwrap();
     let exe = h.build("offsets", &[file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
     let out = Command::new(&exe).env("LD_LIBRARY_PATH", sim_dir()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let mut want = format!("size {}\n", gpushim_common::hami::SIZE);
