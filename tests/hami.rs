@@ -65,10 +65,17 @@ impl Node {
 
     /// Starts the driver-API program holding `bytes` under the shim; returns once it holds them.
     fn start_holder(&self, bytes: u64) -> Holder {
+        self.start_holder_ops(&[format!("alloc=mem:{bytes}")])
+    }
+
+    /// Starts the driver-API program running `ops` under the shim, then sleeping; returns once
+    /// it has run them.
+    fn start_holder_ops(&self, ops: &[String]) -> Holder {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ready = self.dir.join(format!("ready-{n}"));
-        let args = [format!("alloc=mem:{bytes}"), format!("touch={}", ready.display()), "sleep=60000".into()];
+        let mut args = ops.to_vec();
+        args.extend([format!("touch={}", ready.display()), "sleep=60000".into()]);
         let mut cmd = self.background(Program::Driver(DriverPath::Link), &args, &[]);
         let child = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -563,4 +570,13 @@ fn libvgpu_counts_gpushims_members() {
     let out = node.run(false, &[format!("alloc=mem:{}", 32 * MIB), format!("alloc=mem:{}", 16 * MIB)]).env("LD_PRELOAD", &h.lib).run();
     out.assert_completed();
     assert_eq!((out.num("op1.rc"), out.num("op2.rc")), (2, 0), "{}", out.dump());
+}
+
+/// A member's slot follows what it holds: 40 + 16 MiB allocated, the 40 freed: 16 MiB.
+#[test]
+fn a_slot_follows_allocations_and_frees() {
+    let node = Node::new("hami-frees");
+    let holder = node.start_holder_ops(&[format!("alloc=mem:{}", 40 * MIB), format!("alloc=mem:{}", 16 * MIB), "free=1".into()]);
+    let lines = node.show();
+    assert_eq!(slot_lines(&lines), vec![&format!("slot pid {} hostpid 0 status 1 alive used 0:{}", holder.pid(), 16 * MIB)], "{lines:?}");
 }
