@@ -176,18 +176,34 @@ fn without_the_shim_nothing_is_shared() {
     assert!(!node.region.exists());
 }
 
-/// `n` processes × 4 threads racing on one region (64 MiB): the simulated driver never holds more
-/// than 64 MiB for all of them; with `GPUSHIM_MEMORY_LIMIT` alone (no region) they pass it.
+/// `n` processes × 4 threads racing on one region (64 MiB) next to a member holding 48 MiB: the
+/// simulated driver never holds more than 64 MiB for all of them; with `GPUSHIM_MEMORY_LIMIT`
+/// alone (no region) they pass it.
 fn racing(n: usize) {
     for hami in [true, false] {
         let node = Node::new(&format!("hami-race-{n}-{hami}"));
-        let args: Vec<String> = ["4", "1500", &(8 * MIB).to_string(), "4"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["4", "3000", &(8 * MIB).to_string(), "4"].iter().map(|s| s.to_string()).collect();
+        let configure = |cmd: &mut Command| {
+            if !hami {
+                cmd.env_remove("CUDA_DEVICE_MEMORY_LIMIT").env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE").env("GPUSHIM_MEMORY_LIMIT", "64MiB");
+            }
+        };
+        // a member holding 48 MiB throughout, so that the racers overlap with someone however
+        // the machine schedules them (without the region, any racer above 16 MiB passes 64)
+        let ready = node.dir.join("holder-ready");
+        let hold = [format!("alloc=mem:{}", 48 * MIB), format!("touch={}", ready.display()), "sleep=60000".into()];
+        let mut cmd = node.background(Program::Driver(DriverPath::Link), &hold, &[]);
+        configure(&mut cmd);
+        let holder = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the holder never got ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let kids: Vec<Child> = (0..n)
             .map(|_| {
                 let mut cmd = node.background(Program::Race, &args, &[]);
-                if !hami {
-                    cmd.env_remove("CUDA_DEVICE_MEMORY_LIMIT").env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE").env("GPUSHIM_MEMORY_LIMIT", "64MiB");
-                }
+                configure(&mut cmd);
                 cmd.env("GPUSIM_REPORT", node.dir.join(format!("sim-{}.txt", rand_id())));
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
             })
@@ -208,10 +224,12 @@ fn racing(n: usize) {
                 peak = peak.max(r.device(0).node_peak.unwrap());
             }
         }
+        drop(holder);
         if hami {
             assert!(peak <= LIMIT, "{n} processes: node peak {peak} above the region's {LIMIT}");
-            assert!(peak > LIMIT / 2 && refusals > 0, "they contended (peak {peak}, {refusals} refusals)");
-            assert!(slot_lines(&node.show()).is_empty(), "every member left");
+            assert!(peak > 48 * MIB && refusals > 0, "they contended (peak {peak}, {refusals} refusals)");
+            let lines = node.show();
+            assert!(slot_lines(&lines).iter().all(|l| l.contains(" dead ")), "every member left (the holder was killed): {lines:?}");
         } else {
             assert!(peak > LIMIT, "without the region they pass {LIMIT} (peak {peak})");
         }
