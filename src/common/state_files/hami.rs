@@ -399,13 +399,18 @@ impl Mapped {
         let r = self.region();
         let mut removed = 0;
         let mut i = 0;
-        while i < (r.proc_num.load(Acquire).clamp(0, SLOTS as i32) as usize) {
+        loop {
+            // (read once per step and clamped: a count rewritten under us never indexes out)
+            let n = r.proc_num.load(Acquire).clamp(0, SLOTS as i32) as usize;
+            if i >= n {
+                break;
+            }
             let pid = r.procs[i].pid.load(Acquire);
             if pid != 0 && alive(pid) {
                 i += 1;
                 continue;
             }
-            let last = r.proc_num.load(Acquire) as usize - 1;
+            let last = n - 1;
             copy_slot(&r.procs[last], &r.procs[i]);
             clear_slot(&r.procs[last]);
             r.proc_num.store(last as i32, Release);
