@@ -45,7 +45,8 @@ impl State {
             Some(p) => p.size,
             None => self.api().physical_total(self.driver_of(dev)?)?,
         };
-        let configured = self.settings.limit_for(dev as u32);
+        // (a HAMi-core region file's stored limit wins over HAMi's variables, as in HAMi-core)
+        let configured = crate::sharing::hami::stored_limit(&self.settings, dev as u32).unwrap_or_else(|| self.settings.limit_for(dev as u32));
         let limit = configured.resolve(physical);
         let limited = !matches!(configured, gpushim_common::units::Limit::Unlimited);
         if crate::sharing::quota().is_some() || limited {

@@ -134,6 +134,14 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
         }
         None => println!("config file: none ({} does not exist)", config::DEFAULT_CONFIG_PATH),
     }
+    // (HAMi's variables: the shared region the program would join, see coming-from-hami.md)
+    if let Some(region) = &s.hami_region {
+        let from = match s.source_of("hami_region") {
+            config::Source::Env(v) => v.clone(),
+            _ => format!("{} unset: HAMi-core's default", config::ENV_HAMI_SHARED_CACHE),
+        };
+        println!("HAMi-core shared region: {} ({from})", region.to_string_lossy());
+    }
 }
 
 /// `compute mode: …` — how the compute limit would be enforced in the program (the library's

@@ -138,7 +138,8 @@ EXIT STATUS
 
 EXAMPLES
     gpushim ps
-    gpushim ps --quota job42";
+    gpushim ps --quota job42
+    gpushim ps --hami /tmp/cudevshr.cache";
 
 pub const TOP_DESCRIPTION: &str = "\
 DESCRIPTION

@@ -5,8 +5,10 @@
 //! Each setting is taken from the first of these that sets it:
 //!
 //! 1. a `GPUSHIM_…` environment variable;
-//! 2. for memory limits only, the HAMi-core aliases `CUDA_DEVICE_MEMORY_LIMIT` and
-//!    `CUDA_DEVICE_MEMORY_LIMIT_<i>` (environment, below the `GPUSHIM_` names, above the file);
+//! 2. HAMi-core's variables, with HAMi-core's meaning (see [`hami`]): `CUDA_DEVICE_MEMORY_LIMIT(_<i>)`,
+//!    `CUDA_DEVICE_SM_LIMIT(_<i>)`, `LIBCUDA_LOG_LEVEL`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`
+//!    (environment, below the `GPUSHIM_` names, above the file); `CUDA_DISABLE_CONTROL=true`
+//!    disables the shim as `GPUSHIM_DISABLE` does, unless `GPUSHIM_DISABLE` is set;
 //! 3. the config file: `GPUSHIM_CONFIG` if set (missing or invalid: error), else
 //!    [`DEFAULT_CONFIG_PATH`] if it exists (absent: fine; present but unreadable or invalid: error);
 //! 4. the defaults (everything visible, no limit, `passthrough`, log at `warn` to stderr).
@@ -440,6 +442,10 @@ pub struct Settings {
     /// Per-device compute limits by the program's ordinal (1: none on that device).
     pub compute_limits: BTreeMap<u32, f64>,
     pub compute_mode: ComputeMode,
+    /// HAMi-core's shared region file (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi-core's
+    /// default path): `Some` only when the process is configured through HAMi's variables
+    /// (see `hami::configured_through_hami`), never from `GPUSHIM_` names or the file.
+    pub hami_region: Option<PathBuf>,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -467,6 +473,7 @@ impl Default for Settings {
             compute_limit: None,
             compute_limits: BTreeMap::new(),
             compute_mode: ComputeMode::Auto,
+            hami_region: None,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
@@ -526,16 +533,20 @@ impl Settings {
 
 mod env;
 mod file;
+mod hami;
 mod load;
 mod values;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod compute_tests;
+#[cfg(test)]
+mod hami_tests;
 
 #[allow(unused_imports)]
 pub use env::*;
 #[allow(unused_imports)]
 pub use file::*;
+pub use hami::*;
 pub use load::*;
 pub use values::*;

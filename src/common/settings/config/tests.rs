@@ -161,11 +161,10 @@ fn every_bad_limit_value_is_an_error_naming_the_variable() {
         ("", EMPTY_ENV),
         ("   ", EMPTY_ENV),
     ];
+    // (HAMi-core's names read some of these as HAMi-core does: see `hami_tests`)
     for var in [
         "GPUSHIM_MEMORY_LIMIT",
         "GPUSHIM_MEMORY_LIMIT_0",
-        "CUDA_DEVICE_MEMORY_LIMIT",
-        "CUDA_DEVICE_MEMORY_LIMIT_3",
     ] {
         for (value, reason) in cases {
             let want = format!("gpushim: {var}={value:?}: {reason}");
@@ -435,7 +434,10 @@ fn file_per_device_limits_and_layering() {
     let (_, s) = file_ok(file, &[("GPUSHIM_MEMORY_LIMIT", "2GiB")]);
     assert_eq!(s.limit_for(0), Limit::Bytes(2 * GIB));
     assert!(s.device_limits.is_empty());
+    // HAMi-core's "no limit" (0, unlimited) is the same as unset: the file's limits hold
     let (_, s) = file_ok(file, &[("CUDA_DEVICE_MEMORY_LIMIT", "unlimited")]);
+    assert_eq!(s.limit_for(0), Limit::Bytes(8 * GIB));
+    let (_, s) = file_ok(file, &[("GPUSHIM_MEMORY_LIMIT", "unlimited")]);
     assert_eq!(s.limit_for(0), Limit::Unlimited);
     // Dotted keys work too.
     let (_, s) = file_ok("memory_limits.2 = \"25%\"\n", &[]);

@@ -188,6 +188,17 @@ pub struct DeviceInfo {
 /// unusable) are reported; set once by the shim (its log). Unset: not reported.
 pub static ON_ERROR: crate::platform::once::ForkOnce<fn(&str)> = crate::platform::once::ForkOnce::new();
 
+/// Called with this member's new usage on device `d` each time its reservation there changes
+/// (under the quota's lock, so calls come in order; it must not block): set once by the shim to
+/// mirror usage into HAMi-core's shared region (`sharing::hami`). Unset: nothing is called.
+pub static ON_USAGE: crate::platform::once::ForkOnce<fn(&Quota, usize, u64)> = crate::platform::once::ForkOnce::new();
+
+fn report_usage(q: &Quota, d: usize, usage: u64) {
+    if let Some(f) = ON_USAGE.get() {
+        f(q, d, usage);
+    }
+}
+
 fn report_error(e: &str) {
     if let Some(f) = ON_ERROR.get() {
         f(e);
@@ -512,7 +523,8 @@ impl Quota {
         let now = dev.reserved.load(Relaxed) + bytes;
         dev.reserved.store(now, Relaxed);
         dev.peak.fetch_max(now, Relaxed);
-        h.slot[i].usage[d].fetch_add(bytes, Relaxed);
+        let usage = h.slot[i].usage[d].fetch_add(bytes, Relaxed).saturating_add(bytes);
+        report_usage(self, d, usage);
         Ok(())
     }
 
@@ -525,6 +537,7 @@ impl Quota {
         let n = bytes.min(mine.load(Relaxed));
         mine.fetch_sub(n, Relaxed);
         let _ = h.devices[d].reserved.fetch_update(Relaxed, Relaxed, |r| Some(r.saturating_sub(n)));
+        report_usage(self, d, mine.load(Relaxed));
     }
 
     /// What all members hold on device `d` now, after clearing dead members' usage.
