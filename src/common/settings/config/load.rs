@@ -193,6 +193,7 @@ pub(crate) struct Layer {
     pub(crate) compute_limit: Sourced<f64>,
     pub(crate) compute_limits: BTreeMap<u32, (f64, Source)>,
     pub(crate) compute_mode: Sourced<ComputeMode>,
+    pub(crate) oom_wait: Sourced<std::time::Duration>,
 }
 
 pub(crate) fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
@@ -228,6 +229,7 @@ impl Layer {
         }
         self.compute_limits.extend(upper.compute_limits);
         replace_if_set(&mut self.compute_mode, upper.compute_mode);
+        replace_if_set(&mut self.oom_wait, upper.oom_wait);
     }
 
     pub(crate) fn into_settings(self: Box<Self>) -> Settings {
@@ -264,6 +266,7 @@ impl Layer {
             take(&format!("compute_limits.{ordinal}"), Some(source));
         }
         take("compute_mode", self.compute_mode.as_ref().map(|v| &v.1));
+        take("oom_wait", self.oom_wait.as_ref().map(|v| &v.1));
         Settings {
             disable: self.disable.is_some_and(|v| v.0),
             log_level: self.log_level.map_or(LogLevel::default(), |v| v.0),
@@ -286,6 +289,7 @@ impl Layer {
             compute_limit: self.compute_limit.map(|v| v.0),
             compute_limits: self.compute_limits.into_iter().map(|(i, (l, _))| (i, l)).collect(),
             compute_mode: self.compute_mode.map_or(ComputeMode::default(), |v| v.0),
+            oom_wait: self.oom_wait.map(|v| v.0),
             sources,
             warnings: Vec::new(),
         }

@@ -29,6 +29,8 @@
 //!   same for the environment's settings, unless `GPUSHIM_DISABLE` is set to another value.
 //! * `GPUSHIM_LOG`: `off`, `error`, `warn`, `info`, `debug`, `trace` (case-insensitive).
 //! * `GPUSHIM_MEMORY_MODE`: `passthrough`, `grow`, `preallocate` (case-insensitive).
+//! * `GPUSHIM_OOM_WAIT`: a duration, `30s`, `500ms`, `2m`, `1h` (decimals allowed), or `0`
+//!   (do not wait); at most a day. A number without a unit is an error.
 //! * `GPUSHIM_REPORT`: `stderr` (case-insensitive) or a path, JSON when it ends in `.json`.
 //! * `GPUSHIM_SHARED_QUOTA`: a name of 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not
 //!   starting with `.` (it names shared objects; a `/` must not be able to escape them).
@@ -118,6 +120,8 @@ pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
 pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
 /// The share of each device's time the process' GPU work may occupy (see `compute`).
 pub const ENV_COMPUTE_LIMIT: &str = "GPUSHIM_COMPUTE_LIMIT";
+/// How long an allocation refused by a full shared budget waits for room (see `quota::wait`).
+pub const ENV_OOM_WAIT: &str = "GPUSHIM_OOM_WAIT";
 /// `GPUSHIM_COMPUTE_LIMIT_<i>`.
 pub const ENV_COMPUTE_LIMIT_PREFIX: &str = "GPUSHIM_COMPUTE_LIMIT_";
 /// How the compute limit is enforced: `auto`, `duty`, `mps`, `green`.
@@ -152,6 +156,7 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_STATE_DIR,
     ENV_COMPUTE_LIMIT,
     ENV_COMPUTE_MODE,
+    ENV_OOM_WAIT,
 ];
 
 /// `GPUSHIM_` variables read by the `gpushim` command and the container entrypoint, not by
@@ -184,6 +189,7 @@ pub const FILE_KEYS: &[&str] = &[
     "compute_limit",
     "compute_limits",
     "compute_mode",
+    "oom_wait",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -440,6 +446,9 @@ pub struct Settings {
     /// Per-device compute limits by the program's ordinal (1: none on that device).
     pub compute_limits: BTreeMap<u32, f64>,
     pub compute_mode: ComputeMode,
+    /// `GPUSHIM_OOM_WAIT`: how long an allocation refused because a shared budget is full
+    /// waits for room (`None` or zero: refused at once).
+    pub oom_wait: Option<std::time::Duration>,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -467,6 +476,7 @@ impl Default for Settings {
             compute_limit: None,
             compute_limits: BTreeMap::new(),
             compute_mode: ComputeMode::Auto,
+            oom_wait: None,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
