@@ -187,7 +187,8 @@ fn a_waiter_times_out_at_its_deadline_and_is_counted() {
 
 /// A holds 40 MiB, B 20 MiB; then both ask for 16 MiB more (each under its own limit, the
 /// quota full): every member waits, so B, the newest waiter, is refused at once; it then frees
-/// its 20 MiB and A, still waiting, gets its 16 MiB. Without GPUSHIM_OOM_WAIT both are refused.
+/// its 20 MiB and A, still waiting, gets its 16 MiB. Without GPUSHIM_OOM_WAIT A is refused at
+/// once.
 #[test]
 fn when_every_member_waits_the_newest_fails_at_once() {
     for wait in [Some("20s"), None] {
@@ -200,9 +201,10 @@ fn when_every_member_waits_the_newest_fails_at_once() {
         a.assert_completed();
         b.assert_completed();
         let what = format!("{}\n{}", a.dump(), b.dump());
-        assert_eq!(rc(b, 6), OOM, "B is refused: {what}");
-        assert!(ms(b, 7) - ms(b, 5) < 1000, "at once, not at its deadline: {what}");
+        // (without GPUSHIM_OOM_WAIT, A was refused and has ended by then: B gets its memory)
+        assert!(ms(b, 7) - ms(b, 5) < 1000, "B's answer came at once, not at its deadline: {what}");
         if wait.is_some() {
+            assert_eq!(rc(b, 6), OOM, "B is refused: {what}");
             assert_eq!(rc(a, 5), 0, "A got its memory once B freed: {what}");
             assert!(ms(a, 6) >= ms(b, 7), "after B's refusal and free: {what}");
             assert!(ms(a, 6) - ms(b, 7) < 1500, "promptly: {what}");
