@@ -151,6 +151,28 @@ fn a_waiter_proceeds_when_another_member_frees() {
     }
 }
 
+/// Every allocation path refused for the quota waits: pitched, managed, stream-ordered, VMM,
+/// arrays, and `cuMemAlloc` served from a `grow` reserve (whose chunk waits). A holder frees
+/// 48 MiB after 1 s; each request of 32 MiB gets its memory after waiting for it.
+#[test]
+fn every_allocation_path_waits() {
+    for (api, mode) in [("pitch", "passthrough"), ("managed", "passthrough"), ("async", "passthrough"), ("vmm", "passthrough"), ("array", "passthrough"), ("mipmap", "passthrough"), ("mem", "grow")] {
+        let node = Node::new(&format!("oomwait-path-{api}-{mode}"));
+        let (ready, done) = (node.mark("a-ready"), node.mark("b-done"));
+        let a = ops(&["alloc=mem:50331648", &format!("touch={ready}"), "sleep=1000", "free=1", &format!("waitfor={done}")]);
+        let b = ops(&[&format!("waitfor={ready}"), "stamp", &format!("alloc={api}:33554432"), "stamp", &format!("touch={done}")]);
+        let outs = together(vec![node.run(true, Some("20s"), &a), node.run(true, Some("20s"), &b).env("GPUSHIM_MEMORY_MODE", mode)]);
+        let (a, b) = (&outs[0], &outs[1]);
+        let what = format!("{api} ({mode})\n{}\n{}", a.dump(), b.dump());
+        a.assert_completed();
+        b.assert_completed();
+        assert_eq!(rc(b, 3), 0, "{what}");
+        assert!(ms(b, 4) - ms(b, 2) >= 500, "it waited for the free: {what}");
+        assert!(b.stderr_text().contains("1 allocations waited"), "{what}");
+        assert!(node_peak(b) <= LIMIT, "{what}");
+    }
+}
+
 /// Nobody frees: the waiter fails with out-of-memory at its deadline (1.5 s), not before and
 /// not much after; `gpushim metrics` counts the wait and its time meanwhile.
 #[test]
