@@ -320,3 +320,39 @@ fn bad_values_are_configuration_errors() {
     assert_eq!(rc(&out, 2), OOM, "{}", out.dump());
     assert!(ms(&out, 3) - ms(&out, 1) < 1000, "{}", out.dump());
 }
+
+/// A forked child waits in a place of its own (`tests/c/forkq.c`, `alloc`): the parent holds
+/// 600 MiB of a 1 GiB quota; the child gets 300 MiB, then waits its 1.5 s for 300 MiB more
+/// (the parent, waiting for the child, frees nothing) and is refused; the parent's place is
+/// untouched (its next 300 MiB fit, then its own limit refuses at once).
+#[test]
+fn a_forked_child_waits_in_its_own_place() {
+    for wait in [Some("1500ms"), None] {
+        let mut run = Run::program(Program::ForkQuota)
+            .shim(true)
+            .env("GPUSIM_DEVICES", "1")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSHIM_MEMORY_LIMIT", "1GiB")
+            .env("GPUSHIM_SHARED_QUOTA", "forkwait")
+            .env("GPUSHIM_STATE_DIR", fresh_dir(&format!("oomwait-fork-{}", wait.is_some())).join("state"))
+            .env("GPUSHIM_LOG", "info")
+            .args(["alloc", &(600 * MIB).to_string(), &(300 * MIB).to_string()]);
+        if let Some(w) = wait {
+            run = run.env("GPUSHIM_OOM_WAIT", w);
+        }
+        let start = Instant::now();
+        let out = run.run();
+        let took = start.elapsed();
+        out.assert_completed();
+        assert_eq!((out.num("parent.rc"), out.num("child.status")), (0, 0), "{}", out.dump());
+        assert_eq!([out.num("child.rc1"), out.num("child.rc2")], [0, OOM], "{}", out.dump());
+        assert_eq!([out.num("after.rc1"), out.num("after.rc2")], [0, OOM], "{}", out.dump());
+        let waited = out.stderr_text().lines().filter(|l| l.contains("bytes waited")).count();
+        if wait.is_some() {
+            assert!(took >= Duration::from_millis(1400), "the child waited its 1.5 s ({took:?})\n{}", out.dump());
+            assert_eq!(waited, 1, "one wait, the child's (the parent's own limit does not wait)\n{}", out.dump());
+        } else {
+            assert_eq!(waited, 0, "{}", out.dump());
+        }
+    }
+}
