@@ -324,6 +324,14 @@ impl DeviceBudget {
         (!p.is_null()).then(|| unsafe { *p })
     }
 
+    /// The shared budget this budget draws on, as something a refused reservation can wait on
+    /// (`oom_wait::SharedRoom`), and its device index there: the shared quota today. (A
+    /// shared region implementing `SharedRoom` is returned here too.)
+    #[inline]
+    pub fn shared_room(&self) -> Option<(&'static dyn gpushim_common::oom_wait::SharedRoom, usize)> {
+        self.shared().map(|(q, d)| (q as &'static dyn gpushim_common::oom_wait::SharedRoom, d))
+    }
+
     /// What counts against the limit: this process' reservations, or with a shared quota what
     /// all its members hold.
     pub fn held(&self) -> u64 {
@@ -410,12 +418,12 @@ impl DeviceBudget {
     /// frees its cache only then). `None`: it did not wait (no quota, its own limit, the gate
     /// stuck); otherwise how the wait ended, counted in [`DeviceBudget::waits`].
     pub fn reserve_waiting(&self, bytes: u64, limit: u64, wait: std::time::Duration) -> Option<Waited> {
-        let (quota, d) = self.shared()?;
+        let (room, d) = self.shared_room()?;
         if self.reserved().checked_add(bytes).is_none_or(|n| n > limit) {
             return None;
         }
         self.gate_passable().ok()?;
-        let w = gpushim_common::oom_wait::wait_for_room(quota, d, bytes, limit, wait);
+        let w = gpushim_common::oom_wait::wait_for_room(room, d, bytes, limit, wait);
         if w.end == WaitEnd::Reserved {
             self.update(move |f| {
                 let now = f.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
