@@ -356,3 +356,36 @@ fn a_forked_child_waits_in_its_own_place() {
         }
     }
 }
+
+/// Eight members each hold 8 MiB of the 64 MiB quota, then ask for 8 MiB more, one after the
+/// other (300 ms apart): the eighth finds every member waiting and is refused at once; it
+/// frees its first 8 MiB, which the first waiter gets; each one served frees its first 8 MiB
+/// for the next: all seven are served, in their order of arrival. The budget holds throughout.
+#[test]
+fn eight_members_all_waiting_resolve_in_order() {
+    let node = Node::new("oomwait-eight");
+    let marks: Vec<String> = (0..8).map(|i| node.mark(&format!("r{i}"))).collect();
+    let runs: Vec<Run> = (0..8)
+        .map(|i| {
+            let mut list = vec!["alloc=mem:8388608".to_string(), format!("touch={}", marks[i])];
+            list.extend(marks.iter().map(|m| format!("waitfor={m}"))); // ops 3..=10
+            list.extend([format!("sleep={}", 300 * i), "stamp".into(), "alloc=mem:8388608".into(), "stamp".into(), "free=1".into(), "sleep=3000".into()]);
+            node.run(true, Some("20s"), &list)
+        })
+        .collect();
+    let outs = together(runs);
+    let what = outs.iter().map(|o| o.dump()).collect::<Vec<_>>().join("\n");
+    for o in &outs {
+        o.assert_completed();
+    }
+    // ops: 11 sleep, 12 stamp, 13 alloc, 14 stamp
+    assert_eq!(rc(&outs[7], 13), OOM, "the eighth is refused: {what}");
+    assert!(ms(&outs[7], 14) - ms(&outs[7], 12) < 1000, "at once: {what}");
+    let served: Vec<i64> = (0..7).map(|i| ms(&outs[i], 14)).collect();
+    for i in 0..7 {
+        assert_eq!(rc(&outs[i], 13), 0, "member {i} is served: {what}");
+    }
+    assert!(served.windows(2).all(|w| w[0] <= w[1]), "in order of arrival: {served:?}\n{what}");
+    assert!(served[0] >= ms(&outs[7], 14), "the first once the eighth gave up and freed: {served:?}\n{what}");
+    assert!(node_peak(&outs[0]) <= LIMIT, "{what}");
+}
