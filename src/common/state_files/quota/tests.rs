@@ -348,3 +348,53 @@ fn waiting_for_room() {
     assert_eq!(a.waiting(), 0);
     assert_eq!(a.reserved(dev), 50);
 }
+
+/// Signals delivered to a waiting thread (a handler installed without `SA_RESTART`: each one
+/// ends a `FUTEX_WAIT` with `EINTR`) neither end the wait early nor lose it: a wait with nobody
+/// freeing lasts its deadline, and one whose room appears gets it.
+#[test]
+fn signals_do_not_cut_a_wait_short() {
+    use crate::oom_wait::{wait_for_room, End};
+    use std::os::unix::thread::JoinHandleExt;
+    use std::time::Duration;
+    extern "C" fn nothing(_: libc::c_int) {}
+    // SAFETY: a handler that does nothing, installed for SIGUSR2 (not used elsewhere in tests).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+        libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+    }
+    let d = dir("signals");
+    let a = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let b = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let dev = a.device("GPU-s", 1000, 100).unwrap().unwrap();
+    b.device("GPU-s", 1000, 100).unwrap();
+    a.reserve(dev, 90, 100).unwrap();
+    for free_after in [None, Some(Duration::from_millis(400))] {
+        let bb = b.clone();
+        let t = std::thread::spawn(move || wait_for_room(&*bb, dev, 20, 100, Duration::from_millis(800)));
+        let start = std::time::Instant::now();
+        let mut freed = false;
+        while !t.is_finished() {
+            // SAFETY: the thread is alive (not finished; joined only below).
+            unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR2) };
+            if !freed && free_after.is_some_and(|f| start.elapsed() >= f) {
+                a.release(dev, 50);
+                freed = true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let w = t.join().unwrap();
+        match free_after {
+            None => {
+                assert_eq!(w.end, End::TimedOut, "{w:?}");
+                assert!(w.waited >= Duration::from_millis(800), "{w:?}");
+            }
+            Some(_) => {
+                assert_eq!(w.end, End::Reserved, "{w:?}");
+                assert!(w.waited >= Duration::from_millis(350) && w.waited < Duration::from_millis(800), "{w:?}");
+            }
+        }
+    }
+    assert_eq!(a.waiting(), 0);
+}
