@@ -188,7 +188,8 @@ fn a_waiter_times_out_at_its_deadline_and_is_counted() {
         assert!(Instant::now() < deadline, "B never finished its allocation");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let text = observe::Node { dir: node.dir.clone(), state: node.state.clone() }.gpushim(&["metrics", "--no-gpus"]).stdout_text();
+    let obs = observe::Node { dir: node.dir.clone(), state: node.state.clone() };
+    let text = obs.gpushim(&["metrics", "--no-gpus"]).stdout_text();
     std::fs::write(&seen, "").unwrap();
     let b = t.join().unwrap();
     b.assert_completed();
@@ -268,6 +269,11 @@ fn a_killed_holders_memory_goes_to_the_waiter() {
         let run = node.run(true, wait, &ops(&["stamp", "alloc=mem:33554432", "stamp"]));
         let t = std::thread::spawn(move || run.run());
         std::thread::sleep(Duration::from_millis(1500));
+        if wait.is_some() {
+            // (`gpushim ps` says so while it waits)
+            let ps = observe::Node { dir: node.dir.clone(), state: node.state.clone() }.gpushim(&["ps"]).stdout_text();
+            assert!(ps.contains(": 2 processes, 1 allocations waiting for room"), "{ps}");
+        }
         let killed = Instant::now();
         drop(holder); // SIGKILL
         let out = t.join().unwrap();
