@@ -117,6 +117,7 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
             },
         ),
         ("shared_quota".into(), s.shared_quota.clone().unwrap_or_else(|| "none".into())),
+        ("oom_wait".into(), s.oom_wait.filter(|w| !w.is_zero()).map_or("none (refused at once)".into(), |w| format!("{w:?}"))),
         ("driver_path".into(), path(&s.driver_path, "libcuda.so.1 (library search path)")),
         ("nvml_path".into(), path(&s.nvml_path, "libnvidia-ml.so.1 (library search path)")),
     ]);

@@ -54,7 +54,12 @@ pub fn main(only: Option<&str>) -> Result<(), Failure> {
 fn print_quota(q: &Quota) {
     let (devices, members) = q.snapshot();
     let live = members.iter().filter(|m| m.alive).count();
-    println!("shared quota {} ({}): {live} processes", printable(&q.name), printable(&q.path.display().to_string()));
+    // (allocations waiting for room, GPUSHIM_OOM_WAIT: said only when there are some)
+    let waiting = match q.waiting() {
+        0 => String::new(),
+        n => format!(", {n} allocations waiting for room"),
+    };
+    println!("shared quota {} ({}): {live} processes{waiting}", printable(&q.name), printable(&q.path.display().to_string()));
     for (d, dev) in devices.iter().enumerate() {
         let limit = members.iter().filter(|m| m.alive).filter_map(|m| m.devices.iter().find(|x| x.0 == d)).map(|x| x.1).max();
         println!(

@@ -50,6 +50,7 @@ pub(crate) fn env_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, Co
     layer.compute_limit = env_setting(env, ENV_COMPUTE_LIMIT, parse_compute_limit)?;
     layer.compute_limits = env_per_device(env, names, ENV_COMPUTE_LIMIT_PREFIX, parse_compute_limit)?;
     layer.compute_mode = env_setting(env, ENV_COMPUTE_MODE, parse_compute_mode)?;
+    layer.oom_wait = env_setting(env, ENV_OOM_WAIT, parse_duration)?;
     Ok(layer)
 }
 

@@ -204,6 +204,7 @@ pub(crate) struct Layer {
     pub(crate) hami_region: Sourced<PathBuf>,
     /// Lines for [`Settings::warnings`] (HAMi values HAMi-core would misread).
     pub(crate) notes: Vec<String>,
+    pub(crate) oom_wait: Sourced<std::time::Duration>,
 }
 
 pub(crate) fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
@@ -241,6 +242,7 @@ impl Layer {
         replace_if_set(&mut self.compute_mode, upper.compute_mode);
         replace_if_set(&mut self.hami_region, upper.hami_region);
         self.notes.extend(upper.notes);
+        replace_if_set(&mut self.oom_wait, upper.oom_wait);
     }
 
     pub(crate) fn into_settings(self: Box<Self>) -> Settings {
@@ -278,6 +280,7 @@ impl Layer {
         }
         take("compute_mode", self.compute_mode.as_ref().map(|v| &v.1));
         take("hami_region", self.hami_region.as_ref().map(|v| &v.1).filter(|s| **s != Source::Default));
+        take("oom_wait", self.oom_wait.as_ref().map(|v| &v.1));
         Settings {
             disable: self.disable.is_some_and(|v| v.0),
             log_level: self.log_level.map_or(LogLevel::default(), |v| v.0),
@@ -301,6 +304,7 @@ impl Layer {
             compute_limits: self.compute_limits.into_iter().map(|(i, (l, _))| (i, l)).collect(),
             compute_mode: self.compute_mode.map_or(ComputeMode::default(), |v| v.0),
             hami_region: self.hami_region.map(|v| v.0),
+            oom_wait: self.oom_wait.map(|v| v.0),
             sources,
             warnings: Vec::new(),
         }

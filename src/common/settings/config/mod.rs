@@ -31,6 +31,8 @@
 //!   same for the environment's settings, unless `GPUSHIM_DISABLE` is set to another value.
 //! * `GPUSHIM_LOG`: `off`, `error`, `warn`, `info`, `debug`, `trace` (case-insensitive).
 //! * `GPUSHIM_MEMORY_MODE`: `passthrough`, `grow`, `preallocate` (case-insensitive).
+//! * `GPUSHIM_OOM_WAIT`: a duration, `30s`, `500ms`, `2m`, `1h` (decimals allowed), or `0`
+//!   (do not wait); at most a day. A number without a unit is an error.
 //! * `GPUSHIM_REPORT`: `stderr` (case-insensitive) or a path, JSON when it ends in `.json`.
 //! * `GPUSHIM_SHARED_QUOTA`: a name of 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not
 //!   starting with `.` (it names shared objects; a `/` must not be able to escape them).
@@ -120,6 +122,8 @@ pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
 pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
 /// The share of each device's time the process' GPU work may occupy (see `compute`).
 pub const ENV_COMPUTE_LIMIT: &str = "GPUSHIM_COMPUTE_LIMIT";
+/// How long an allocation refused by a full shared budget waits for room (see `quota::wait`).
+pub const ENV_OOM_WAIT: &str = "GPUSHIM_OOM_WAIT";
 /// `GPUSHIM_COMPUTE_LIMIT_<i>`.
 pub const ENV_COMPUTE_LIMIT_PREFIX: &str = "GPUSHIM_COMPUTE_LIMIT_";
 /// How the compute limit is enforced: `auto`, `duty`, `mps`, `green`.
@@ -154,6 +158,7 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_STATE_DIR,
     ENV_COMPUTE_LIMIT,
     ENV_COMPUTE_MODE,
+    ENV_OOM_WAIT,
 ];
 
 /// `GPUSHIM_` variables read by the `gpushim` command and the container entrypoint, not by
@@ -186,6 +191,7 @@ pub const FILE_KEYS: &[&str] = &[
     "compute_limit",
     "compute_limits",
     "compute_mode",
+    "oom_wait",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -446,6 +452,9 @@ pub struct Settings {
     /// default path): `Some` only when the process is configured through HAMi's variables
     /// (see `hami::configured_through_hami`), never from `GPUSHIM_` names or the file.
     pub hami_region: Option<PathBuf>,
+    /// `GPUSHIM_OOM_WAIT`: how long an allocation refused because a shared budget is full
+    /// waits for room (`None` or zero: refused at once).
+    pub oom_wait: Option<std::time::Duration>,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -474,6 +483,7 @@ impl Default for Settings {
             compute_limits: BTreeMap::new(),
             compute_mode: ComputeMode::Auto,
             hami_region: None,
+            oom_wait: None,
             sources: Vec::new(),
             warnings: Vec::new(),
         }

@@ -1147,3 +1147,21 @@ fn garbage_never_panics() {
         let _ = parse_file(&value, Path::new("f"));
     }
 }
+
+#[test]
+fn oom_wait_durations() {
+    use std::time::Duration;
+    for (text, want) in [("30s", 30_000), ("500ms", 500), ("2m", 120_000), ("1h", 3_600_000), ("1.5s", 1_500), (" 10 S ", 10_000), ("0", 0), ("24h", 86_400_000)] {
+        assert_eq!(parse_duration(text), Ok(Duration::from_millis(want)), "{text}");
+    }
+    for text in ["30", "soon", "-1s", "2d", "1.5.0s", "25h", "s", ".s", "1e3s", ""] {
+        assert!(parse_duration(text).is_err(), "{text}");
+    }
+    assert!(parse_duration("30").unwrap_err().contains("did you mean 30s?"));
+    let env = |name: &str| (name == ENV_OOM_WAIT).then(|| "2m".to_string());
+    let s = load_from(&|n| if n == ENV_CONFIG { Some("/dev/null".into()) } else { env(n) }, &[ENV_OOM_WAIT.to_string()]).unwrap();
+    assert_eq!(s.oom_wait, Some(Duration::from_secs(120)));
+    assert_eq!(s.source_of("oom_wait"), &Source::Env(ENV_OOM_WAIT.to_string()));
+    let e = load_from(&|n| if n == ENV_CONFIG { Some("/dev/null".into()) } else { (n == ENV_OOM_WAIT).then(|| "30".into()) }, &[ENV_OOM_WAIT.to_string()]).unwrap_err();
+    assert_eq!(e.setting, ENV_OOM_WAIT);
+}
