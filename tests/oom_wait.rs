@@ -52,6 +52,25 @@ impl Node {
         run
     }
 
+    /// The same program under the shim configured through HAMi's variables: a 64 MiB limit
+    /// per process and the budget shared through the region file `region`.
+    fn run_hami(&self, wait: Option<&str>, region: &std::path::Path, ops: &[String]) -> Run {
+        let mut run = Run::program(Program::Driver(DriverPath::Link))
+            .shim(true)
+            .args(ops)
+            .env("GPUSIM_DEVICES", "1")
+            .env("GPUSIM_MEMORY", "16GiB")
+            .env("GPUSIM_NODE_STATE", &self.node)
+            .env("GPUSHIM_STATE_DIR", &self.state)
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
+            .env("GPUSHIM_LOG", "info");
+        if let Some(w) = wait {
+            run = run.env("GPUSHIM_OOM_WAIT", w);
+        }
+        run
+    }
+
     /// A holder in the background: `ops`, then `touch=ready`, then a long sleep; killed with
     /// SIGKILL when dropped. Returns once it is ready.
     fn holder(&self, ops: &[String]) -> Holder {
@@ -394,4 +413,33 @@ fn eight_members_all_waiting_resolve_in_order() {
     assert!(served.windows(2).all(|w| w[0] <= w[1]), "in order of arrival: {served:?}\n{what}");
     assert!(served[0] >= ms(&outs[7], 14), "the first once the eighth gave up and freed: {served:?}\n{what}");
     assert!(node_peak(&outs[0]) <= LIMIT, "{what}");
+}
+
+/// The same on a HAMi-core shared region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, a budget shared
+/// through the region's quota): B waits for A's free with GPUSHIM_OOM_WAIT, and is refused at
+/// once without it.
+#[test]
+fn a_waiter_on_a_hami_region_proceeds_when_another_member_frees() {
+    for wait in [Some("20s"), None] {
+        let node = Node::new(&format!("oomwait-hami-{}", wait.is_some()));
+        let region = node.dir.join("region.cache");
+        let (ready, done) = (node.mark("a-ready"), node.mark("b-done"));
+        let a = ops(&["alloc=mem:50331648", &format!("touch={ready}"), "sleep=1500", "stamp", "free=1", &format!("waitfor={done}")]);
+        let b = ops(&[&format!("waitfor={ready}"), "stamp", "alloc=mem:33554432", "stamp", &format!("touch={done}")]);
+        let outs = together(vec![node.run_hami(wait, &region, &a), node.run_hami(wait, &region, &b)]);
+        let (a, b) = (&outs[0], &outs[1]);
+        a.assert_completed();
+        b.assert_completed();
+        let (freed, asked, answered) = (ms(a, 4), ms(b, 2), ms(b, 4));
+        let what = format!("B asked at {asked}, A freed at {freed}, B answered at {answered}\n{}\n{}", a.dump(), b.dump());
+        if wait.is_some() {
+            assert_eq!(rc(b, 3), 0, "B waits, then gets its memory: {what}");
+            assert!(answered >= freed && answered - freed < 1000, "B got its memory once A freed: {what}");
+            assert!(answered - asked >= 700, "B waited about A's hold (1.5 s): {what}");
+            assert!(node_peak(b) <= LIMIT, "the region's budget held on the node: {what}");
+        } else {
+            assert_eq!(rc(b, 3), OOM, "without GPUSHIM_OOM_WAIT, refused: {what}");
+            assert!(answered - asked < 1000, "at once: {what}");
+        }
+    }
 }
