@@ -690,7 +690,8 @@ impl State {
             .filter_map(|(ordinal, b)| {
                 let limit = b.limit()?;
                 let quota = b.shared().map(|(q, d)| (q.name.clone(), q.peak(d)));
-                Some(crate::state::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota })
+                let waits = self.settings.oom_wait.is_some_and(|w| !w.is_zero()).then(|| b.waits());
+                Some(crate::state::report::Row { ordinal, peak_in_use: b.peak_in_use(), peak_reserved: b.peak_reserved(), refused: b.refused(), limit, quota, waits })
             })
             .collect()
     }

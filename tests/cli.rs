@@ -279,16 +279,18 @@ fn check_defaults() {
 #[test]
 fn check_sources_and_view() {
     let config = scratch_path("check-sources.toml");
+    let region = scratch_path("check-sources.cache");
     std::fs::write(&config, "memory_mode = \"grow\"\nmemory_limit = \"50%\"\nlog = \"error\"\ncompute_limit = \"50%\"\ncompute_mode = \"duty\"\n").unwrap();
     let out = gpushim(args!["check", "--memory-limit-device", "1=2GiB", "--report", "stderr"])
         .env("GPUSHIM_CONFIG", &config)
         .env("GPUSHIM_VISIBLE_DEVICES", "2,0")
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "3GiB")
         .env("CUDA_DEVICE_SM_LIMIT_0", "20")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
         .env("GPUSHIM_COMPUTE_LIMIT_1", "70%")
         .env("GPUSHIM_SOMETHING", "1")
         .run();
-    golden("sources", &out, 0, &[(&config.display().to_string(), "$CONFIG")]);
+    golden("sources", &out, 0, &[(&config.display().to_string(), "$CONFIG"), (&region.display().to_string(), "$REGION")]);
 }
 
 #[test]

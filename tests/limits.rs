@@ -319,25 +319,25 @@ fn total_mem_is_the_effective_limit() {
             [123_456_789, 123_456_789],
         ),
         // the HAMi-core aliases, and their lower precedence
-        (&[("CUDA_DEVICE_MEMORY_LIMIT", "64MiB")], [LIMIT, LIMIT]),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "64m")], [LIMIT, LIMIT]),
         (&[("CUDA_DEVICE_MEMORY_LIMIT_1", "32m")], [GIB, LIMIT_1]),
         (
             &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "32m"),
             ],
             [LIMIT, LIMIT_1],
         ),
         (
             &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "16MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "16m"),
                 ("GPUSHIM_MEMORY_LIMIT", "64MiB"),
             ],
             [LIMIT, LIMIT],
         ),
         (
             &[
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "16MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "16m"),
                 ("GPUSHIM_MEMORY_LIMIT_1", "32MiB"),
             ],
             [GIB, LIMIT_1],

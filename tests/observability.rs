@@ -132,6 +132,9 @@ fn compute_share_in_ps_and_metrics() {
     c.busy_ns.store(300_000_000_000, Relaxed);
     c.throttled_ns.store(1_500_000_000, Relaxed);
     c.launches.store(12_345, Relaxed);
+    let w = &publisher.device(0).unwrap().waits;
+    w.waits.store(3, Relaxed);
+    w.waited_ns.store(2_250_000_000, Relaxed);
     // started publishing 1000 s ago: the header's `started` (seconds since the epoch) is its
     // fifth word, at byte 24 (magic 8, version 4, pid 4, layout 8)
     let pid = std::process::id().to_string();
@@ -164,6 +167,9 @@ fn compute_share_in_ps_and_metrics() {
     assert_eq!(value(&s, "gpushim_compute_throttled_seconds_total", &at("0")), 1.5, "{text}");
     assert_eq!(value(&s, "gpushim_compute_launches_total", &at("0")), 12_345.0, "{text}");
     assert_eq!(value(&s, "gpushim_compute_launches_total", &at("1")), 0.0, "{text}");
+    assert_eq!(value(&s, "gpushim_memory_waits_total", &at("0")), 3.0, "{text}");
+    assert_eq!(value(&s, "gpushim_memory_wait_seconds_total", &at("0")), 2.25, "{text}");
+    assert_eq!(value(&s, "gpushim_memory_waits_total", &at("1")), 0.0, "{text}");
     // the values as written, and the families' types
     let line = |name: &str| text.lines().find(|l| l.starts_with(&format!("{name}{{pid=\"{pid}\"")) && l.contains("device=\"0\"")).unwrap_or_else(|| panic!("{name}: {text}")).to_string();
     assert!(line("gpushim_compute_limit_ratio").ends_with("} 0.3"), "{text}");
@@ -174,6 +180,8 @@ fn compute_share_in_ps_and_metrics() {
         ("gpushim_gpu_busy_seconds_total", "counter"),
         ("gpushim_compute_throttled_seconds_total", "counter"),
         ("gpushim_compute_launches_total", "counter"),
+        ("gpushim_memory_waits_total", "counter"),
+        ("gpushim_memory_wait_seconds_total", "counter"),
     ] {
         assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}: {text}");
     }

@@ -79,15 +79,15 @@ fn properties_and_mem_info_show_the_limit() {
         (
             "1GiB",
             &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"),
-                ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_1", "32m"),
             ],
             [64 * MIB, 32 * MIB],
         ),
         (
             "1GiB",
             &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "16MiB"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "16m"),
                 ("GPUSHIM_MEMORY_LIMIT", "64MiB"),
             ],
             [64 * MIB, 64 * MIB],
@@ -229,8 +229,8 @@ fn per_device_limits() {
             ("GPUSHIM_MEMORY_LIMIT_1", "32MiB"),
         ],
         &[
-            ("CUDA_DEVICE_MEMORY_LIMIT", "64MiB"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_1", "32MiB"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "32m"),
         ],
     ];
     for p in RUNTIMES {

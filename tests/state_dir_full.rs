@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 
 /// The published figures' file in this build (`live.rs`: 64 device entries).
-const LIVE_FILE_BYTES: u64 = 12_408;
+const LIVE_FILE_BYTES: u64 = 13_432;
 const LIMIT: u64 = 64 * MIB;
 
 fn check(rc: libc::c_int) -> std::io::Result<()> {

@@ -12,4 +12,4 @@ pub mod state_files;
 
 pub use platform::{bounded, once, sys};
 pub use settings::{compute_mode, config, secure, units};
-pub use state_files::{live, quota};
+pub use state_files::{hami, live, oom_wait, quota};

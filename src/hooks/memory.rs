@@ -131,6 +131,8 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
     if actual <= live.bytes {
         budget.freed(live.bytes - actual);
     } else if budget.try_reserve(actual - live.bytes, st.limit(dev).unwrap_or(u64::MAX)).is_err() {
+        // (no wait for room here: the driver has made the allocation already, and waiting
+        // would leave its extra bytes uncounted meanwhile)
         st.report_refusal("cuMemAllocPitch", dev, actual);
         budget.freed(live.bytes);
         free_driver_ptr(ptr);

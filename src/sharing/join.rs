@@ -101,12 +101,19 @@ fn leave_at_exit() {
 /// error: the program must not run with a budget of its own when it was given a shared one.
 #[inline(never)] // a start-up step scripts/bench.sh counts by name
 pub fn join_quota(s: &Settings) -> Result<(), config::ConfigError> {
+    // (HAMi-core's shared region first: without a named quota it joins the region's own)
+    crate::sharing::hami::join_region(s)?;
     let Some(name) = &s.shared_quota else { return Ok(()) };
-    let dir = quota::state_dir(s.state_dir.as_deref());
     let setting = match s.source_of("shared_quota") {
         config::Source::Env(var) => var.clone(),
         other => format!("shared_quota ({other})"),
     };
+    join_named(s, name, setting)
+}
+
+/// Joins the shared quota `name` (`setting`: what named it, for the error).
+pub(crate) fn join_named(s: &Settings, name: &String, setting: String) -> Result<(), config::ConfigError> {
+    let dir = quota::state_dir(s.state_dir.as_deref());
     if gpushim_common::secure::caller_owns_state() {
         let reason = "a shared quota cannot be used by a set-group-ID or file-capability program: its files would \
                       belong to the user who runs it, who could rewrite the budget";
@@ -166,6 +173,7 @@ pub fn attach_device(s: &Settings, dev: CUdevice, uuid: Option<&str>, size: u64,
         _ => return Ok(None),
     };
     if let Some(uuid) = uuid {
+        crate::sharing::hami::attach(dev, uuid, shared.map(|(_, index)| index));
         warn_oversubscribed(&quota::state_dir(s.state_dir.as_deref()), dev, uuid, size);
     }
     Ok(shared)

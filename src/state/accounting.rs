@@ -45,7 +45,8 @@ impl State {
             Some(p) => p.size,
             None => self.api().physical_total(self.driver_of(dev)?)?,
         };
-        let configured = self.settings.limit_for(dev as u32);
+        // (a HAMi-core region file's stored limit wins over HAMi's variables, as in HAMi-core)
+        let configured = crate::sharing::hami::stored_limit(&self.settings, dev as u32).unwrap_or_else(|| self.settings.limit_for(dev as u32));
         let limit = configured.resolve(physical);
         let limited = !matches!(configured, gpushim_common::units::Limit::Unlimited);
         if crate::sharing::quota().is_some() || limited {
@@ -104,7 +105,8 @@ impl State {
         if budget.try_reserve(bytes, limit).is_err() {
             // What pools keep after frees counts until they give it back: make them give back
             // what they do not use, then try once more.
-            if budget.pool_kept() == 0 || !self.trim_pools(dev) || budget.try_reserve(bytes, limit).is_err() {
+            // Then, with GPUSHIM_OOM_WAIT, wait for room in a full shared quota.
+            if (budget.pool_kept() == 0 || !self.trim_pools(dev) || budget.try_reserve(bytes, limit).is_err()) && !self.wait_for_room(what, dev, bytes, limit) {
                 self.report_refusal(what, dev, bytes);
                 return crate::driver::ffi::CUDA_ERROR_OUT_OF_MEMORY;
             }
@@ -266,6 +268,30 @@ impl State {
         } else {
             budget.freed(bytes);
         }
+    }
+
+    /// A reservation of `bytes` on `dev` that was refused, tried again while waiting for room
+    /// (`GPUSHIM_OOM_WAIT`) when a full shared quota refused it and this process is under its
+    /// own `limit` (see `DeviceBudget::reserve_waiting`): whether it is reserved now. Every
+    /// refusal point of the allocation paths calls this before refusing; the wait is counted
+    /// (the budget, the published figures) and logged at `info`.
+    pub fn wait_for_room(&self, what: &str, dev: CUdevice, bytes: u64, limit: u64) -> bool {
+        let Some(wait) = self.settings.oom_wait.filter(|w| !w.is_zero()) else { return false };
+        let Some(budget) = self.budget(dev) else { return false };
+        let Some(w) = budget.reserve_waiting(bytes, limit, wait) else { return false };
+        if let Some(entry) = crate::sharing::publisher().and_then(|p| p.device(dev as usize)) {
+            entry.waits.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            entry.waits.waited_ns.fetch_add(w.waited.as_nanos().min(u64::MAX as u128) as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        use gpushim_common::oom_wait::End;
+        let how = match w.end {
+            End::Reserved => "then got it",
+            End::TimedOut => "for room in the shared quota, in vain (GPUSHIM_OOM_WAIT)",
+            End::AllWaiting => "and was refused: every process of the shared quota is waiting (the newest waiter fails)",
+            End::Failed => "and was refused: the shared quota's queue of waiters is full or unusable",
+        };
+        log!(Level::Info, "device {dev}: {what} of {bytes} bytes waited {:.3} s {how}", w.waited.as_secs_f64());
+        w.end == End::Reserved
     }
 
     /// Counts a refused request and says so in one `warn` line (rate-limited): the device, the

@@ -109,7 +109,7 @@ impl State {
             if grow == 0 {
                 continue;
             }
-            if budget.try_reserve(grow, limit).is_err() {
+            if budget.try_reserve(grow, limit).is_err() && !self.wait_for_room(what, dev, grow, limit) {
                 for &(d, g) in &reserved {
                     self.budgets_of(d as usize).release(g);
                 }

@@ -128,10 +128,14 @@ impl State {
                 self.reconcile_pools(dev);
             }
         }
-        let chunk = grow_chunk(size, limit.saturating_sub(budget.held())).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        // (no room even for the block: it alone is tried, and refused, or waits for room in a
+        // full shared quota)
+        let chunk = grow_chunk(size, limit.saturating_sub(budget.held())).unwrap_or(size);
         let mut last = CUDA_ERROR_OUT_OF_MEMORY;
-        for bytes in [chunk, size].into_iter().take(if chunk > size { 2 } else { 1 }) {
-            match self.take_chunk(dev, ctx, id, bytes, limit) {
+        let tries = if chunk > size { 2 } else { 1 };
+        for (n, bytes) in [chunk, size].into_iter().take(tries).enumerate() {
+            // (the last try, the block alone, may wait for room in a shared quota)
+            match self.take_chunk(dev, ctx, id, bytes, limit, n + 1 == tries) {
                 // Carved under the lock the chunk was added with: no other thread takes it first.
                 Ok(mut arena) => return arena.alloc(id, size, requested).ok_or(CUDA_ERROR_OUT_OF_MEMORY),
                 Err(e) => last = e,
@@ -143,10 +147,13 @@ impl State {
     /// Reserves `bytes` in the budget, allocates them from the driver in context `ctx` (current),
     /// and adds them to the arena as a chunk; returns the arena, still locked. If the arena
     /// cannot be had, the chunk goes back to the driver and the reservation with it.
-    fn take_chunk(&self, dev: CUdevice, ctx: CUcontext, id: u64, bytes: u64, limit: u64) -> Result<Guard<'_, Arena>, CUresult> {
+    /// With `wait`, a reservation a full shared quota refuses waits for room (`oom_wait`).
+    fn take_chunk(&self, dev: CUdevice, ctx: CUcontext, id: u64, bytes: u64, limit: u64, wait: bool) -> Result<Guard<'_, Arena>, CUresult> {
         let budget = self.budget(dev).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let alloc = self.api().mem_alloc.ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
-        budget.try_reserve(bytes, limit).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        if budget.try_reserve(bytes, limit).is_err() && !(wait && self.wait_for_room("a reserve's chunk", dev, bytes, limit)) {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the driver's own cuMemAlloc_v2.
         let result = unsafe { alloc(&mut ptr, bytes as usize) };
@@ -212,13 +219,13 @@ impl State {
         let wanted = limit.saturating_sub(budget.held()) & !(GRANULE - 1);
         let mut taken = None;
         if wanted > 0 {
-            taken = self.take_chunk(dev, ctx, id, wanted, limit).ok().map(|_| wanted);
+            taken = self.take_chunk(dev, ctx, id, wanted, limit, false).ok().map(|_| wanted);
             if taken.is_none() {
                 // The device has less free than the limit: take what it has, in 2 MiB pages.
                 let free = self.driver_free().unwrap_or(0) & !(2 * MIB - 1);
                 let smaller = wanted.min(free);
                 if smaller > 0 {
-                    taken = self.take_chunk(dev, ctx, id, smaller, limit).ok().map(|_| smaller);
+                    taken = self.take_chunk(dev, ctx, id, smaller, limit, false).ok().map(|_| smaller);
                 }
                 log!(
                     Level::Warn,

@@ -87,6 +87,9 @@ pub struct Row {
     pub limit: u64,
     /// With a shared quota: its name and the most its members held on the device together.
     pub quota: Option<(String, u64)>,
+    /// With `GPUSHIM_OOM_WAIT`: the allocations that waited for room in the shared quota and
+    /// the nanoseconds they waited.
+    pub waits: Option<(u64, u64)>,
 }
 
 fn text(rows: &[Row]) -> String {
@@ -98,9 +101,10 @@ fn text(rows: &[Row]) -> String {
         let quota = r.quota.as_ref().map_or(String::new(), |(name, peak)| {
             format!(" (shared quota {name}: peak {peak} bytes held by all its processes)")
         });
+        let waits = r.waits.map_or(String::new(), |(n, ns)| format!(", {n} allocations waited ({:.3} s)", ns as f64 / 1e9));
         let _ = writeln!(
             s,
-            "  device {}: peak in use {} bytes, peak reserved {} bytes, {} allocations refused, limit {} bytes{quota}",
+            "  device {}: peak in use {} bytes, peak reserved {} bytes, {} allocations refused{waits}, limit {} bytes{quota}",
             r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
         );
     }
@@ -140,8 +144,9 @@ fn json(rows: &[Row], compute: &[ComputeRow], placement: Option<&str>) -> String
             let quota = r.quota.as_ref().map_or(String::new(), |(name, peak)| {
                 format!(",\"shared_quota\":\"{name}\",\"quota_peak_reserved\":{peak}")
             });
+            let waits = r.waits.map_or(String::new(), |(n, ns)| format!(",\"waits\":{n},\"waited_ns\":{ns}"));
             format!(
-                "{{\"ordinal\":{},\"peak_in_use\":{},\"peak_reserved\":{},\"refused\":{},\"limit\":{}{quota}}}",
+                "{{\"ordinal\":{},\"peak_in_use\":{},\"peak_reserved\":{},\"refused\":{}{waits},\"limit\":{}{quota}}}",
                 r.ordinal, r.peak_in_use, r.peak_reserved, r.refused, r.limit
             )
         })
@@ -166,7 +171,7 @@ mod tests {
 
     #[test]
     fn formats() {
-        let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20, quota: None }];
+        let rows = [Row { ordinal: 1, peak_in_use: 10, peak_reserved: 10, refused: 2, limit: 20, quota: None, waits: None }];
         let j = json(&rows, &[], None);
         assert!(json(&rows, &[], Some("[]")).ends_with("],\"placement\":[]}\n"));
         let c = [ComputeRow { ordinal: 0, limit: 0.3, busy_ns: 1_500_000_000, throttled_ns: 2_000_000_000, launches: 7 }];
@@ -174,6 +179,9 @@ mod tests {
         assert_eq!(compute_text(&c), "  device 0: compute limit 30.0%, GPU busy 1.500 s, launches waited 2.000 s, 7 launches measured\n");
         assert!(j.contains("\"devices\":[{\"ordinal\":1,\"peak_in_use\":10,\"peak_reserved\":10,\"refused\":2,\"limit\":20}]"), "{j}");
         assert!(text(&rows).contains("device 1: peak in use 10 bytes, peak reserved 10 bytes, 2 allocations refused, limit 20 bytes"));
+        let waited = [Row { waits: Some((3, 1_250_000_000)), ..Row { quota: None, ..rows[0] } }];
+        assert!(text(&waited).contains("2 allocations refused, 3 allocations waited (1.250 s), limit 20 bytes"), "{}", text(&waited));
+        assert!(json(&waited, &[], None).contains("\"refused\":2,\"waits\":3,\"waited_ns\":1250000000,\"limit\":20}"));
     }
 }
 

@@ -16,12 +16,15 @@
  * total - free != base + held or the total changed; base = in use when the thread started.
  * sim=P -> what the simulated driver knows now about physical device P: opI.{used,peak} and
  * opI.calls.NAME (sim_hooks.h). sleep=MS waits (holding everything); touch=PATH creates PATH
- * (both -> opI.rc), so that tests can act on a process mid-run (kill it, start another).
+ * (both -> opI.rc), so that tests can act on a process mid-run (kill it, start another);
+ * waitfor=PATH waits (30 s at most) until PATH exists (-> opI.rc); stamp -> opI.ms, the
+ * machine's monotonic clock in milliseconds (comparable between processes).
  */
 #ifndef GPUSHIM_TEST_DEVICE_OPS_H
 #define GPUSHIM_TEST_DEVICE_OPS_H
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "scenario.h"
@@ -288,6 +291,16 @@ static int device_op(int i, const char *arg) {
         FILE *f = fopen(arg + 6, "w");
         if (f) fclose(f);
         kv("op%d.rc=%d", i, f ? 0 : 1);
+    } else if (starts_with(arg, "waitfor=")) {
+        /* wait (up to 30 s) until the file PATH exists: another process got somewhere */
+        int n = 0;
+        while (access(arg + 8, F_OK) != 0 && n++ < 3000) usleep(10000);
+        kv("op%d.rc=%d", i, access(arg + 8, F_OK) == 0 ? 0 : 1);
+    } else if (!strcmp(arg, "stamp")) {
+        /* the machine's monotonic clock (ms, comparable between processes) */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        kv("op%d.ms=%lld", i, (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
     } else if (starts_with(arg, "sim=")) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "op%d.", i);

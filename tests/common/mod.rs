@@ -749,6 +749,12 @@ impl Run {
         if let Some(p) = &shim_report_path {
             cmd.env("GPUSHIM_REPORT", p);
         }
+        // A run configured through HAMi's variables uses HAMi-core's shared region, by default
+        // the machine's /tmp/cudevshr.cache: a file of the run's own instead, unless it names one
+        let hami = |k: &str| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k.starts_with("CUDA_DEVICE_SM_LIMIT");
+        if self.env.iter().any(|(k, _)| hami(&k.to_string_lossy())) && !self.env.iter().any(|(k, _)| k == "CUDA_DEVICE_MEMORY_SHARED_CACHE") {
+            cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch_path("hami-region"));
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

@@ -38,6 +38,10 @@ pub struct DeviceBudget {
     /// The device's entry in a shared quota (`quota`): reservations are then checked against
     /// what every member holds. Set once (null: none), never freed.
     pub(crate) shared: AtomicPtr<(&'static Quota, usize)>,
+    /// Allocations that waited for room in the shared quota (`GPUSHIM_OOM_WAIT`), and the time
+    /// they waited (nanoseconds), whatever the outcome.
+    pub(crate) waits: AtomicU64,
+    pub(crate) waited_ns: AtomicU64,
 }
 
 /// The gate of updates to figures not yet moved ([`DeviceBudget::update`]), which the move
@@ -242,6 +246,8 @@ impl DeviceBudget {
             pool_kept: AtomicU64::new(0),
             pool_epoch: AtomicU64::new(0),
             shared: AtomicPtr::new(std::ptr::null_mut()),
+            waits: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(0),
         }
     }
 
@@ -316,6 +322,14 @@ impl DeviceBudget {
         let p = self.shared.load(Acquire);
         // SAFETY: a non-null entry was leaked by `share` and is never freed or changed.
         (!p.is_null()).then(|| unsafe { *p })
+    }
+
+    /// The shared budget this budget draws on, as something a refused reservation can wait on
+    /// (`oom_wait::SharedRoom`), and its device index there: the shared quota today. (A
+    /// shared region implementing `SharedRoom` is returned here too.)
+    #[inline]
+    pub fn shared_room(&self) -> Option<(&'static dyn gpushim_common::oom_wait::SharedRoom, usize)> {
+        self.shared().map(|(q, d)| (q as &'static dyn gpushim_common::oom_wait::SharedRoom, d))
     }
 
     /// What counts against the limit: this process' reservations, or with a shared quota what
@@ -395,6 +409,35 @@ impl DeviceBudget {
             raise_peak(&f.peak_reserved, now);
         });
         Ok(())
+    }
+
+    /// A reservation [`DeviceBudget::try_reserve`] refused, tried again while waiting up to
+    /// `wait` for room in the shared quota (`oom_wait`): only when the quota's total is what
+    /// refused it, never when this process' own reservations would pass `limit` (a program
+    /// refused by its own limit must see the out-of-memory at once: PyTorch's caching allocator
+    /// frees its cache only then). `None`: it did not wait (no quota, its own limit, the gate
+    /// stuck); otherwise how the wait ended, counted in [`DeviceBudget::waits`].
+    pub fn reserve_waiting(&self, bytes: u64, limit: u64, wait: std::time::Duration) -> Option<Waited> {
+        let (room, d) = self.shared_room()?;
+        if self.reserved().checked_add(bytes).is_none_or(|n| n > limit) {
+            return None;
+        }
+        self.gate_passable().ok()?;
+        let w = gpushim_common::oom_wait::wait_for_room(room, d, bytes, limit, wait);
+        if w.end == WaitEnd::Reserved {
+            self.update(move |f| {
+                let now = f.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
+                raise_peak(&f.peak_reserved, now);
+            });
+        }
+        self.waits.fetch_add(1, Relaxed);
+        self.waited_ns.fetch_add(w.waited.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+        Some(w)
+    }
+
+    /// (allocations that waited for room, nanoseconds they waited) (`reserve_waiting`).
+    pub fn waits(&self) -> (u64, u64) {
+        (self.waits.load(Relaxed), self.waited_ns.load(Relaxed))
     }
 
     /// Gives back `bytes` of the reservation (never below zero).
@@ -484,7 +527,7 @@ impl DeviceBudget {
             self.figures.store(&self.own as *const Figures as *mut Figures, SeqCst);
         }
         let own = &self.own;
-        for a in [&own.reserved, &own.peak_reserved, &own.in_use, &own.peak_in_use, &own.refused, &self.pool_kept] {
+        for a in [&own.reserved, &own.peak_reserved, &own.in_use, &own.peak_in_use, &own.refused, &self.pool_kept, &self.waits, &self.waited_ns] {
             a.store(0, SeqCst);
         }
         self.pool_epoch.fetch_add(1, SeqCst);

@@ -23,6 +23,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Or
 
 use gpushim_common::bounded::{self, Backoff, BitWait, Bounded, Stuck};
 use gpushim_common::live::Figures;
+use gpushim_common::oom_wait::{End as WaitEnd, Waited};
 use gpushim_common::quota::Quota;
 
 pub use crate::devices::MAX_DEVICES;

@@ -117,6 +117,7 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
             },
         ),
         ("shared_quota".into(), s.shared_quota.clone().unwrap_or_else(|| "none".into())),
+        ("oom_wait".into(), s.oom_wait.filter(|w| !w.is_zero()).map_or("none (refused at once)".into(), |w| format!("{w:?}"))),
         ("driver_path".into(), path(&s.driver_path, "libcuda.so.1 (library search path)")),
         ("nvml_path".into(), path(&s.nvml_path, "libnvidia-ml.so.1 (library search path)")),
     ]);
@@ -133,6 +134,14 @@ fn print_settings(s: &Settings, env: &[(OsString, OsString)], parsed: &options::
             println!("config file: {} (the default location)", config::DEFAULT_CONFIG_PATH)
         }
         None => println!("config file: none ({} does not exist)", config::DEFAULT_CONFIG_PATH),
+    }
+    // (HAMi's variables: the shared region the program would join, see coming-from-hami.md)
+    if let Some(region) = &s.hami_region {
+        let from = match s.source_of("hami_region") {
+            config::Source::Env(v) => v.clone(),
+            _ => format!("{} unset: HAMi-core's default", config::ENV_HAMI_SHARED_CACHE),
+        };
+        println!("HAMi-core shared region: {} ({from})", region.to_string_lossy());
     }
 }
 

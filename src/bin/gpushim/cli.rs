@@ -56,7 +56,7 @@ pub enum Command {
     )]
     Check(CheckArgs),
     /// list the processes under the shim and the shared quotas
-    #[command(display_name = "gpushim ps", override_usage = "gpushim ps [--quota NAME]", help_template = help::COMMAND_TEMPLATE, before_help = help::PS_DESCRIPTION, after_help = help::PS_AFTER, args_override_self = true)]
+    #[command(display_name = "gpushim ps", override_usage = "gpushim ps [--quota NAME | --hami FILE]", help_template = help::COMMAND_TEMPLATE, before_help = help::PS_DESCRIPTION, after_help = help::PS_AFTER, args_override_self = true)]
     Ps(PsArgs),
     /// the processes under the shim, live
     #[command(display_name = "gpushim top", override_usage = "gpushim top [--interval SECONDS]", help_template = help::COMMAND_TEMPLATE, before_help = help::TOP_DESCRIPTION, after_help = help::TOP_AFTER, args_override_self = true)]
@@ -183,6 +183,9 @@ pub struct PsArgs {
     /// only this shared quota (its devices and members)
     #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub quota: Option<String>,
+    /// only this HAMi-core shared region file (limits, devices, process slots)
+    #[arg(long, value_name = "FILE", conflicts_with = "quota")]
+    pub hami: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]

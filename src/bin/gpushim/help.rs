@@ -138,7 +138,8 @@ EXIT STATUS
 
 EXAMPLES
     gpushim ps
-    gpushim ps --quota job42";
+    gpushim ps --quota job42
+    gpushim ps --hami /tmp/cudevshr.cache";
 
 pub const TOP_DESCRIPTION: &str = "\
 DESCRIPTION
@@ -173,7 +174,8 @@ DESCRIPTION
     gpushim_memory_limit_bytes, gpushim_allocations_refused_total,
     gpushim_compute_limit_ratio (0..1, devices with a compute limit only),
     gpushim_gpu_busy_seconds_total, gpushim_compute_throttled_seconds_total,
-    gpushim_compute_launches_total (labels pid, user, comm, quota, device, gpu_uuid, part),
+    gpushim_compute_launches_total, gpushim_memory_waits_total,
+    gpushim_memory_wait_seconds_total (labels pid, user, comm, quota, device, gpu_uuid, part),
     gpushim_process_alive, gpushim_process_devices,
     gpushim_quota_used_bytes, gpushim_quota_peak_used_bytes, gpushim_quota_limit_bytes (labels
     quota, user, gpu_uuid), gpushim_gpu_memory_total_bytes and gpushim_gpu_memory_used_bytes

@@ -114,7 +114,10 @@ fn dispatch(cli: cli::Cli) -> Result<(), Failure> {
     match command {
         Command::Run(a) => run::main(&a),
         Command::Check(a) => check::main(&a),
-        Command::Ps(a) => ps::main(a.quota.as_deref()),
+        Command::Ps(a) => match &a.hami {
+            Some(file) => ps::hami(file),
+            None => ps::main(a.quota.as_deref()),
+        },
         Command::Top(a) => top::main(a.interval),
         Command::Metrics(a) => metrics::main(a.listen.as_deref(), !a.no_gpus),
         Command::Sim(a) => sim::main(&a),

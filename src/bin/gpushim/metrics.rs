@@ -84,6 +84,8 @@ pub fn exposition(f: &Figures) -> String {
     let mut c_busy = Family::new("gpushim_gpu_busy_seconds_total", "counter", "GPU time the process' work took on the device, as the shim measured it (with a compute limit).");
     let mut c_throttled = Family::new("gpushim_compute_throttled_seconds_total", "counter", "Time the process' launches waited for their compute share.");
     let mut c_launches = Family::new("gpushim_compute_launches_total", "counter", "Launches the shim measured for the compute share.");
+    let mut waits = Family::new("gpushim_memory_waits_total", "counter", "Allocations that waited for room in a full shared budget (GPUSHIM_OOM_WAIT), whatever the outcome.");
+    let mut waited = Family::new("gpushim_memory_wait_seconds_total", "counter", "Time allocations waited for room in a full shared budget (GPUSHIM_OOM_WAIT).");
     let mut g_total = Family::new("gpushim_gpu_memory_total_bytes", "gauge", "The GPU's memory (NVML).");
     let mut g_used = Family::new("gpushim_gpu_memory_used_bytes", "gauge", "The GPU's memory in use by all processes (NVML).");
     let mut users = std::collections::HashMap::new();
@@ -108,6 +110,8 @@ pub fn exposition(f: &Figures) -> String {
             c_busy.push_f64(&l, d.busy_ns as f64 / 1e9);
             c_throttled.push_f64(&l, d.throttled_ns as f64 / 1e9);
             c_launches.push(&l, d.launches);
+            waits.push(&l, d.waits);
+            waited.push_f64(&l, d.waited_ns as f64 / 1e9);
             if let Some(x) = d.compute_limit {
                 c_limit.push_f64(&l, x);
             }
@@ -130,7 +134,7 @@ pub fn exposition(f: &Figures) -> String {
         g_used.push(&l, g.used);
     }
     let mut out = String::new();
-    for fam in [used, reserved, peak, peak_res, limit, refused, c_limit, c_busy, c_throttled, c_launches, alive, devices, q_used, q_peak, q_limit, g_total, g_used] {
+    for fam in [used, reserved, peak, peak_res, limit, refused, c_limit, c_busy, c_throttled, c_launches, waits, waited, alive, devices, q_used, q_peak, q_limit, g_total, g_used] {
         let _ = writeln!(out, "# HELP {} {}", fam.name, fam.help);
         let _ = writeln!(out, "# TYPE {} {}", fam.name, fam.kind);
         for (labels, v) in fam.samples {

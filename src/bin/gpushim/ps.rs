@@ -1,7 +1,7 @@
-//! `gpushim ps [--quota NAME]`: the processes under the shim, the shared quotas of this user,
-//! their budgets per device and the processes in them (or one line saying nothing runs). Reads
-//! the files without joining or changing them; what they hold (names, UUIDs) is printed through
-//! `figures::printable`.
+//! `gpushim ps [--quota NAME | --hami FILE]`: the processes under the shim, the shared quotas of
+//! this user, their budgets per device and the processes in them (or one line saying nothing
+//! runs), or one HAMi-core shared region file. Reads the files without joining or changing them;
+//! what they hold (names, UUIDs) is printed through `figures::printable`.
 
 use crate::quota::{self, Quota};
 use crate::Failure;
@@ -54,7 +54,12 @@ pub fn main(only: Option<&str>) -> Result<(), Failure> {
 fn print_quota(q: &Quota) {
     let (devices, members) = q.snapshot();
     let live = members.iter().filter(|m| m.alive).count();
-    println!("shared quota {} ({}): {live} processes", printable(&q.name), printable(&q.path.display().to_string()));
+    // (allocations waiting for room, GPUSHIM_OOM_WAIT: said only when there are some)
+    let waiting = match q.waiting() {
+        0 => String::new(),
+        n => format!(", {n} allocations waiting for room"),
+    };
+    println!("shared quota {} ({}): {live} processes{waiting}", printable(&q.name), printable(&q.path.display().to_string()));
     for (d, dev) in devices.iter().enumerate() {
         let limit = members.iter().filter(|m| m.alive).filter_map(|m| m.devices.iter().find(|x| x.0 == d)).map(|x| x.1).max();
         println!(
@@ -140,3 +145,23 @@ pub fn processes_text(f: &crate::figures::Figures) -> String {
 }
 
 use crate::figures::{human, printable};
+
+/// `gpushim ps --hami FILE`: a HAMi-core shared region, read without changing it: its version,
+/// the monitor's switches, each device's UUID, limit and SM limit, and each process slot (pid,
+/// host pid, status, alive or dead, bytes used per device).
+pub fn hami(file: &std::path::Path) -> Result<(), Failure> {
+    let shown = printable(&file.display().to_string());
+    let v = gpushim_common::hami::read(file).map_err(|e| Failure::setup("ps", format!("{shown}: {e}")))?;
+    println!("HAMi-core shared region {shown}: version {}.{}, {} devices, {} process slots, utilization_switch {}, recent_kernel {}, priority {}",
+        v.version.0, v.version.1, v.device_num, v.slots.len(), v.utilization_switch, v.recent_kernel, v.priority);
+    let devices = (v.device_num as usize).min(v.limit.len());
+    for d in 0..devices {
+        println!("device {d} {} limit {} sm_limit {}", printable(if v.uuids[d].is_empty() { "-" } else { &v.uuids[d] }), v.limit[d], v.sm_limit[d]);
+    }
+    for s in &v.slots {
+        let used: Vec<String> = s.used.iter().enumerate().filter(|(_, &u)| u != 0).map(|(d, u)| format!("{d}:{u}")).collect();
+        println!("slot pid {} hostpid {} status {} {} used {}", s.pid, s.hostpid, s.status, if s.alive { "alive" } else { "dead" },
+            if used.is_empty() { "-".to_string() } else { used.join(" ") });
+    }
+    Ok(())
+}

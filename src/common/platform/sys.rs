@@ -296,6 +296,23 @@ fn records(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// `FUTEX_WAIT` on `word` (in a shared mapping: no `FUTEX_PRIVATE_FLAG`, so processes mapping
+/// the same file wait on the same key) while it holds `expected`, at most `timeout`. Returns
+/// when woken, when the word differs, when the time is up or on a signal (`EINTR`): the caller
+/// looks again in every case.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec { tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: `word` is a live, aligned 32-bit word; `ts` outlives the call; the kernel only
+    // reads both.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec, std::ptr::null::<u32>(), 0) };
+}
+
+/// `FUTEX_WAKE` of every process and thread waiting on `word` (see [`futex_wait`]).
+pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: `word` is a live, aligned 32-bit word; the kernel does not read or write it.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

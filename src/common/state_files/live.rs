@@ -46,7 +46,7 @@ pub const DEVICES: usize = 64;
 const UUID_BYTES: usize = 48;
 const NAME_BYTES: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"gpushimL");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// The prefix of the files' names.
 pub const PREFIX: &str = "proc-";
 /// The compute modes as published (index = the value in the file).
@@ -72,6 +72,17 @@ pub struct Dev {
     pub figures: Figures,
     /// The device's compute share (`GPUSHIM_COMPUTE_LIMIT`): kept by the process' pacer.
     pub compute: Compute,
+    /// Allocations that waited for room in a shared budget (`GPUSHIM_OOM_WAIT`).
+    pub waits: Waits,
+}
+
+/// A device's waits for room in a shared budget (`oom_wait`), counted when each wait ends.
+#[repr(C)]
+pub struct Waits {
+    /// Allocations that waited, whatever the outcome.
+    pub waits: AtomicU64,
+    /// The time they waited (nanoseconds).
+    pub waited_ns: AtomicU64,
 }
 
 /// A device's compute figures, as the pacer (`sharing::compute`) keeps them.
@@ -406,6 +417,9 @@ pub struct DeviceFigures {
     pub busy_ns: u64,
     pub throttled_ns: u64,
     pub launches: u64,
+    /// Allocations that waited for room in a shared budget, and how long (nanoseconds).
+    pub waits: u64,
+    pub waited_ns: u64,
 }
 
 /// One process' published file as read.
@@ -502,6 +516,8 @@ fn read_file(path: &Path, owner: u32) -> Option<Process> {
                 busy_ns: d.compute.busy_ns.load(Relaxed),
                 throttled_ns: d.compute.throttled_ns.load(Relaxed),
                 launches: d.compute.launches.load(Relaxed),
+                waits: d.waits.waits.load(Relaxed),
+                waited_ns: d.waits.waited_ns.load(Relaxed),
             })
             .collect();
         Some(Process {

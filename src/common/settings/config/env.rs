@@ -50,6 +50,7 @@ pub(crate) fn env_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, Co
     layer.compute_limit = env_setting(env, ENV_COMPUTE_LIMIT, parse_compute_limit)?;
     layer.compute_limits = env_per_device(env, names, ENV_COMPUTE_LIMIT_PREFIX, parse_compute_limit)?;
     layer.compute_mode = env_setting(env, ENV_COMPUTE_MODE, parse_compute_mode)?;
+    layer.oom_wait = env_setting(env, ENV_OOM_WAIT, parse_duration)?;
     Ok(layer)
 }
 
@@ -57,10 +58,18 @@ pub(crate) fn alias_layer(env: Env<'_>, names: &[String]) -> Result<Box<Layer>, 
     // (set field by field into a boxed layer, as `env_layer`: a `Layer` built by value would
     // take a kilobyte of the first CUDA call's stack)
     let mut layer = Box::<Layer>::default();
-    layer.memory_limit = env_setting(env, ENV_ALIAS_MEMORY_LIMIT, parse_limit)?;
-    layer.device_limits = env_device_limits(env, names, ENV_ALIAS_MEMORY_LIMIT_PREFIX)?;
+    // (HAMi-core's meanings: see `hami`)
+    hami_memory_limits(env, names, &mut layer)?;
     layer.compute_limit = env_setting(env, ENV_ALIAS_SM_LIMIT, parse_sm_limit)?;
-    layer.compute_limits = env_per_device(env, names, ENV_ALIAS_SM_LIMIT_PREFIX, parse_sm_limit)?;
+    layer.compute_limits = hami_sm_limits(env, names)?;
+    layer.log_level = env_setting(env, ENV_HAMI_LOG_LEVEL, parse_hami_log_level)?;
+    if configured_through_hami(names) {
+        // (unset: HAMi-core's default path; empty: an error, as for every path)
+        layer.hami_region = Some(
+            env_setting(env, ENV_HAMI_SHARED_CACHE, parse_path)?
+                .unwrap_or_else(|| (PathBuf::from(HAMI_DEFAULT_REGION), Source::Default)),
+        );
+    }
     Ok(layer)
 }
 

@@ -180,6 +180,7 @@ impl FileCtx<'_> {
             "compute_mode" => {
                 layer.compute_mode = Some((self.string(key, value, parse_compute_mode)?, src()))
             }
+            "oom_wait" => layer.oom_wait = Some((self.string(key, value, parse_duration)?, src())),
             _ => return Err(self.unknown_key(key, value)),
         }
         Ok(())

@@ -19,7 +19,8 @@ pub fn load() -> Result<Settings, ConfigError> {
         }
         return Ok(settings);
     }
-    pub(crate) const PREFIXES: [&str; 3] = ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT, ENV_ALIAS_SM_LIMIT];
+    pub(crate) const PREFIXES: [&str; 6] =
+        ["GPUSHIM_", ENV_ALIAS_MEMORY_LIMIT, ENV_ALIAS_SM_LIMIT, ENV_HAMI_SHARED_CACHE, ENV_HAMI_LOG_LEVEL, ENV_HAMI_DISABLE];
     let vars = env_vars_starting_with(&PREFIXES);
     let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
     // Every name asked for has one of the prefixes, so it is among `vars` (the first of
@@ -131,6 +132,10 @@ pub(crate) fn load_with_default(
     if env_disable.as_deref().is_some_and(parse_disable) {
         return Ok(Settings::disabled_by(Source::Env(ENV_DISABLE.to_string())));
     }
+    // HAMi's `CUDA_DISABLE_CONTROL=true`, below `GPUSHIM_DISABLE` (set to another value: active)
+    if env_disable.is_none() && env(ENV_HAMI_DISABLE).as_deref().is_some_and(parse_disable) {
+        return Ok(Settings::disabled_by(Source::Env(ENV_HAMI_DISABLE.to_string())));
+    }
     if let Some(e) = env_names.iter().find_map(|name| malformed_name(env, name)) {
         return Err(e);
     }
@@ -163,8 +168,10 @@ pub(crate) fn with_env(
 ) -> Result<Settings, ConfigError> {
     merged.overlay(alias_layer(env, env_names)?);
     merged.overlay(env_layer(env, env_names)?);
+    let notes = std::mem::take(&mut merged.notes);
     let mut settings = merged.into_settings();
     settings.warnings = unknown_env_warnings(env_names);
+    settings.warnings.extend(notes);
     Ok(settings)
 }
 
@@ -193,6 +200,11 @@ pub(crate) struct Layer {
     pub(crate) compute_limit: Sourced<f64>,
     pub(crate) compute_limits: BTreeMap<u32, (f64, Source)>,
     pub(crate) compute_mode: Sourced<ComputeMode>,
+    /// HAMi-core's shared region (set only by the HAMi layer).
+    pub(crate) hami_region: Sourced<PathBuf>,
+    /// Lines for [`Settings::warnings`] (HAMi values HAMi-core would misread).
+    pub(crate) notes: Vec<String>,
+    pub(crate) oom_wait: Sourced<std::time::Duration>,
 }
 
 pub(crate) fn replace_if_set<T>(lower: &mut Sourced<T>, upper: Sourced<T>) {
@@ -228,6 +240,9 @@ impl Layer {
         }
         self.compute_limits.extend(upper.compute_limits);
         replace_if_set(&mut self.compute_mode, upper.compute_mode);
+        replace_if_set(&mut self.hami_region, upper.hami_region);
+        self.notes.extend(upper.notes);
+        replace_if_set(&mut self.oom_wait, upper.oom_wait);
     }
 
     pub(crate) fn into_settings(self: Box<Self>) -> Settings {
@@ -264,6 +279,8 @@ impl Layer {
             take(&format!("compute_limits.{ordinal}"), Some(source));
         }
         take("compute_mode", self.compute_mode.as_ref().map(|v| &v.1));
+        take("hami_region", self.hami_region.as_ref().map(|v| &v.1).filter(|s| **s != Source::Default));
+        take("oom_wait", self.oom_wait.as_ref().map(|v| &v.1));
         Settings {
             disable: self.disable.is_some_and(|v| v.0),
             log_level: self.log_level.map_or(LogLevel::default(), |v| v.0),
@@ -286,6 +303,8 @@ impl Layer {
             compute_limit: self.compute_limit.map(|v| v.0),
             compute_limits: self.compute_limits.into_iter().map(|(i, (l, _))| (i, l)).collect(),
             compute_mode: self.compute_mode.map_or(ComputeMode::default(), |v| v.0),
+            hami_region: self.hami_region.map(|v| v.0),
+            oom_wait: self.oom_wait.map(|v| v.0),
             sources,
             warnings: Vec::new(),
         }

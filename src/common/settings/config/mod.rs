@@ -5,8 +5,10 @@
 //! Each setting is taken from the first of these that sets it:
 //!
 //! 1. a `GPUSHIM_…` environment variable;
-//! 2. for memory limits only, the HAMi-core aliases `CUDA_DEVICE_MEMORY_LIMIT` and
-//!    `CUDA_DEVICE_MEMORY_LIMIT_<i>` (environment, below the `GPUSHIM_` names, above the file);
+//! 2. HAMi-core's variables, with HAMi-core's meaning (see [`hami`]): `CUDA_DEVICE_MEMORY_LIMIT(_<i>)`,
+//!    `CUDA_DEVICE_SM_LIMIT(_<i>)`, `LIBCUDA_LOG_LEVEL`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`
+//!    (environment, below the `GPUSHIM_` names, above the file); `CUDA_DISABLE_CONTROL=true`
+//!    disables the shim as `GPUSHIM_DISABLE` does, unless `GPUSHIM_DISABLE` is set;
 //! 3. the config file: `GPUSHIM_CONFIG` if set (missing or invalid: error), else
 //!    [`DEFAULT_CONFIG_PATH`] if it exists (absent: fine; present but unreadable or invalid: error);
 //! 4. the defaults (everything visible, no limit, `passthrough`, log at `warn` to stderr).
@@ -29,6 +31,8 @@
 //!   same for the environment's settings, unless `GPUSHIM_DISABLE` is set to another value.
 //! * `GPUSHIM_LOG`: `off`, `error`, `warn`, `info`, `debug`, `trace` (case-insensitive).
 //! * `GPUSHIM_MEMORY_MODE`: `passthrough`, `grow`, `preallocate` (case-insensitive).
+//! * `GPUSHIM_OOM_WAIT`: a duration, `30s`, `500ms`, `2m`, `1h` (decimals allowed), or `0`
+//!   (do not wait); at most a day. A number without a unit is an error.
 //! * `GPUSHIM_REPORT`: `stderr` (case-insensitive) or a path, JSON when it ends in `.json`.
 //! * `GPUSHIM_SHARED_QUOTA`: a name of 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not
 //!   starting with `.` (it names shared objects; a `/` must not be able to escape them).
@@ -118,6 +122,8 @@ pub const ENV_LIBRARY: &str = "GPUSHIM_LIBRARY";
 pub const ENV_ENTRYPOINT_CHECK: &str = "GPUSHIM_ENTRYPOINT_CHECK";
 /// The share of each device's time the process' GPU work may occupy (see `compute`).
 pub const ENV_COMPUTE_LIMIT: &str = "GPUSHIM_COMPUTE_LIMIT";
+/// How long an allocation refused by a full shared budget waits for room (see `quota::wait`).
+pub const ENV_OOM_WAIT: &str = "GPUSHIM_OOM_WAIT";
 /// `GPUSHIM_COMPUTE_LIMIT_<i>`.
 pub const ENV_COMPUTE_LIMIT_PREFIX: &str = "GPUSHIM_COMPUTE_LIMIT_";
 /// How the compute limit is enforced: `auto`, `duty`, `mps`, `green`.
@@ -152,6 +158,7 @@ pub const SETTING_ENV: &[&str] = &[
     ENV_STATE_DIR,
     ENV_COMPUTE_LIMIT,
     ENV_COMPUTE_MODE,
+    ENV_OOM_WAIT,
 ];
 
 /// `GPUSHIM_` variables read by the `gpushim` command and the container entrypoint, not by
@@ -184,6 +191,7 @@ pub const FILE_KEYS: &[&str] = &[
     "compute_limit",
     "compute_limits",
     "compute_mode",
+    "oom_wait",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -440,6 +448,13 @@ pub struct Settings {
     /// Per-device compute limits by the program's ordinal (1: none on that device).
     pub compute_limits: BTreeMap<u32, f64>,
     pub compute_mode: ComputeMode,
+    /// HAMi-core's shared region file (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi-core's
+    /// default path): `Some` only when the process is configured through HAMi's variables
+    /// (see `hami::configured_through_hami`), never from `GPUSHIM_` names or the file.
+    pub hami_region: Option<PathBuf>,
+    /// `GPUSHIM_OOM_WAIT`: how long an allocation refused because a shared budget is full
+    /// waits for room (`None` or zero: refused at once).
+    pub oom_wait: Option<std::time::Duration>,
     /// Every setting set explicitly (environment or file), with its source, in a fixed order.
     /// Names are the config file's keys; per-device limits are `memory_limits.<i>`.
     pub sources: Vec<(String, Source)>,
@@ -467,6 +482,8 @@ impl Default for Settings {
             compute_limit: None,
             compute_limits: BTreeMap::new(),
             compute_mode: ComputeMode::Auto,
+            hami_region: None,
+            oom_wait: None,
             sources: Vec::new(),
             warnings: Vec::new(),
         }
@@ -526,16 +543,20 @@ impl Settings {
 
 mod env;
 mod file;
+mod hami;
 mod load;
 mod values;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod compute_tests;
+#[cfg(test)]
+mod hami_tests;
 
 #[allow(unused_imports)]
 pub use env::*;
 #[allow(unused_imports)]
 pub use file::*;
+pub use hami::*;
 pub use load::*;
 pub use values::*;

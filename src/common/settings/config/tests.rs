@@ -161,11 +161,10 @@ fn every_bad_limit_value_is_an_error_naming_the_variable() {
         ("", EMPTY_ENV),
         ("   ", EMPTY_ENV),
     ];
+    // (HAMi-core's names read some of these as HAMi-core does: see `hami_tests`)
     for var in [
         "GPUSHIM_MEMORY_LIMIT",
         "GPUSHIM_MEMORY_LIMIT_0",
-        "CUDA_DEVICE_MEMORY_LIMIT",
-        "CUDA_DEVICE_MEMORY_LIMIT_3",
     ] {
         for (value, reason) in cases {
             let want = format!("gpushim: {var}={value:?}: {reason}");
@@ -435,7 +434,10 @@ fn file_per_device_limits_and_layering() {
     let (_, s) = file_ok(file, &[("GPUSHIM_MEMORY_LIMIT", "2GiB")]);
     assert_eq!(s.limit_for(0), Limit::Bytes(2 * GIB));
     assert!(s.device_limits.is_empty());
+    // HAMi-core's "no limit" (0, unlimited) is the same as unset: the file's limits hold
     let (_, s) = file_ok(file, &[("CUDA_DEVICE_MEMORY_LIMIT", "unlimited")]);
+    assert_eq!(s.limit_for(0), Limit::Bytes(8 * GIB));
+    let (_, s) = file_ok(file, &[("GPUSHIM_MEMORY_LIMIT", "unlimited")]);
     assert_eq!(s.limit_for(0), Limit::Unlimited);
     // Dotted keys work too.
     let (_, s) = file_ok("memory_limits.2 = \"25%\"\n", &[]);
@@ -1144,4 +1146,22 @@ fn garbage_never_panics() {
         );
         let _ = parse_file(&value, Path::new("f"));
     }
+}
+
+#[test]
+fn oom_wait_durations() {
+    use std::time::Duration;
+    for (text, want) in [("30s", 30_000), ("500ms", 500), ("2m", 120_000), ("1h", 3_600_000), ("1.5s", 1_500), (" 10 S ", 10_000), ("0", 0), ("24h", 86_400_000)] {
+        assert_eq!(parse_duration(text), Ok(Duration::from_millis(want)), "{text}");
+    }
+    for text in ["30", "soon", "-1s", "2d", "1.5.0s", "25h", "s", ".s", "1e3s", ""] {
+        assert!(parse_duration(text).is_err(), "{text}");
+    }
+    assert!(parse_duration("30").unwrap_err().contains("did you mean 30s?"));
+    let env = |name: &str| (name == ENV_OOM_WAIT).then(|| "2m".to_string());
+    let s = load_from(&|n| if n == ENV_CONFIG { Some("/dev/null".into()) } else { env(n) }, &[ENV_OOM_WAIT.to_string()]).unwrap();
+    assert_eq!(s.oom_wait, Some(Duration::from_secs(120)));
+    assert_eq!(s.source_of("oom_wait"), &Source::Env(ENV_OOM_WAIT.to_string()));
+    let e = load_from(&|n| if n == ENV_CONFIG { Some("/dev/null".into()) } else { (n == ENV_OOM_WAIT).then(|| "30".into()) }, &[ENV_OOM_WAIT.to_string()]).unwrap_err();
+    assert_eq!(e.setting, ENV_OOM_WAIT);
 }

@@ -93,6 +93,37 @@ pub fn parse_sm_limit(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The longest `GPUSHIM_OOM_WAIT` accepted: a day (a wait is bounded by it; longer is a typo).
+pub const MAX_OOM_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+const DURATION_FORM: &str = "expected a duration like 30s, 500ms, 2m or 1h (0: do not wait)";
+
+/// `GPUSHIM_OOM_WAIT`: a number (decimals allowed) with a unit `ms`, `s`, `m` or `h`
+/// (case-insensitive, spaces between allowed), or `0` alone; at most [`MAX_OOM_WAIT`].
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim_start());
+    let plain = !number.is_empty() && number != "." && number.bytes().filter(|&b| b == b'.').count() <= 1;
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "" if plain => return Err(format!("{DURATION_FORM}; a number needs a unit (did you mean {number}s?)")),
+        _ => return Err(DURATION_FORM.to_string()),
+    };
+    let seconds = if plain { number.parse::<f64>().ok().map(|v| v * scale) } else { None };
+    match seconds {
+        Some(v) if v <= MAX_OOM_WAIT.as_secs_f64() => Ok(std::time::Duration::from_secs_f64(v)),
+        Some(_) => Err(format!("{DURATION_FORM}; at most 24h")),
+        None => Err(DURATION_FORM.to_string()),
+    }
+}
+
 pub fn parse_report(s: &str) -> Result<ReportTarget, String> {
     if s.trim().eq_ignore_ascii_case("stderr") {
         Ok(ReportTarget::Stderr)

@@ -34,6 +34,13 @@
 //! written is its own slot and the totals) and marks the mutex consistent. Nobody waits for a
 //! dead process; joining takes no node-wide lock beyond one short critical section.
 //!
+//! # Waiting for room
+//!
+//! With `GPUSHIM_OOM_WAIT`, a reservation the quota refuses while the member is under its own
+//! limit waits for another member to free ([`crate::oom_wait`] for the loop, `queue` for the
+//! quota's side): the header holds a queue of waiting threads (ticket, slot, device; FIFO by
+//! ticket) and a futex word bumped at every release, departure and reclaimed member.
+//!
 //! # Oversubscription
 //!
 //! A process with a limit but no quota takes a slot in the user's registry ([`REGISTRY_FILE`],
@@ -68,7 +75,10 @@ pub const SLOTS: usize = 256;
 pub const DEVICES: usize = 64;
 const UUID_BYTES: usize = 48;
 const MAGIC: u64 = u64::from_le_bytes(*b"gpushimQ");
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
+/// Threads of all members waiting for room at once (`GPUSHIM_OOM_WAIT`); a refused
+/// reservation finding the queue full does not wait.
+pub const WAITERS: usize = 64;
 /// The longest anyone waits for the quota's mutex (held for a few loads and stores): beyond it
 /// the mutex is taken to be corrupted or held by a stuck process, and the operation fails.
 pub const LOCK_TIMEOUT_S: i64 = 5;
@@ -84,6 +94,7 @@ pub const LAYOUT: u64 = {
         SLOTS as u64,
         DEVICES as u64,
         UUID_BYTES as u64,
+        WAITERS as u64,
     ];
     let mut h: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a over the parts
     let mut i = 0;
@@ -129,6 +140,17 @@ struct Slot {
     usage: [AtomicU64; DEVICES],
 }
 
+/// A thread waiting for room (`queue`): all zero when free.
+#[repr(C)]
+struct Waiter {
+    /// Its place in the order of arrival (from 1; 0: a free entry).
+    ticket: AtomicU64,
+    /// The member's slot.
+    slot: AtomicU32,
+    /// The quota's device it waits on.
+    dev: AtomicU32,
+}
+
 #[repr(C)]
 struct Header {
     magic: AtomicU64,
@@ -139,6 +161,14 @@ struct Header {
     mutex: libc::pthread_mutex_t,
     devices: [Device; DEVICES],
     slot: [Slot; SLOTS],
+    /// The last ticket handed to a waiter (`queue`).
+    tickets: AtomicU64,
+    /// Entries of `waiter` in use: releases wake sleepers only when there are some.
+    waiting: AtomicU32,
+    /// The futex word waiters sleep on: bumped (and its sleepers woken) when room may have
+    /// appeared or the queue changed.
+    wake: AtomicU32,
+    waiter: [Waiter; WAITERS],
 }
 
 const FILE_BYTES: usize = std::mem::size_of::<Header>();
@@ -187,6 +217,17 @@ pub struct DeviceInfo {
 /// Where errors met outside a `Result` (a reservation refused because the quota's lock is
 /// unusable) are reported; set once by the shim (its log). Unset: not reported.
 pub static ON_ERROR: crate::platform::once::ForkOnce<fn(&str)> = crate::platform::once::ForkOnce::new();
+
+/// Called with this member's new usage on device `d` each time its reservation there changes
+/// (under the quota's lock, so calls come in order; it must not block): set once by the shim to
+/// mirror usage into HAMi-core's shared region (`sharing::hami`). Unset: nothing is called.
+pub static ON_USAGE: crate::platform::once::ForkOnce<fn(&Quota, usize, u64)> = crate::platform::once::ForkOnce::new();
+
+fn report_usage(q: &Quota, d: usize, usage: u64) {
+    if let Some(f) = ON_USAGE.get() {
+        f(q, d, usage);
+    }
+}
 
 fn report_error(e: &str) {
     if let Some(f) = ON_ERROR.get() {
@@ -398,6 +439,7 @@ impl Quota {
         }
         s.used.store(0, Relaxed);
         s.pid.store(0, Relaxed);
+        self.drop_waiters_of(i);
     }
 
     /// Clears the slots of members that died (the mutex is held; `me`: [`whoami`]). Returns
@@ -414,7 +456,7 @@ impl Quota {
                 continue;
             }
             let s = &h.slot[i];
-            let busy = s.used.load(Relaxed) != 0 || s.usage.iter().any(|u| u.load(Relaxed) != 0);
+            let busy = s.used.load(Relaxed) != 0 || s.usage.iter().any(|u| u.load(Relaxed) != 0) || self.has_waiter(i);
             if busy && matches!(slot_lock(self.lock_fd.load(Relaxed), i, libc::F_OFD_GETLK), Ok(true)) {
                 self.clear_slot(i);
                 reaped += 1;
@@ -463,6 +505,8 @@ impl Quota {
             let sum: u64 = h.slot.iter().map(|s| s.usage[d].load(Relaxed)).fold(0, u64::saturating_add);
             h.devices[d].reserved.store(sum, Relaxed);
         }
+        let waiting = h.waiter.iter().filter(|w| w.ticket.load(Relaxed) != 0).count();
+        h.waiting.store(waiting as u32, Relaxed);
     }
 
     /// The index of the device `uuid` (`size` its physical bytes), adding it if new, and
@@ -506,13 +550,20 @@ impl Quota {
         let h = self.h();
         let dev = &h.devices[d];
         let fits = |r: u64| r.checked_add(bytes).is_some_and(|n| n <= limit);
-        if !fits(dev.reserved.load(Relaxed)) && (self.reap(me) == 0 || !fits(dev.reserved.load(Relaxed))) {
-            return Err(dev.reserved.load(Relaxed));
+        if !fits(dev.reserved.load(Relaxed)) {
+            let reaped = self.reap(me);
+            if reaped > 0 {
+                self.bump();
+            }
+            if reaped == 0 || !fits(dev.reserved.load(Relaxed)) {
+                return Err(dev.reserved.load(Relaxed));
+            }
         }
         let now = dev.reserved.load(Relaxed) + bytes;
         dev.reserved.store(now, Relaxed);
         dev.peak.fetch_max(now, Relaxed);
-        h.slot[i].usage[d].fetch_add(bytes, Relaxed);
+        let usage = h.slot[i].usage[d].fetch_add(bytes, Relaxed).saturating_add(bytes);
+        report_usage(self, d, usage);
         Ok(())
     }
 
@@ -525,12 +576,17 @@ impl Quota {
         let n = bytes.min(mine.load(Relaxed));
         mine.fetch_sub(n, Relaxed);
         let _ = h.devices[d].reserved.fetch_update(Relaxed, Relaxed, |r| Some(r.saturating_sub(n)));
+        report_usage(self, d, mine.load(Relaxed));
+        drop(_g);
+        self.wake_waiters();
     }
 
     /// What all members hold on device `d` now, after clearing dead members' usage.
     pub fn reserved(&self, d: usize) -> u64 {
         if let Ok(_g) = self.lock() {
-            self.reap(whoami());
+            if self.reap(whoami()) > 0 {
+                self.bump();
+            }
         }
         self.h().devices[d].reserved.load(Relaxed)
     }
@@ -551,6 +607,7 @@ impl Quota {
         if let Ok(_g) = self.lock() {
             self.clear_slot(i);
         }
+        self.wake_waiters();
     }
 
     /// (pid, name, limit) of every live member with a limit on device `d`, read without changing
@@ -692,6 +749,7 @@ pub fn comm() -> [u8; 16] {
 }
 
 mod files;
+mod queue;
 #[cfg(test)]
 mod tests;
 

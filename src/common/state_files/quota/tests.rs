@@ -303,3 +303,98 @@ fn a_squatted_state_dir_names_the_setting() {
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Two members of one quota in this process (each its own slot and lock): a waiter proceeds
+/// when the other frees; when both wait, the newest fails at once; a wait with nobody freeing
+/// ends at its deadline; the queue is empty afterwards.
+#[test]
+fn waiting_for_room() {
+    use crate::oom_wait::{wait_for_room, End};
+    use std::time::Duration;
+    let d = dir("wait");
+    let a = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let b = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let dev = a.device("GPU-w", 1000, 100).unwrap().unwrap();
+    assert_eq!(b.device("GPU-w", 1000, 100).unwrap(), Some(dev));
+    a.reserve(dev, 90, 100).unwrap();
+    // b waits; a frees after 300 ms
+    let bb = b.clone();
+    let t = std::thread::spawn(move || wait_for_room(&*bb, dev, 20, 100, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(a.waiting(), 1);
+    a.release(dev, 50);
+    let w = t.join().unwrap();
+    assert_eq!(w.end, End::Reserved);
+    assert!(w.waited >= Duration::from_millis(250) && w.waited < Duration::from_secs(5), "{w:?}");
+    assert_eq!(a.reserved(dev), 60);
+    // both wait: the newest (a) fails at once, b goes on waiting until a frees
+    a.reserve(dev, 40, 100).unwrap();
+    let bb = b.clone();
+    let t = std::thread::spawn(move || wait_for_room(&*bb, dev, 30, 100, Duration::from_secs(20)));
+    let start = std::time::Instant::now();
+    while a.waiting() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let w = wait_for_room(&*a, dev, 10, 100, Duration::from_secs(20));
+    assert_eq!(w.end, End::AllWaiting, "{w:?}");
+    assert!(w.waited < Duration::from_secs(1), "{w:?}");
+    a.release(dev, 80);
+    assert_eq!(t.join().unwrap().end, End::Reserved);
+    // nobody frees: the deadline
+    let w = wait_for_room(&*a, dev, 60, 100, Duration::from_millis(300));
+    assert_eq!(w.end, End::TimedOut);
+    assert!(w.waited >= Duration::from_millis(300) && w.waited < Duration::from_secs(3), "{w:?}");
+    assert_eq!(a.waiting(), 0);
+    assert_eq!(a.reserved(dev), 50);
+}
+
+/// Signals delivered to a waiting thread (a handler installed without `SA_RESTART`: each one
+/// ends a `FUTEX_WAIT` with `EINTR`) neither end the wait early nor lose it: a wait with nobody
+/// freeing lasts its deadline, and one whose room appears gets it.
+#[test]
+fn signals_do_not_cut_a_wait_short() {
+    use crate::oom_wait::{wait_for_room, End};
+    use std::os::unix::thread::JoinHandleExt;
+    use std::time::Duration;
+    extern "C" fn nothing(_: libc::c_int) {}
+    // SAFETY: a handler that does nothing, installed for SIGUSR2 (not used elsewhere in tests).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+        libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+    }
+    let d = dir("signals");
+    let a = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let b = std::sync::Arc::new(Quota::open(&d, "q", true).unwrap());
+    let dev = a.device("GPU-s", 1000, 100).unwrap().unwrap();
+    b.device("GPU-s", 1000, 100).unwrap();
+    a.reserve(dev, 90, 100).unwrap();
+    for free_after in [None, Some(Duration::from_millis(400))] {
+        let bb = b.clone();
+        let t = std::thread::spawn(move || wait_for_room(&*bb, dev, 20, 100, Duration::from_millis(800)));
+        let start = std::time::Instant::now();
+        let mut freed = false;
+        while !t.is_finished() {
+            // SAFETY: the thread is alive (not finished; joined only below).
+            unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR2) };
+            if !freed && free_after.is_some_and(|f| start.elapsed() >= f) {
+                a.release(dev, 50);
+                freed = true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let w = t.join().unwrap();
+        match free_after {
+            None => {
+                assert_eq!(w.end, End::TimedOut, "{w:?}");
+                assert!(w.waited >= Duration::from_millis(800), "{w:?}");
+            }
+            Some(_) => {
+                assert_eq!(w.end, End::Reserved, "{w:?}");
+                assert!(w.waited >= Duration::from_millis(350) && w.waited < Duration::from_millis(800), "{w:?}");
+            }
+        }
+    }
+    assert_eq!(a.waiting(), 0);
+}
