@@ -273,6 +273,17 @@ fn unsafe_region_files_are_refused() {
     assert_refused(&node, "symbolic link");
     assert_eq!(std::fs::metadata(&target).unwrap().len(), 0, "the link's target untouched");
 
+    let node = Node::new("hami-refuse-hardlink");
+    let other = node.dir.join("precious");
+    std::fs::write(&other, vec![0u8; 4 << 20]).unwrap();
+    std::fs::hard_link(&other, &node.region).unwrap();
+    assert_refused(&node, "has 2 hard links");
+    assert_eq!(std::fs::read(&other).unwrap(), vec![0u8; 4 << 20], "the other name's file untouched");
+
+    let node = Node::new("hami-refuse-zeros");
+    std::fs::write(&node.region, vec![0u8; 4 << 20]).unwrap();
+    assert_refused(&node, "is 4194304 bytes and not a HAMi-core shared region");
+
     let node = Node::new("hami-refuse-dir");
     std::fs::create_dir(&node.region).unwrap();
     assert_refused(&node, "cannot open it");
@@ -332,6 +343,27 @@ fn an_existing_files_limit_wins_over_hamis_variable() {
     let out = node.run(true, &["info".to_string()]).env("GPUSHIM_MEMORY_LIMIT", "32MiB").run();
     out.assert_completed();
     assert_eq!(out.u64("op1.total"), 32 * MIB, "{}", out.dump());
+    // a stored limit only lowers the environment's: 32 MiB asked, 64 MiB stored
+    let out = node.run(true, &["info".to_string()]).env("CUDA_DEVICE_MEMORY_LIMIT", "32m").run();
+    out.assert_completed();
+    assert_eq!(out.u64("op1.total"), 32 * MIB, "{}", out.dump());
+    assert!(!out.stderr_text().contains("win over the environment"), "{}", out.dump());
+}
+
+/// A region file other users can write (HAMi-core makes its files 0666): one of this user's is
+/// made the owner's alone before it is used (nobody else can then change its limits or
+/// truncate it under the program's mapping).
+#[test]
+fn a_region_file_others_can_write_is_made_the_owners() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new("hami-0666");
+    std::fs::write(&node.region, b"").unwrap();
+    std::fs::set_permissions(&node.region, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = node.run(true, &[format!("alloc=mem:{}", MIB)]).run();
+    out.assert_completed();
+    assert_eq!(out.num("op1.rc"), 0, "{}", out.dump());
+    let mode = std::fs::metadata(&node.region).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "{}", out.dump());
 }
 
 /// A process configured with `GPUSHIM_` names only never opens a region file, even with one at

@@ -32,9 +32,9 @@ impl Node {
         format!("{}", self.dir.join(name).display())
     }
 
-    /// The driver-API program running `ops` on 1 simulated 16 GiB device with a 64 MiB limit,
-    /// in quota `q`, under the shim (`shim`), waiting `wait` (`None`: GPUSHIM_OOM_WAIT unset).
-    fn run(&self, shim: bool, wait: Option<&str>, ops: &[String]) -> Run {
+    /// The driver-API program running `ops` on 1 simulated 16 GiB device, under the shim
+    /// (`shim`), waiting `wait` (`None`: GPUSHIM_OOM_WAIT unset); no limit yet.
+    fn program(&self, shim: bool, wait: Option<&str>, ops: &[String]) -> Run {
         let mut run = Run::program(Program::Driver(DriverPath::Link))
             .shim(shim)
             .args(ops)
@@ -42,9 +42,6 @@ impl Node {
             .env("GPUSIM_MEMORY", "16GiB")
             .env("GPUSIM_NODE_STATE", &self.node)
             .env("GPUSHIM_STATE_DIR", &self.state)
-            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
-            .env("GPUSHIM_SHARED_QUOTA", "q")
-            .env("GPUSHIM_REPORT", "stderr")
             .env("GPUSHIM_LOG", "info");
         if let Some(w) = wait {
             run = run.env("GPUSHIM_OOM_WAIT", w);
@@ -52,23 +49,20 @@ impl Node {
         run
     }
 
-    /// The same program under the shim configured through HAMi's variables: a 64 MiB limit
-    /// per process and the budget shared through the region file `region`.
+    /// `program` with a 64 MiB limit, in quota `q`, with the exit report on stderr.
+    fn run(&self, shim: bool, wait: Option<&str>, ops: &[String]) -> Run {
+        self.program(shim, wait, ops)
+            .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
+            .env("GPUSHIM_SHARED_QUOTA", "q")
+            .env("GPUSHIM_REPORT", "stderr")
+    }
+
+    /// `program` under the shim configured through HAMi's variables: a 64 MiB limit per
+    /// process and the budget shared through the region file `region`.
     fn run_hami(&self, wait: Option<&str>, region: &std::path::Path, ops: &[String]) -> Run {
-        let mut run = Run::program(Program::Driver(DriverPath::Link))
-            .shim(true)
-            .args(ops)
-            .env("GPUSIM_DEVICES", "1")
-            .env("GPUSIM_MEMORY", "16GiB")
-            .env("GPUSIM_NODE_STATE", &self.node)
-            .env("GPUSHIM_STATE_DIR", &self.state)
+        self.program(true, wait, ops)
             .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
-            .env("GPUSHIM_LOG", "info");
-        if let Some(w) = wait {
-            run = run.env("GPUSHIM_OOM_WAIT", w);
-        }
-        run
     }
 
     /// A holder in the background: `ops`, then `touch=ready`, then a long sleep; killed with
@@ -425,8 +419,22 @@ fn a_waiter_on_a_hami_region_proceeds_when_another_member_frees() {
         let region = node.dir.join("region.cache");
         let (ready, done) = (node.mark("a-ready"), node.mark("b-done"));
         let a = ops(&["alloc=mem:50331648", &format!("touch={ready}"), "sleep=1500", "stamp", "free=1", &format!("waitfor={done}")]);
-        let b = ops(&[&format!("waitfor={ready}"), "stamp", "alloc=mem:33554432", "stamp", &format!("touch={done}")]);
-        let outs = together(vec![node.run_hami(wait, &region, &a), node.run_hami(wait, &region, &b)]);
+        let holds = node.mark("b-holds");
+        let b = ops(&[&format!("waitfor={ready}"), "stamp", "alloc=mem:33554432", "stamp", &format!("touch={done}"), &format!("touch={holds}"), "sleep=1500"]);
+        let (ra, rb) = (node.run_hami(wait, &region, &a), node.run_hami(wait, &region, &b));
+        let ta = std::thread::spawn(move || ra.run());
+        let tb = std::thread::spawn(move || rb.run());
+        // while B holds what it waited for, the region's slot shows it (HAMi's monitor reads it)
+        let mut shown = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while wait.is_some() && Instant::now() < deadline && !std::path::Path::new(&holds).exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if wait.is_some() {
+            let out = Command::new(profile_dir().join("gpushim")).args(["ps", "--hami"]).arg(&region).output().expect("gpushim ps --hami");
+            shown = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+        }
+        let outs = vec![ta.join().unwrap(), tb.join().unwrap()];
         let (a, b) = (&outs[0], &outs[1]);
         a.assert_completed();
         b.assert_completed();
@@ -437,6 +445,7 @@ fn a_waiter_on_a_hami_region_proceeds_when_another_member_frees() {
             assert!(answered >= freed && answered - freed < 1000, "B got its memory once A freed: {what}");
             assert!(answered - asked >= 700, "B waited about A's hold (1.5 s): {what}");
             assert!(node_peak(b) <= LIMIT, "the region's budget held on the node: {what}");
+            assert!(shown.iter().any(|l| l.starts_with("slot ") && l.ends_with(&format!("alive used 0:{}", 32 * MIB))), "B's slot shows what it waited for: {shown:?}\n{what}");
         } else {
             assert_eq!(rc(b, 3), OOM, "without GPUSHIM_OOM_WAIT, refused: {what}");
             assert!(answered - asked < 1000, "at once: {what}");

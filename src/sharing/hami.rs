@@ -24,11 +24,12 @@
 //!
 //! A new file is initialised with HAMi's limits from the environment (sizes in bytes; a fraction
 //! is stored as 0, "no limit", since HAMi-core's field is bytes). An existing file's non-zero
-//! limit for a device wins over `CUDA_DEVICE_MEMORY_LIMIT(_<i>)` (as HAMi-core), with one `warn`
-//! line, when the file can be trusted: only its owner can write it, or the process is root
-//! (HAMi's containers; HAMi-core makes its files 0666, which any user could rewrite). A
-//! `GPUSHIM_` limit or the config file still win over the file, and a file's 0 never lifts a
-//! limit the environment sets. HAMi's device index is taken to be the program's ordinal.
+//! limit for a device lower than `CUDA_DEVICE_MEMORY_LIMIT(_<i>)` (or set where it sets none)
+//! wins (as HAMi-core's stored limits do), with one `warn` line; a stored limit never raises
+//! the environment's. Only files no other user can write are used at all (HAMi-core makes its
+//! files 0666: one of ours is made the owner's alone, another's is refused), so nobody else can
+//! change the limits or truncate the file under the mapping. A `GPUSHIM_` limit or the config
+//! file still win over the file. HAMi's device index is taken to be the program's ordinal.
 //!
 //! # What the monitor writes back
 //!
@@ -113,7 +114,8 @@ pub fn join_region(s: &Settings) -> Result<(), config::ConfigError> {
         let mut runs: Vec<(usize, usize, u64, u64)> = Vec::new();
         for i in 0..hami::DEVICES {
             let stored = r.limit[i];
-            if stored != 0 && stored != init.limit[i] && hami_or_unset(s, i as u32) {
+            // (a stored limit only ever lowers the environment's: never more than it allows)
+            if stored != 0 && (init.limit[i] == 0 || stored < init.limit[i]) && hami_or_unset(s, i as u32) {
                 STORED[i].store(stored, Relaxed);
                 match runs.last_mut() {
                     Some(run) if run.1 + 1 == i && (run.2, run.3) == (stored, init.limit[i]) => run.1 = i,

@@ -274,6 +274,19 @@ impl Mapped {
         if st.st_uid != me && st.st_uid != 0 {
             return close(format!("it belongs to user {}, not to this user ({me}) or root; refused (it could carry any limits)", st.st_uid));
         }
+        if st.st_nlink != 1 {
+            return close(format!("it has {} hard links; refused (it could be another file's name)", st.st_nlink));
+        }
+        if st.st_mode & 0o022 != 0 {
+            // Writable by others (HAMi-core makes its files 0666): any of them could change its
+            // limits or truncate it under the program's mapping. Ours: made the owner's alone;
+            // another's (root's): refused.
+            // SAFETY: our descriptor; a plain mode.
+            if st.st_uid != me || unsafe { libc::fchmod(fd, (st.st_mode & 0o7755) as libc::mode_t) } != 0 {
+                return close(format!("other users can write it (mode {:o}); refused (they could change its limits, or truncate it under the program)", st.st_mode & 0o777));
+            }
+            st.st_mode &= !0o022;
+        }
         if let Err(e) = lockf(fd, true) {
             return close(e);
         }
@@ -296,6 +309,7 @@ impl Mapped {
         if size != 0 && size < SIZE as u64 {
             return Err(format!("it is {size} bytes, not a HAMi-core shared region ({SIZE} bytes); refused"));
         }
+        let hamis_size = size == 0 || size == SIZE as u64 + 1;
         // (HAMi-core's file is one byte longer than the struct)
         crate::platform::sys::allocate(fd, SIZE as u64 + 1).map_err(|e| format!("{e}; refused (a mapping of it could fault)"))?;
         // SAFETY: a fresh shared mapping of SIZE bytes of a file at least that long.
@@ -303,7 +317,7 @@ impl Mapped {
         if p == libc::MAP_FAILED {
             return Err(format!("cannot map it: {}", errno()));
         }
-        let mut m = Mapped { fd, region: p.cast(), id: (st.st_dev as u64, st.st_ino as u64), created: false, trusted: st.st_mode & 0o022 == 0 || unsafe { libc::geteuid() } == 0, slot: AtomicUsize::new(usize::MAX), pid: AtomicI32::new(0) };
+        let mut m = Mapped { fd, region: p.cast(), id: (st.st_dev as u64, st.st_ino as u64), created: false, trusted: st.st_mode & 0o022 == 0, slot: AtomicUsize::new(usize::MAX), pid: AtomicI32::new(0) };
         let r = m.region_mut();
         let flag = r.initialized_flag.load(Acquire);
         if flag == MAGIC {
@@ -321,6 +335,12 @@ impl Mapped {
         if size != 0 && flag != 0 {
             discard(m);
             return Err(format!("its magic is {flag}, not HAMi-core's {MAGIC}; refused"));
+        }
+        if !hamis_size {
+            // (a file never initialised is written only if it is empty or exactly a region's
+            // size: never some other file of zeros under that name)
+            discard(m);
+            return Err(format!("it is {size} bytes and not a HAMi-core shared region; refused"));
         }
         // new (or never initialised): as HAMi-core's `try_create_shrreg`
         r.major_version = MAJOR;

@@ -96,7 +96,9 @@ impl SharedRoom for Quota {
                     let now = total + bytes;
                     dev.reserved.store(now, Relaxed);
                     dev.peak.fetch_max(now, Relaxed);
-                    h.slot[i].usage[d].fetch_add(bytes, Relaxed);
+                    let usage = h.slot[i].usage[d].fetch_add(bytes, Relaxed).saturating_add(bytes);
+                    // (as `reserve` does: a HAMi region's slot shows it)
+                    report_usage(self, d, usage);
                     Self::free_waiter(h, mine);
                     Attempt::Reserved
                 } else if newest == Some(ticket) && self.all_waiting() {
