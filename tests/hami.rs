@@ -8,7 +8,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -48,12 +47,8 @@ impl Node {
     }
 
     fn background(&self, p: Program, args: &[String], env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new(program(p));
-        cmd.args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path());
+        let mut cmd = background_program(p);
+        cmd.args(args);
         for (k, v) in self.hami_env() {
             cmd.env(k, v);
         }
@@ -76,14 +71,7 @@ impl Node {
         let ready = self.dir.join(format!("ready-{n}"));
         let mut args = ops.to_vec();
         args.extend([format!("touch={}", ready.display()), "sleep=60000".into()]);
-        let mut cmd = self.background(Program::Driver(DriverPath::Link), &args, &[]);
-        let child = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
+        start_until_ready(&mut self.background(Program::Driver(DriverPath::Link), &args, &[]), &ready)
     }
 
     /// `gpushim ps --hami` on the region: its lines.
@@ -100,21 +88,6 @@ fn show(region: &Path) -> Vec<String> {
         .expect("run gpushim ps --hami");
     assert!(out.status.success(), "{out:?}");
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-}
-
-struct Holder(Child);
-
-impl Holder {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn slot_lines(lines: &[String]) -> Vec<&String> {
@@ -194,12 +167,7 @@ fn racing(n: usize) {
         let hold = [format!("alloc=mem:{}", 48 * MIB), format!("touch={}", ready.display()), "sleep=60000".into()];
         let mut cmd = node.background(Program::Driver(DriverPath::Link), &hold, &[]);
         configure(&mut cmd);
-        let holder = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let holder = start_until_ready(&mut cmd, &ready);
         let kids: Vec<Child> = (0..n)
             .map(|_| {
                 let mut cmd = node.background(Program::Race, &args, &[]);
@@ -598,12 +566,7 @@ fn a_holder_and_a_member_without_the_shim_pass_the_budget() {
     let args = [format!("alloc=mem:{}", 48 * MIB), format!("touch={}", ready.display()), "sleep=60000".into()];
     let mut cmd = node.background(Program::Driver(DriverPath::Link), &args, &[]);
     cmd.env_remove("LD_PRELOAD");
-    let _holder = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "the holder never got ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _holder = start_until_ready(&mut cmd, &ready);
     let out = node.run(false, &[format!("alloc=mem:{}", 32 * MIB)]).run();
     out.assert_completed();
     assert_eq!(out.num("op1.rc"), 0, "{}", out.dump());

@@ -8,7 +8,7 @@ mod common;
 mod observe;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -69,36 +69,17 @@ impl Node {
     /// SIGKILL when dropped. Returns once it is ready.
     fn holder(&self, ops: &[String]) -> Holder {
         let ready = self.dir.join("holder-ready");
-        let mut cmd = Command::new(program(Program::Driver(DriverPath::Link)));
+        let mut cmd = background_program(Program::Driver(DriverPath::Link));
         cmd.args(ops)
             .arg(format!("touch={}", ready.display()))
             .arg("sleep=60000")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path())
             .env("GPUSIM_DEVICES", "1")
             .env("GPUSIM_MEMORY", "16GiB")
             .env("GPUSIM_NODE_STATE", &self.node)
             .env("GPUSHIM_STATE_DIR", &self.state)
             .env("GPUSHIM_MEMORY_LIMIT", LIMIT.to_string())
             .env("GPUSHIM_SHARED_QUOTA", "q");
-        let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
-    }
-}
-
-struct Holder(Child);
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill(); // SIGKILL
-        let _ = self.0.wait();
+        start_until_ready(&mut cmd, &ready)
     }
 }
 

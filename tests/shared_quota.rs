@@ -43,12 +43,8 @@ impl Node {
     /// A command for `p` under the shim on this node (as `run`, with the 64 MiB limit unless
     /// `env` says otherwise), to start in the background.
     fn background(&self, p: Program, args: &[String], env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new(program(p));
+        let mut cmd = background_program(p);
         cmd.args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("LD_PRELOAD", shim_path())
             .env("GPUSIM_DEVICES", "1")
             .env("GPUSIM_MEMORY", "16GiB")
             .env("GPUSIM_NODE_STATE", &self.node)
@@ -85,36 +81,12 @@ impl Node {
         let ready = self.state.parent().unwrap().join(format!("ready-{n}"));
         let _ = std::fs::remove_file(&ready);
         let args = [format!("alloc=mem:{bytes}"), format!("touch={}", ready.display()), "sleep=60000".into()];
-        let mut cmd = self.background(Program::Driver(DriverPath::Link), &args, env);
-        let child = Holder(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
+        start_until_ready(&mut self.background(Program::Driver(DriverPath::Link), &args, env), &ready)
     }
 }
 
 fn node_peak(out: &RunOutput) -> u64 {
     out.report().device(0).node_peak.unwrap_or_else(|| panic!("no node figures in the simulator's report\n{}", out.dump()))
-}
-
-/// A program holding memory in the background; killed with SIGKILL when dropped (also when a
-/// test fails first).
-struct Holder(Child);
-
-impl Holder {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill(); // SIGKILL
-        let _ = self.0.wait();
-    }
 }
 
 fn kill(holder: Holder) {

@@ -1543,3 +1543,44 @@ pub fn skipped_without_root(test: &str) -> bool {
     eprintln!("{test}: skipped (needs root)");
     true
 }
+
+/// A program running in the background (a member holding memory, a parent of children):
+/// killed with SIGKILL when dropped, also when a test fails first.
+pub struct Holder(pub std::process::Child);
+
+impl Holder {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+/// `p` under the shim on the simulator with a clean environment (`PATH`, the simulator's
+/// libraries, the shim, nothing else: unlike [`Run`], no state directory or report of a run's
+/// own), to start in the background.
+pub fn background_program(p: Program) -> Command {
+    let mut cmd = Command::new(program(p));
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", shim_path());
+    cmd
+}
+
+/// Starts `cmd` (no input, its output discarded) and returns once it has created `ready`
+/// (20 s at most).
+pub fn start_until_ready(cmd: &mut Command, ready: &Path) -> Holder {
+    let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the program"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the program never got ready ({} not made)", ready.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}

@@ -66,13 +66,7 @@ impl Node {
                 cmd.env_remove("GPUSHIM_STATE_DIR");
             }
         }
-        let child = Holder(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start the holder"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(Instant::now() < deadline, "the holder never got ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
+        start_until_ready(&mut cmd, &ready)
     }
 
     /// `gpushim ARGS…` reading this node's state directory.
@@ -122,22 +116,6 @@ impl Drop for DefaultStateDir {
                 }
             }
         }
-    }
-}
-
-/// A program holding memory in the background; killed with SIGKILL when dropped.
-pub struct Holder(pub Child);
-
-impl Holder {
-    pub fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
