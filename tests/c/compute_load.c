@@ -113,6 +113,14 @@ static uint64_t now_ns(void) {
         }                                                                 \
     } while (0)
 
+/* In the current context: the module with `gpusim_busy`, the function, and a stream. */
+static int load_busy(CUmodule *module, CUfunction *f, CUstream *stream) {
+    CHECK(cuModuleLoadData(module, ptx));
+    CHECK(cuModuleGetFunction(f, *module, "gpusim_busy"));
+    CHECK(cuStreamCreate(stream, CU_STREAM_DEFAULT));
+    return 0;
+}
+
 static int launch_once(CUfunction f, CUstream stream, CUgraphExec exec, void **args) {
     switch (mode) {
     case CONTINUOUS:
@@ -155,10 +163,8 @@ static int run_device(struct worker *w) {
     CHECK(cuCtxSetCurrent(ctx));
     CUmodule module;
     CUfunction f;
-    CHECK(cuModuleLoadData(&module, ptx));
-    CHECK(cuModuleGetFunction(&f, module, "gpusim_busy"));
     CUstream stream;
-    CHECK(cuStreamCreate(&stream, CU_STREAM_DEFAULT));
+    if (load_busy(&module, &f, &stream) != 0) return -1;
     uint64_t ns = kernel_ns;
     void *args[] = {&ns};
 
@@ -214,10 +220,8 @@ static int child_run(int device, double seconds) {
     CHECK(cuCtxCreate_v4(&ctx, NULL, 0, dev));
     CUmodule module;
     CUfunction f;
-    CHECK(cuModuleLoadData(&module, ptx));
-    CHECK(cuModuleGetFunction(&f, module, "gpusim_busy"));
     CUstream stream;
-    CHECK(cuStreamCreate(&stream, CU_STREAM_DEFAULT));
+    if (load_busy(&module, &f, &stream) != 0) return -1;
     uint64_t ns = kernel_ns;
     void *args[] = {&ns};
     unsigned long long launches = 0;
