@@ -1,6 +1,6 @@
 /* A compute workload through the CUDA runtime's own launch path (cudaLaunchKernel, what
  * `<<<…>>>` compiles to): a PTX fat binary registered as nvcc's generated code does (see
- * rtlaunch.c), its kernel "gpusim_busy" launched in a loop.
+ * rt_fatbin.h), its kernel "gpusim_busy" launched in a loop.
  *
  *   rt_compute SECONDS KERNEL_NS [sync]
  *
@@ -18,11 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-extern void **__cudaRegisterFatBinary(void *fat);
-extern void __cudaRegisterFatBinaryEnd(void **handle);
-extern void __cudaRegisterFunction(void **handle, const char *host, char *device, const char *name, int limit,
-                                   uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp);
-extern void __cudaUnregisterFatBinary(void **handle);
+#include "rt_fatbin.h"
 
 static const char ptx[] =
     ".version 8.0\n"
@@ -35,29 +31,6 @@ static const char ptx[] =
     "{\n"
     "    ret;\n"
     "}\n";
-
-/* The fat binary: a 16-byte container header, one 64-byte entry header, the PTX (padded). */
-static struct {
-    uint32_t magic;
-    uint16_t version, header_size;
-    uint64_t fat_size;
-    struct {
-        uint16_t kind, unknown1;
-        uint32_t header_size;
-        uint64_t size;
-        uint32_t compressed_size, unknown2;
-        uint16_t minor, major;
-        uint32_t arch, name_offset, name_len;
-        uint64_t flags, zero, decompressed_size;
-    } entry;
-    char payload[512];
-} __attribute__((aligned(8))) fatbin;
-
-static struct {
-    uint32_t magic, version;
-    const void *data;
-    void *unused;
-} __attribute__((aligned(8))) wrapper;
 
 /* The host-side stub: its address is the kernel's key in the runtime. */
 static void gpusim_busy(uint64_t ns) { (void)ns; }
@@ -92,27 +65,8 @@ int main(int argc, char **argv) {
     }
     int sync = argc == 4;
 
-    size_t len = sizeof ptx; /* with its NUL */
-    size_t padded = (len + 7) & ~(size_t)7;
-    fatbin.magic = 0xBA55ED50u;
-    fatbin.version = 1;
-    fatbin.header_size = 16;
-    fatbin.fat_size = sizeof fatbin.entry + padded;
-    fatbin.entry.kind = 1; /* PTX */
-    fatbin.entry.unknown1 = 0x0101;
-    fatbin.entry.header_size = sizeof fatbin.entry;
-    fatbin.entry.size = padded;
-    fatbin.entry.major = 8;
-    fatbin.entry.arch = 52;
-    fatbin.entry.flags = 0x1; /* 64-bit */
-    memcpy(fatbin.payload, ptx, len);
-    wrapper.magic = 0x466243b1u;
-    wrapper.version = 1;
-    wrapper.data = &fatbin;
-    void **handle = __cudaRegisterFatBinary(&wrapper);
-    __cudaRegisterFunction(handle, (const char *)gpusim_busy, (char *)"gpusim_busy", "gpusim_busy", -1, NULL, NULL,
-                           NULL, NULL, NULL);
-    __cudaRegisterFatBinaryEnd(handle);
+    void **handle = register_ptx_kernel(ptx, (const void *)gpusim_busy, "gpusim_busy");
+    if (!handle) return 70;
 
     CHECK(cudaSetDevice(0));
     void *args[] = {&ns};

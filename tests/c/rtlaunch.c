@@ -11,13 +11,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "rt_fatbin.h"
 #include "scenario.h"
 
-extern void **__cudaRegisterFatBinary(void *fat);
-extern void __cudaRegisterFatBinaryEnd(void **handle);
-extern void __cudaRegisterFunction(void **handle, const char *host, char *device, const char *name, int limit,
-                                   uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp);
-extern void __cudaUnregisterFatBinary(void **handle);
 
 static const char ptx[] =
     ".version 8.0\n"
@@ -30,29 +26,6 @@ static const char ptx[] =
     "{\n"
     "    ret;\n"
     "}\n";
-
-/* The fat binary: a 16-byte container header, one 64-byte entry header, the PTX (padded). */
-static struct {
-    uint32_t magic;
-    uint16_t version, header_size;
-    uint64_t fat_size;
-    struct {
-        uint16_t kind, unknown1;
-        uint32_t header_size;
-        uint64_t size;
-        uint32_t compressed_size, unknown2;
-        uint16_t minor, major;
-        uint32_t arch, name_offset, name_len;
-        uint64_t flags, zero, decompressed_size;
-    } entry;
-    char payload[512];
-} __attribute__((aligned(8))) fatbin;
-
-static struct {
-    uint32_t magic, version;
-    const void *data;
-    void *unused;
-} __attribute__((aligned(8))) wrapper;
 
 /* The host-side stub: its address is the kernel's key in the runtime. */
 static void vecAdd(void *a) { (void)a; }
@@ -71,29 +44,8 @@ static cudaError_t on_device(int d) {
 }
 
 int main(void) {
-    size_t len = sizeof ptx; /* with its NUL */
-    size_t padded = (len + 7) & ~(size_t)7;
-    fatbin.magic = 0xBA55ED50u;
-    fatbin.version = 1;
-    fatbin.header_size = 16;
-    fatbin.fat_size = sizeof fatbin.entry + padded;
-    fatbin.entry.kind = 1; /* PTX */
-    fatbin.entry.unknown1 = 0x0101;
-    fatbin.entry.header_size = sizeof fatbin.entry;
-    fatbin.entry.size = padded;
-    fatbin.entry.minor = 0;
-    fatbin.entry.major = 8;
-    fatbin.entry.arch = 52;
-    fatbin.entry.flags = 0x1; /* 64-bit */
-    fatbin.entry.decompressed_size = 0;
-    memcpy(fatbin.payload, ptx, len);
-    wrapper.magic = 0x466243b1u;
-    wrapper.version = 1;
-    wrapper.data = &fatbin;
-
-    void **handle = __cudaRegisterFatBinary(&wrapper);
-    __cudaRegisterFunction(handle, (const char *)vecAdd, (char *)"vecAdd", "vecAdd", -1, NULL, NULL, NULL, NULL, NULL);
-    __cudaRegisterFatBinaryEnd(handle);
+    void **handle = register_ptx_kernel(ptx, (const void *)vecAdd, "vecAdd");
+    if (!handle) return 70;
 
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
