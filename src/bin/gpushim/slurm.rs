@@ -1,0 +1,422 @@
+//! `gpushim slurm task-prolog`: the Slurm TaskProlog that turns a job's `gres/shard` allocation
+//! into the shim's variables (`export NAME=value` lines on stdout, the TaskProlog protocol).
+//!
+//! What Slurm 22.05 gives the TaskProlog (slurmstepd `exec_task`: the step's GRES variables are
+//! in the task's environment before `_run_script_and_set_env` runs the prolog with it):
+//! `SLURM_JOB_ID`, `SLURM_SHARDS_ON_NODE` (the job's shards on this node; unset for a job without
+//! shards), `CUDA_VISIBLE_DEVICES` / `SLURM_STEP_GPUS` / `GPU_DEVICE_ORDINAL` (the GPU the shards
+//! are on). Slurm reads the prolog's stdout *and stderr* (one pipe) line by line: `export NAME=value`
+//! sets NAME to everything after `=` up to the newline (no unquoting: a quote would become part
+//! of the value), `unset NAME` removes it, `print TEXT` writes TEXT to the job's stdout. A prolog
+//! that exits non-zero makes the task exit with that status (the job's program never starts).
+//!
+//! So: values are written raw, and a value that could end its line early (a newline, any
+//! control byte) is refused, never escaped; every failure exits 1 (fail closed) after a
+//! `print` line telling the job why.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString, OsStr, OsString};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::{library, Failure};
+
+const COMMAND: &str = "slurm task-prolog";
+
+/// The most shards per GPU: K/N then stays at or above the compute limit's smallest share.
+pub const MAX_SHARDS_PER_GPU: u32 = 1_000_000;
+
+/// Variables a job may have inherited that would loosen the limits written here: unset.
+const LOOSENING: &[&str] = &["GPUSHIM_DISABLE", "GPUSHIM_VIRTUAL_DEVICES"];
+
+/// One line of the TaskProlog protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    Export(String, Vec<u8>),
+    Unset(String),
+}
+
+/// Which GPU an entry of `CUDA_VISIBLE_DEVICES` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gpu {
+    Index(u32),
+    Uuid(String),
+}
+
+/// What the job asks, read from its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: String,
+    pub shards: u32,
+    /// `None`: `CUDA_VISIBLE_DEVICES` unset, every GPU the driver shows.
+    pub gpus: Option<Vec<Gpu>>,
+}
+
+fn var<'a>(env: &'a [(OsString, OsString)], name: &str) -> Option<&'a OsStr> {
+    library::lookup(env, name)
+}
+
+fn text<'a>(name: &str, v: &'a OsStr) -> Result<&'a str, String> {
+    v.to_str().ok_or_else(|| format!("{name} is not valid UTF-8"))
+}
+
+/// A count as Slurm writes it: ASCII digits only (no sign, no space), at most 9 of them.
+fn count(name: &str, v: &str) -> Result<u32, String> {
+    if v.is_empty() || v.len() > 9 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{name}={:?}: expected a whole number of shards", v));
+    }
+    v.parse().map_err(|_| format!("{name}={v:?}: expected a whole number of shards"))
+}
+
+/// The job as its environment describes it; `Ok(None)` for a job without shards (a whole-GPU
+/// job, or one without GPUs): nothing to limit.
+pub fn read_job(env: &[(OsString, OsString)], shards_per_gpu: u32) -> Result<Option<Job>, String> {
+    let shards = match var(env, "SLURM_SHARDS_ON_NODE") {
+        None => return Ok(None),
+        Some(v) => count("SLURM_SHARDS_ON_NODE", text("SLURM_SHARDS_ON_NODE", v)?)?,
+    };
+    if shards == 0 {
+        return Err("SLURM_SHARDS_ON_NODE=0: a job with shards has at least one".into());
+    }
+    if shards > shards_per_gpu {
+        return Err(format!(
+            "SLURM_SHARDS_ON_NODE={shards} is more than --shards-per-gpu {shards_per_gpu}: the GPU's shard count in gres.conf and --shards-per-gpu must agree"
+        ));
+    }
+    let id = match var(env, "SLURM_JOB_ID") {
+        None => return Err("SLURM_JOB_ID is not set: run as Slurm's TaskProlog".into()),
+        Some(v) => text("SLURM_JOB_ID", v)?,
+    };
+    if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("SLURM_JOB_ID={id:?}: expected a job number"));
+    }
+    let gpus = match var(env, "CUDA_VISIBLE_DEVICES") {
+        None => None,
+        Some(v) => Some(parse_gpus(text("CUDA_VISIBLE_DEVICES", v)?)?),
+    };
+    Ok(Some(Job { id: id.to_string(), shards, gpus }))
+}
+
+/// `CUDA_VISIBLE_DEVICES` as Slurm sets it: GPU indexes (or UUIDs), comma-separated.
+pub fn parse_gpus(v: &str) -> Result<Vec<Gpu>, String> {
+    let bad = |why: &str| format!("CUDA_VISIBLE_DEVICES={v:?}: {why}");
+    if v.trim().is_empty() {
+        return Err(bad("names no GPU"));
+    }
+    let mut out = Vec::new();
+    for entry in v.split(',').map(str::trim) {
+        let gpu = if !entry.is_empty() && entry.len() <= 4 && entry.bytes().all(|b| b.is_ascii_digit()) {
+            Gpu::Index(entry.parse().map_err(|_| bad("not a GPU index"))?)
+        } else if entry.starts_with("GPU-") && entry.len() <= 80 && entry[4..].bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            Gpu::Uuid(entry.to_string())
+        } else {
+            return Err(bad("expected GPU indexes or GPU-… UUIDs, comma-separated (MIG devices are not supported)"));
+        };
+        if out.contains(&gpu) {
+            return Err(bad("names a GPU twice"));
+        }
+        out.push(gpu);
+    }
+    Ok(out)
+}
+
+/// `total × shards / shards_per_gpu`, rounded down.
+pub fn share(total: u64, shards: u32, shards_per_gpu: u32) -> u64 {
+    (u128::from(total) * u128::from(shards) / u128::from(shards_per_gpu.max(1))) as u64
+}
+
+/// K/N as `GPUSHIM_COMPUTE_LIMIT` reads it (a fraction, six decimals, rounded down but never
+/// below a millionth).
+pub fn compute_share(shards: u32, shards_per_gpu: u32) -> String {
+    let millionths = (u64::from(shards) * 1_000_000 / u64::from(shards_per_gpu.max(1))).max(1);
+    format!("{}.{:06}", millionths / 1_000_000, millionths % 1_000_000)
+}
+
+/// The lines for `job`: `totals` are the memory of its GPUs (bytes, one per GPU), `library` the
+/// libgpushim.so to preload.
+pub fn lines(env: &[(OsString, OsString)], job: &Job, shards_per_gpu: u32, compute: bool, totals: &[u64], library: &Path) -> Result<Vec<Line>, String> {
+    let Some(&smallest) = totals.iter().min() else {
+        return Err("the driver shows no GPU".into());
+    };
+    let preload = library::preload(library, var(env, "LD_PRELOAD"));
+    let mut out = vec![
+        Line::Export("LD_PRELOAD".into(), preload.as_bytes().to_vec()),
+        Line::Export("GPUSHIM_MEMORY_LIMIT".into(), share(smallest, job.shards, shards_per_gpu).to_string().into_bytes()),
+        Line::Export("GPUSHIM_SHARED_QUOTA".into(), format!("slurm-{}", job.id).into_bytes()),
+    ];
+    if compute {
+        out.push(Line::Export("GPUSHIM_COMPUTE_LIMIT".into(), compute_share(job.shards, shards_per_gpu).into_bytes()));
+    }
+    // per-device limits would override the job's: gone (names made of [A-Z0-9_] only)
+    let per_device = |name: &str, prefix: &str| name.strip_prefix(prefix).is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    let mut unset: Vec<String> = LOOSENING.iter().filter(|n| var(env, n).is_some()).map(|n| n.to_string()).collect();
+    for (name, _) in env {
+        let Some(name) = name.to_str() else { continue };
+        if per_device(name, "GPUSHIM_MEMORY_LIMIT_") || (compute && per_device(name, "GPUSHIM_COMPUTE_LIMIT_")) {
+            if !unset.iter().any(|n| n == name) {
+                unset.push(name.to_string());
+            }
+        }
+    }
+    out.extend(unset.into_iter().map(Line::Unset));
+    Ok(out)
+}
+
+/// The protocol's text of `lines`; a value Slurm would cut short or misread is refused.
+pub fn render(lines: &[Line]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for line in lines {
+        match line {
+            Line::Export(name, value) => {
+                if !name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') || name.is_empty() {
+                    return Err(format!("{name:?} is not a variable name"));
+                }
+                if value.is_empty() || value.iter().any(|&b| b < 0x20 || b == 0x7f) || value[0] == b' ' {
+                    return Err(format!("the value of {name} ({:?}) has a control character or a leading space: Slurm would misread it", String::from_utf8_lossy(value)));
+                }
+                out.extend_from_slice(b"export ");
+                out.extend_from_slice(name.as_bytes());
+                out.push(b'=');
+                out.extend_from_slice(value);
+                out.push(b'\n');
+            }
+            Line::Unset(name) => {
+                out.extend_from_slice(format!("unset {name}\n").as_bytes());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `gpushim slurm task-prolog`.
+pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Path>) -> Result<(), Failure> {
+    let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let result = (|| -> Result<Vec<u8>, Failure> {
+        let Some(job) = read_job(&env, shards_per_gpu).map_err(|e| Failure::setup(COMMAND, e))? else {
+            return Ok(Vec::new());
+        };
+        let library = library::find(COMMAND, library_flag, &env)?;
+        let totals = gpu_memory(job.gpus.as_deref()).map_err(|e| Failure::setup(COMMAND, e))?;
+        let lines = lines(&env, &job, shards_per_gpu, compute, &totals, &library).map_err(|e| Failure::setup(COMMAND, e))?;
+        render(&lines).map_err(|e| Failure::setup(COMMAND, e))
+    })();
+    match result {
+        Ok(text) => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&text).and_then(|_| stdout.flush()).map_err(|e| Failure::setup(COMMAND, format!("cannot write: {e}")))
+        }
+        Err(failure) => {
+            // the job's own output says why its task did not start (one line, no control bytes)
+            let why: String = failure.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+            println!("print {why}; the task is not started");
+            Err(failure)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVML: the total memory of the job's GPUs
+// ---------------------------------------------------------------------------------------------
+
+#[repr(C)]
+struct Memory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `dlsym(handle, name)` as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be the C function type NVML exports under `name`.
+unsafe fn func<F: Copy>(handle: *mut c_void, name: &str) -> Option<F> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: `handle` is a dlopen handle; `c` is NUL-terminated.
+    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+    // SAFETY: the caller names the function's type; a fn pointer has a data pointer's size.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// The total memory (bytes) of each GPU in `gpus` (NVML indexes or UUIDs), or of every GPU NVML
+/// shows when `None`. NVML is opened as programs open it (`libnvidia-ml.so.1`, or
+/// `GPUSHIM_NVML_PATH`).
+fn gpu_memory(gpus: Option<&[Gpu]>) -> Result<Vec<u64>, String> {
+    let path = std::env::var("GPUSHIM_NVML_PATH").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "libnvidia-ml.so.1".into());
+    let c = CString::new(path.clone()).map_err(|_| "NUL in GPUSHIM_NVML_PATH".to_string())?;
+    // SAFETY: `c` is NUL-terminated; dlerror returns NULL or a C string.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: as above.
+        let e = unsafe { libc::dlerror() };
+        let e = if e.is_null() { String::new() } else { unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned() };
+        return Err(format!("cannot open NVML ({path}): {e}"));
+    }
+    type Init = unsafe extern "C" fn() -> c_int;
+    type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
+    type ByIndex = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
+    type ByUuid = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
+    type Mem = unsafe extern "C" fn(*mut c_void, *mut Memory) -> c_int;
+    // SAFETY: these are the signatures of nvml.h.
+    let (Some(init), Some(count), Some(by_index), Some(by_uuid), Some(mem)) = (unsafe {
+        (
+            func::<Init>(handle, "nvmlInit_v2"),
+            func::<Count>(handle, "nvmlDeviceGetCount_v2"),
+            func::<ByIndex>(handle, "nvmlDeviceGetHandleByIndex_v2"),
+            func::<ByUuid>(handle, "nvmlDeviceGetHandleByUUID"),
+            func::<Mem>(handle, "nvmlDeviceGetMemoryInfo"),
+        )
+    }) else {
+        return Err("NVML lacks nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByUUID or nvmlDeviceGetMemoryInfo".into());
+    };
+    // SAFETY: the functions have the signatures above; every out-pointer is a live local and
+    // every string NUL-terminated.
+    unsafe {
+        let rc = init();
+        if rc != 0 {
+            return Err(format!("nvmlInit_v2 returned {rc}"));
+        }
+        let total = |h: *mut c_void, what: &str| -> Result<u64, String> {
+            let mut m: Memory = std::mem::zeroed();
+            match mem(h, &mut m) {
+                0 if m.total > 0 => Ok(m.total),
+                rc => Err(format!("nvmlDeviceGetMemoryInfo of GPU {what} returned {rc}")),
+            }
+        };
+        let index = |i: c_uint| -> Result<u64, String> {
+            let mut h = std::ptr::null_mut();
+            match by_index(i, &mut h) {
+                0 => total(h, &i.to_string()),
+                rc => Err(format!("no GPU {i} (nvmlDeviceGetHandleByIndex_v2 returned {rc})")),
+            }
+        };
+        match gpus {
+            None => {
+                let mut n = 0;
+                if count(&mut n) != 0 {
+                    return Err("nvmlDeviceGetCount_v2 failed".into());
+                }
+                (0..n).map(index).collect()
+            }
+            Some(gpus) => gpus
+                .iter()
+                .map(|g| match g {
+                    Gpu::Index(i) => index(*i),
+                    Gpu::Uuid(u) => {
+                        let c = CString::new(u.as_str()).map_err(|_| "NUL in a UUID".to_string())?;
+                        let mut h = std::ptr::null_mut();
+                        match by_uuid(c.as_ptr(), &mut h) {
+                            0 => total(h, u),
+                            rc => Err(format!("no GPU {u} (nvmlDeviceGetHandleByUUID returned {rc})")),
+                        }
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        vars.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect()
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_shard_job() {
+        let e = env(&[("SLURM_JOB_ID", "42"), ("SLURM_SHARDS_ON_NODE", "2"), ("CUDA_VISIBLE_DEVICES", "1")]);
+        let job = read_job(&e, 4).unwrap().unwrap();
+        assert_eq!(job, Job { id: "42".into(), shards: 2, gpus: Some(vec![Gpu::Index(1)]) });
+        let l = lines(&e, &job, 4, true, &[16 * GIB], Path::new("/lib/libgpushim.so")).unwrap();
+        let text = String::from_utf8(render(&l).unwrap()).unwrap();
+        assert_eq!(
+            text,
+            "export LD_PRELOAD=/lib/libgpushim.so\nexport GPUSHIM_MEMORY_LIMIT=8589934592\nexport GPUSHIM_SHARED_QUOTA=slurm-42\nexport GPUSHIM_COMPUTE_LIMIT=0.500000\n"
+        );
+        gpushim_common::config::parse_compute_limit("0.500000").unwrap();
+        gpushim_common::config::parse_shared_quota("slurm-42").unwrap();
+    }
+
+    #[test]
+    fn no_shards_nothing_limits() {
+        for e in [env(&[("SLURM_JOB_ID", "7"), ("CUDA_VISIBLE_DEVICES", "0")]), env(&[])] {
+            assert_eq!(read_job(&e, 4).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn bad_counts() {
+        let job = |shards: &str, id: &str| read_job(&env(&[("SLURM_JOB_ID", id), ("SLURM_SHARDS_ON_NODE", shards)]), 4);
+        assert!(job("5", "1").unwrap_err().contains("more than --shards-per-gpu 4"));
+        assert!(job("0", "1").unwrap_err().contains("at least one"));
+        for bad in ["", " 2", "2 ", "+2", "-1", "2x", "1e3", "9999999999", "٢"] {
+            assert!(job(bad, "1").is_err(), "{bad:?}");
+        }
+        for bad in ["", "1 2", "1\nexport X=1", "12a", "-3", "1;2", "123456789012345678901"] {
+            assert!(job("2", bad).unwrap_err().contains("SLURM_JOB_ID"), "{bad:?}");
+        }
+        assert!(read_job(&env(&[("SLURM_SHARDS_ON_NODE", "2")]), 4).unwrap_err().contains("SLURM_JOB_ID is not set"));
+        assert_eq!(job("4", "1").unwrap().unwrap().shards, 4);
+    }
+
+    #[test]
+    fn visible_devices() {
+        assert_eq!(parse_gpus("0,3").unwrap(), vec![Gpu::Index(0), Gpu::Index(3)]);
+        assert_eq!(parse_gpus("GPU-0a1b-2c").unwrap(), vec![Gpu::Uuid("GPU-0a1b-2c".into())]);
+        for bad in ["", " ", "0,0", "MIG-1234", "NoDevFiles", "0,,1", "-1", "0\n1", "GPU-xyz"] {
+            assert!(parse_gpus(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn shares() {
+        assert_eq!(share(16 * GIB, 2, 4), 8 * GIB);
+        assert_eq!(share(u64::MAX, 3, 3), u64::MAX);
+        assert_eq!(share(10, 1, 3), 3);
+        assert_eq!(compute_share(1, 3), "0.333333");
+        assert_eq!(compute_share(4, 4), "1.000000");
+        assert_eq!(compute_share(1, MAX_SHARDS_PER_GPU), "0.000001");
+    }
+
+    #[test]
+    fn preload_and_loosening_variables() {
+        let e = env(&[
+            ("SLURM_JOB_ID", "9"),
+            ("SLURM_SHARDS_ON_NODE", "1"),
+            ("LD_PRELOAD", "/a.so /lib/libgpushim.so:/b.so"),
+            ("GPUSHIM_DISABLE", "1"),
+            ("GPUSHIM_MEMORY_LIMIT_0", "99GiB"),
+            ("GPUSHIM_MEMORY_LIMIT_X", "1"),
+            ("GPUSHIM_COMPUTE_LIMIT_1", "100%"),
+        ]);
+        let job = read_job(&e, 2).unwrap().unwrap();
+        assert_eq!(job.gpus, None);
+        let l = lines(&e, &job, 2, false, &[10 * GIB, 6 * GIB], Path::new("/lib/libgpushim.so")).unwrap();
+        let text = String::from_utf8(render(&l).unwrap()).unwrap();
+        assert_eq!(
+            text,
+            "export LD_PRELOAD=/lib/libgpushim.so:/a.so:/b.so\nexport GPUSHIM_MEMORY_LIMIT=3221225472\nexport GPUSHIM_SHARED_QUOTA=slurm-9\nunset GPUSHIM_DISABLE\nunset GPUSHIM_MEMORY_LIMIT_0\n"
+        );
+        let l = lines(&e, &job, 2, true, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
+        assert!(l.contains(&Line::Unset("GPUSHIM_COMPUTE_LIMIT_1".into())));
+        assert!(lines(&e, &job, 2, false, &[], Path::new("/x")).is_err());
+    }
+
+    #[test]
+    fn hostile_values_are_refused_not_escaped() {
+        for value in ["/x.so\nexport GPUSHIM_MEMORY_LIMIT=0", "/x.so\r", "/x\u{1b}[2J.so", "/x\u{7f}", "/x\ty"] {
+            let e = env(&[("SLURM_JOB_ID", "1"), ("SLURM_SHARDS_ON_NODE", "1"), ("LD_PRELOAD", value)]);
+            let job = read_job(&e, 1).unwrap().unwrap();
+            let l = lines(&e, &job, 1, false, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
+            assert!(render(&l).unwrap_err().contains("LD_PRELOAD"), "{value:?}");
+        }
+        assert!(render(&[Line::Export("A B".into(), b"1".to_vec())]).is_err());
+        assert!(render(&[Line::Export("A".into(), b" 1".to_vec())]).is_err());
+        assert!(render(&[Line::Export("A".into(), Vec::new())]).is_err());
+        // a library path with a space is kept whole by Slurm (no quoting needed)
+        assert_eq!(render(&[Line::Export("A".into(), b"/my dir/x.so".to_vec())]).unwrap(), b"export A=/my dir/x.so\n");
+    }
+}
