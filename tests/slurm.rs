@@ -353,14 +353,23 @@ fn shards_under_a_real_slurm() {
     let gpu = 1 - w_gpu;
     let limit = MEMORY[gpu] * 2 / SHARDS_PER_GPU;
 
-    // 2. srun --gres=shard:2 on the other GPU: the shim, with 2/4 of that GPU's memory
+    // 2. srun --gres=shard:2 on the other GPU: the shim, with 2/4 of that GPU's memory, one
+    //    budget for the job's processes (a second process sees what the first holds taken)
     let t = Instant::now();
+    let held = dir.join("held");
     let (st, out) = c.run(
         c.client("srun").args(["--gres=shard:2", "sh", "-c"]).arg(format!(
-            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; exec {} info alloc=mem:{} alloc=mem:{}",
-            drvapi.display(),
-            limit + 2 * MIB,
-            limit - 2 * MIB
+            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; \
+             {d} info alloc=mem:{above} alloc=mem:{within}; \
+             {d} alloc=mem:{hold} touch={held} sleep=30000 >/dev/null & \
+             i=0; while [ ! -e {held} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
+             {d} info alloc=mem:{half} | sed 's/^/second./'; kill $!",
+            d = drvapi.display(),
+            above = limit + 2 * MIB,
+            within = limit - 2 * MIB,
+            hold = limit / 4 * 3,
+            held = held.display(),
+            half = limit / 2,
         )),
         Duration::from_secs(60),
     );
@@ -373,6 +382,8 @@ fn shards_under_a_real_slurm() {
     assert_eq!((num(&s, "op1.total", "srun"), num(&s, "op1.free", "srun")), (limit, limit), "the shard's share of GPU {gpu}: {out}");
     assert_eq!(num(&s, "op2.rc", "srun"), OOM as u64, "above the share: {out}");
     assert_eq!(num(&s, "op3.rc", "srun"), 0, "within the share: {out}");
+    assert_eq!(num(&s, "second.op1.free", "srun"), limit / 4, "the job's second process shares its budget: {out}");
+    assert_eq!(num(&s, "second.op2.rc", "srun"), OOM as u64, "{out}");
 
     // 3. two shard jobs share that GPU at once; a third waits for their shards
     let script = job_script(&dir, &drvapi, &format!("info alloc=mem:{}", limit - 2 * MIB));
