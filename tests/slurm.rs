@@ -385,6 +385,18 @@ fn shards_under_a_real_slurm() {
     assert_eq!(num(&s, "second.op1.free", "srun"), limit / 4, "the job's second process shares its budget: {out}");
     assert_eq!(num(&s, "second.op2.rc", "srun"), OOM as u64, "{out}");
 
+    // 2b. a shard task that cannot be limited does not start (fail closed): no NVML; a job
+    //     environment that would inject a line into the TaskProlog's output
+    for (var, value, why) in [
+        ("GPUSHIM_NVML_PATH", "/nonexistent/libnvidia-ml.so.1", "gpushim slurm task-prolog: cannot open NVML"),
+        ("LD_PRELOAD", "/nonexistent.so\nexport GPUSHIM_MEMORY_LIMIT=100%", "has a control character"),
+    ] {
+        let (st, out) = c.run(c.client("srun").env(var, value).args(["--gres=shard:1", "sh", "-c", "echo the task ran"]), Duration::from_secs(60));
+        assert!(st.is_some() && st != Some(0), "{var}: srun must fail: {st:?} {out}");
+        assert!(!out.contains("the task ran"), "{var}: {out}");
+        assert!(out.contains(why) && out.contains("the task is not started"), "{var}: the job's output says why: {out}");
+    }
+
     // 3. two shard jobs share that GPU at once; a third waits for their shards
     let script = job_script(&dir, &drvapi, &format!("info alloc=mem:{}", limit - 2 * MIB));
     let a = c.sbatch(&["--gres=shard:2"], &script, "a");
