@@ -152,10 +152,9 @@ pub fn lines(env: &[(OsString, OsString)], job: &Job, shards_per_gpu: u32, compu
     let mut unset: Vec<String> = LOOSENING.iter().filter(|n| var(env, n).is_some()).map(|n| n.to_string()).collect();
     for (name, _) in env {
         let Some(name) = name.to_str() else { continue };
-        if per_device(name, "GPUSHIM_MEMORY_LIMIT_") || (compute && per_device(name, "GPUSHIM_COMPUTE_LIMIT_")) {
-            if !unset.iter().any(|n| n == name) {
-                unset.push(name.to_string());
-            }
+        let loosens = per_device(name, "GPUSHIM_MEMORY_LIMIT_") || (compute && per_device(name, "GPUSHIM_COMPUTE_LIMIT_"));
+        if loosens && !unset.iter().any(|n| n == name) {
+            unset.push(name.to_string());
         }
     }
     out.extend(unset.into_iter().map(Line::Unset));
