@@ -116,8 +116,8 @@ impl Cluster {
                  MinJobAge=300\n\
                  GresTypes=gpu,shard\n\
                  TaskProlog={prolog}\n\
-                 NodeName=gpushim0 NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=500 Gres=gpu:2,shard:{shards} State=UNKNOWN\n\
-                 PartitionName=test Nodes=gpushim0 Default=YES MaxTime=10 State=UP OverSubscribe=FORCE:4\n",
+                 NodeName=n0 NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=500 Gres=gpu:2,shard:{shards} State=UNKNOWN\n\
+                 PartitionName=test Nodes=n0 Default=YES MaxTime=10 State=UP OverSubscribe=FORCE:4\n",
                 socket = socket.display(),
                 prolog = prolog.display(),
                 shards = 2 * SHARDS_PER_GPU,
@@ -131,7 +131,7 @@ impl Cluster {
         .unwrap();
         let conf = cluster.conf.clone();
         cluster.spawn("slurmctld", Command::new(program("slurmctld").unwrap()).args(["-D", "-i", "-f"]).arg(&conf));
-        cluster.spawn("slurmd", Command::new(program("slurmd").unwrap()).args(["-D", "-N", "gpushim0", "-f"]).arg(&conf));
+        cluster.spawn("slurmd", Command::new(program("slurmd").unwrap()).args(["-D", "-N", "n0", "-f"]).arg(&conf));
         Ok(cluster)
     }
 
@@ -260,6 +260,32 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
+/// The cluster's private directory: under target/tmp, unless that path is too long for the
+/// unix sockets in it (slurmd's `SPOOL/n0_JOB.STEP`, at most 107 bytes): then a directory of
+/// this process in the temporary directory (0700; one of a process no longer alive is removed).
+fn cluster_dir() -> PathBuf {
+    let dir = fresh_dir("slurm");
+    if dir.as_os_str().len() + "/spool/n0_99999999.4294967294".len() <= 107 {
+        return dir;
+    }
+    let tmp = std::env::temp_dir();
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix("slurmtest-").and_then(|p| p.parse::<u32>().ok()) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let short = tmp.join(format!("slurmtest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&short);
+    std::fs::create_dir(&short).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o700)).unwrap();
+    eprintln!("slurm: {} is too long a path for the cluster's sockets; using {}", dir.display(), short.display());
+    short
+}
+
 /// Why this machine cannot run the test, if it cannot.
 fn missing() -> Option<String> {
     // SAFETY: getuid cannot fail.
@@ -334,7 +360,7 @@ fn shards_under_a_real_slurm() {
         assert_eq!(o.u64("op1.total"), *mem, "GPU {i} without the shim: {}", o.dump());
     }
 
-    let dir = fresh_dir("slurm");
+    let dir = cluster_dir();
     let mut c = Cluster::start(&dir).expect("start Slurm");
     let up = wait_for("the node to be idle (sinfo)", Duration::from_secs(90), || {
         let (st, out) = c.run(c.client("sinfo").args(["-h", "-N", "-o", "%T"]), Duration::from_secs(10));
@@ -439,5 +465,8 @@ fn shards_under_a_real_slurm() {
         assert!(out.lines().any(|l| l == "done"), "job {name} ended by itself: {out}");
     }
     drop(c);
+    if dir.starts_with(std::env::temp_dir()) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     eprintln!("slurm: the whole test took {:.1} s", t0.elapsed().as_secs_f64());
 }
