@@ -73,7 +73,7 @@ impl Cluster {
         std::fs::write(
             &prolog,
             format!(
-                "#!/bin/sh\nexec {} slurm task-prolog --shards-per-gpu {SHARDS_PER_GPU} --library {}\n",
+                "#!/bin/sh\nexec {} slurm task-prolog --shards-per-gpu {SHARDS_PER_GPU} --compute --library {}\n",
                 profile_dir().join("gpushim").display(),
                 shim_path().display()
             ),
@@ -319,6 +319,7 @@ fn job_script(dir: &Path, drvapi: &Path, ops: &str) -> PathBuf {
              echo preload=${{LD_PRELOAD-none}}\n\
              echo limit=${{GPUSHIM_MEMORY_LIMIT-none}}\n\
              echo quota=${{GPUSHIM_SHARED_QUOTA-none}}\n\
+             echo compute=${{GPUSHIM_COMPUTE_LIMIT-none}}\n\
              {drvapi} {ops}\n\
              echo program=$?\n\
              touch {dir}/ready-$1\n\
@@ -373,7 +374,8 @@ fn shards_under_a_real_slurm() {
     let w = c.sbatch(&["--gres=gpu:1"], &script, "whole");
     wait_for("the whole-GPU job to start", Duration::from_secs(60), || dir.join("ready-whole").exists().then_some(()));
     let whole = kv(&dir, "whole");
-    assert_eq!((whole["shards"].as_str(), whole["preload"].as_str(), whole["limit"].as_str(), whole["quota"].as_str()), ("none", "none", "none", "none"), "{whole:?}");
+    let got = [&whole["shards"], &whole["preload"], &whole["limit"], &whole["quota"], &whole["compute"]];
+    assert_eq!(got, ["none"; 5], "{whole:?}");
     let w_gpu: usize = whole["cvd"].parse().unwrap_or_else(|_| panic!("{whole:?}"));
     assert_eq!(num(&whole, "op1.total", "whole-GPU job"), MEMORY[w_gpu], "{whole:?}");
     let gpu = 1 - w_gpu;
@@ -385,7 +387,7 @@ fn shards_under_a_real_slurm() {
     let held = dir.join("held");
     let (st, out) = c.run(
         c.client("srun").args(["--gres=shard:2", "sh", "-c"]).arg(format!(
-            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; \
+            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; echo compute=$GPUSHIM_COMPUTE_LIMIT; \
              {d} info alloc=mem:{above} alloc=mem:{within}; \
              {d} alloc=mem:{hold} touch={held} sleep=30000 >/dev/null & \
              i=0; while [ ! -e {held} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
@@ -405,6 +407,7 @@ fn shards_under_a_real_slurm() {
     assert_eq!(s["cvd"], gpu.to_string(), "{out}");
     assert_eq!(s["preload"], shim_path().display().to_string(), "{out}");
     assert_eq!(s["quota"], format!("slurm-{}", s["job"]), "{out}");
+    assert_eq!(s["compute"], "0.500000", "--compute: 2 of 4 shards, half the GPU's time: {out}");
     assert_eq!((num(&s, "op1.total", "srun"), num(&s, "op1.free", "srun")), (limit, limit), "the shard's share of GPU {gpu}: {out}");
     assert_eq!(num(&s, "op2.rc", "srun"), OOM as u64, "above the share: {out}");
     assert_eq!(num(&s, "op3.rc", "srun"), 0, "within the share: {out}");
