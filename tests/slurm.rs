@@ -315,6 +315,9 @@ fn job_script(dir: &Path, drvapi: &Path, ops: &str) -> PathBuf {
             "#!/bin/sh\n\
              echo job=$SLURM_JOB_ID\n\
              echo cvd=$CUDA_VISIBLE_DEVICES\n\
+             echo step_gpus=${{SLURM_STEP_GPUS-none}}\n\
+             echo job_gpus=${{SLURM_JOB_GPUS-none}}\n\
+             echo step_id=${{SLURM_STEP_ID-none}}\n\
              echo shards=${{SLURM_SHARDS_ON_NODE-none}}\n\
              echo preload=${{LD_PRELOAD-none}}\n\
              echo limit=${{GPUSHIM_MEMORY_LIMIT-none}}\n\
@@ -387,7 +390,7 @@ fn shards_under_a_real_slurm() {
     let held = dir.join("held");
     let (st, out) = c.run(
         c.client("srun").args(["--gres=shard:2", "sh", "-c"]).arg(format!(
-            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; echo compute=$GPUSHIM_COMPUTE_LIMIT; \
+            "echo job=$SLURM_JOB_ID; echo cvd=$CUDA_VISIBLE_DEVICES; echo step_gpus=${{SLURM_STEP_GPUS-none}}; echo job_gpus=${{SLURM_JOB_GPUS-none}}; echo step_id=${{SLURM_STEP_ID-none}}; echo preload=$LD_PRELOAD; echo quota=$GPUSHIM_SHARED_QUOTA; echo compute=$GPUSHIM_COMPUTE_LIMIT; \
              {d} info alloc=mem:{above} alloc=mem:{within}; \
              {d} alloc=mem:{hold} touch={held} sleep=30000 >/dev/null & \
              i=0; while [ ! -e {held} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
@@ -404,7 +407,7 @@ fn shards_under_a_real_slurm() {
     eprintln!("slurm: srun --gres=shard:2 took {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(st, Some(0), "srun: {out}\n{}", c.logs());
     let s = parse_kv(&out);
-    assert_eq!(s["cvd"], gpu.to_string(), "{out}");
+    assert_eq!((s["cvd"].as_str(), s["step_gpus"].as_str()), (gpu.to_string().as_str(), gpu.to_string().as_str()), "{out}");
     assert_eq!(s["preload"], shim_path().display().to_string(), "{out}");
     assert_eq!(s["quota"], format!("slurm-{}", s["job"]), "{out}");
     assert_eq!(s["compute"], "0.500000", "--compute: 2 of 4 shards, half the GPU's time: {out}");
@@ -433,7 +436,7 @@ fn shards_under_a_real_slurm() {
     wait_for("jobs a and b to run together", Duration::from_secs(60), || (dir.join("ready-a").exists() && dir.join("ready-b").exists()).then_some(()));
     for (name, id) in [("a", &a), ("b", &b)] {
         let m = kv(&dir, name);
-        assert_eq!(m["cvd"], gpu.to_string(), "job {name} is on the shared GPU: {m:?}");
+        assert_eq!((m["cvd"].as_str(), m["job_gpus"].as_str()), (gpu.to_string().as_str(), gpu.to_string().as_str()), "job {name} is on the shared GPU: {m:?}");
         assert_eq!((num(&m, "op1.total", name), num(&m, "op2.rc", name)), (limit, 0), "job {name}: {m:?}");
         assert_eq!(m["quota"], format!("slurm-{id}"), "{m:?}");
     }

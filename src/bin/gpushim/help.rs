@@ -230,8 +230,9 @@ DESCRIPTION
     The TaskProlog of a Slurm cluster whose GPUs are shared as gres/shard: slurm.conf's
     TaskProlog names a script that runs gpushim slurm task-prolog --shards-per-gpu N, N being
     each GPU's shard count in gres.conf. For a task of a job given K shards of a GPU
-    (SLURM_SHARDS_ON_NODE=K, CUDA_VISIBLE_DEVICES its GPU) it prints the lines that Slurm turns
-    into the task's environment:
+    (SLURM_SHARDS_ON_NODE=K; the GPU: SLURM_STEP_GPUS in an srun step, SLURM_JOB_GPUS in the
+    batch script, else CUDA_VISIBLE_DEVICES) it prints the lines that Slurm turns into the
+    task's environment:
         export LD_PRELOAD=<libgpushim.so, then the job's own LD_PRELOAD>
         export GPUSHIM_MEMORY_LIMIT=<the GPU's memory (NVML) x K / N, in bytes>
         export GPUSHIM_SHARED_QUOTA=slurm-<SLURM_JOB_ID>

@@ -4,8 +4,10 @@
 //! What Slurm 22.05 gives the TaskProlog (slurmstepd `exec_task`: the step's GRES variables are
 //! in the task's environment before `_run_script_and_set_env` runs the prolog with it):
 //! `SLURM_JOB_ID`, `SLURM_SHARDS_ON_NODE` (the job's shards on this node; unset for a job without
-//! shards), `CUDA_VISIBLE_DEVICES` / `SLURM_STEP_GPUS` / `GPU_DEVICE_ORDINAL` (the GPU the shards
-//! are on). Slurm reads the prolog's stdout *and stderr* (one pipe) line by line: `export NAME=value`
+//! shards), the GPU the shards are on: `SLURM_STEP_GPUS` (an srun step, which also has
+//! `SLURM_STEP_ID`) or `SLURM_JOB_GPUS` (the batch script) as the node's GPU index, and
+//! `CUDA_VISIBLE_DEVICES` / `GPU_DEVICE_ORDINAL` as the program's (the same number without
+//! cgroups; from 0 with `ConstrainDevices`). Slurm reads the prolog's stdout *and stderr* (one pipe) line by line: `export NAME=value`
 //! sets NAME to everything after `=` up to the newline (no unquoting: a quote would become part
 //! of the value), `unset NAME` removes it, `print TEXT` writes TEXT to the job's stdout. A prolog
 //! that exits non-zero makes the task exit with that status (the job's program never starts).
@@ -90,16 +92,26 @@ pub fn read_job(env: &[(OsString, OsString)], shards_per_gpu: u32) -> Result<Opt
     if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("SLURM_JOB_ID={id:?}: expected a job number"));
     }
-    let gpus = match var(env, "CUDA_VISIBLE_DEVICES") {
+    let gpus = match gpu_list(env) {
         None => None,
-        Some(v) => Some(parse_gpus(text("CUDA_VISIBLE_DEVICES", v)?)?),
+        Some((name, v)) => Some(parse_gpus(name, text(name, v)?)?),
     };
     Ok(Some(Job { id: id.to_string(), shards, gpus }))
 }
 
-/// `CUDA_VISIBLE_DEVICES` as Slurm sets it: GPU indexes (or UUIDs), comma-separated.
-pub fn parse_gpus(v: &str) -> Result<Vec<Gpu>, String> {
-    let bad = |why: &str| format!("CUDA_VISIBLE_DEVICES={v:?}: {why}");
+/// Which variable names the job's GPUs, and its value. Slurm's own global list first: an
+/// `srun` step's `SLURM_STEP_GPUS` (a step has `SLURM_STEP_ID`), the batch script's
+/// `SLURM_JOB_GPUS` — the GPUs' indexes on the node, which NVML's indexes follow, where
+/// `CUDA_VISIBLE_DEVICES` counts from 0 among the job's GPUs under `ConstrainDevices` — else
+/// `CUDA_VISIBLE_DEVICES`; `None`: every GPU.
+fn gpu_list(env: &[(OsString, OsString)]) -> Option<(&'static str, &OsStr)> {
+    let slurm = if var(env, "SLURM_STEP_ID").is_some() { "SLURM_STEP_GPUS" } else { "SLURM_JOB_GPUS" };
+    [slurm, "CUDA_VISIBLE_DEVICES"].into_iter().find_map(|name| var(env, name).map(|v| (name, v)))
+}
+
+/// A list of GPUs as Slurm sets it (`name`'s value `v`): indexes (or UUIDs), comma-separated.
+pub fn parse_gpus(name: &str, v: &str) -> Result<Vec<Gpu>, String> {
+    let bad = |why: &str| format!("{name}={v:?}: {why}");
     if v.trim().is_empty() {
         return Err(bad("names no GPU"));
     }
@@ -363,11 +375,25 @@ mod tests {
 
     #[test]
     fn visible_devices() {
-        assert_eq!(parse_gpus("0,3").unwrap(), vec![Gpu::Index(0), Gpu::Index(3)]);
-        assert_eq!(parse_gpus("GPU-0a1b-2c").unwrap(), vec![Gpu::Uuid("GPU-0a1b-2c".into())]);
+        let v = "CUDA_VISIBLE_DEVICES";
+        assert_eq!(parse_gpus(v, "0,3").unwrap(), vec![Gpu::Index(0), Gpu::Index(3)]);
+        assert_eq!(parse_gpus(v, "GPU-0a1b-2c").unwrap(), vec![Gpu::Uuid("GPU-0a1b-2c".into())]);
         for bad in ["", " ", "0,0", "MIG-1234", "NoDevFiles", "0,,1", "-1", "0\n1", "GPU-xyz"] {
-            assert!(parse_gpus(bad).is_err(), "{bad:?}");
+            assert!(parse_gpus(v, bad).unwrap_err().starts_with("CUDA_VISIBLE_DEVICES="), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn slurms_own_gpu_list_first() {
+        let gpus = |vars: &[(&str, &str)]| read_job(&env(&[&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1")], vars].concat()), 4).unwrap().unwrap().gpus;
+        // a step (srun): SLURM_STEP_GPUS, global, where CUDA_VISIBLE_DEVICES may count from 0
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("SLURM_STEP_GPUS", "3"), ("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "0")]), Some(vec![Gpu::Index(3)]));
+        // the batch script: SLURM_JOB_GPUS (a SLURM_STEP_GPUS there is another step's)
+        assert_eq!(gpus(&[("SLURM_STEP_GPUS", "3"), ("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "0")]), Some(vec![Gpu::Index(1)]));
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("CUDA_VISIBLE_DEVICES", "2")]), Some(vec![Gpu::Index(2)]));
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0")]), None);
+        let e = env(&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1"), ("SLURM_JOB_GPUS", "x")]);
+        assert!(read_job(&e, 4).unwrap_err().starts_with("SLURM_JOB_GPUS=\"x\""));
     }
 
     #[test]
