@@ -325,6 +325,7 @@ fn job_script(dir: &Path, drvapi: &Path, ops: &str) -> PathBuf {
              echo compute=${{GPUSHIM_COMPUTE_LIMIT-none}}\n\
              {drvapi} {ops}\n\
              echo program=$?\n\
+             srun {drvapi} info | sed 's/^/step./'\n\
              touch {dir}/ready-$1\n\
              i=0; while [ ! -e {dir}/go-$1 ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n\
              echo done\n",
@@ -381,6 +382,7 @@ fn shards_under_a_real_slurm() {
     assert_eq!(got, ["none"; 5], "{whole:?}");
     let w_gpu: usize = whole["cvd"].parse().unwrap_or_else(|_| panic!("{whole:?}"));
     assert_eq!(num(&whole, "op1.total", "whole-GPU job"), MEMORY[w_gpu], "{whole:?}");
+    assert_eq!(num(&whole, "step.op1.total", "whole-GPU job's srun step"), MEMORY[w_gpu], "{whole:?}");
     let gpu = 1 - w_gpu;
     let limit = MEMORY[gpu] * 2 / SHARDS_PER_GPU;
 
@@ -420,7 +422,7 @@ fn shards_under_a_real_slurm() {
     // 2b. a shard task that cannot be limited does not start (fail closed): no NVML; a job
     //     environment that would inject a line into the TaskProlog's output
     for (var, value, why) in [
-        ("GPUSHIM_NVML_PATH", "/nonexistent/libnvidia-ml.so.1", "gpushim slurm task-prolog: cannot open NVML"),
+        ("GPUSHIM_NVML_PATH", "/nonexistent/libnvidia-ml.so.1", "gpushim slurm task-prolog: NVML: /nonexistent/libnvidia-ml.so.1"),
         ("LD_PRELOAD", "/nonexistent.so\nexport GPUSHIM_MEMORY_LIMIT=100%", "has a control character"),
     ] {
         let (st, out) = c.run(c.client("srun").env(var, value).args(["--gres=shard:1", "sh", "-c", "echo the task ran"]), Duration::from_secs(60));
@@ -439,6 +441,8 @@ fn shards_under_a_real_slurm() {
         assert_eq!((m["cvd"].as_str(), m["job_gpus"].as_str()), (gpu.to_string().as_str(), gpu.to_string().as_str()), "job {name} is on the shared GPU: {m:?}");
         assert_eq!((num(&m, "op1.total", name), num(&m, "op2.rc", name)), (limit, 0), "job {name}: {m:?}");
         assert_eq!(m["quota"], format!("slurm-{id}"), "{m:?}");
+        // an srun step inside the job (under the batch script's shim and limit) gets the same
+        assert_eq!(num(&m, "step.op1.total", name), limit, "the srun step of job {name}: {m:?}");
     }
     let q = c.queue();
     for id in [&w, &a, &b] {

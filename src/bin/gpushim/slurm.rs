@@ -16,7 +16,8 @@
 //! control byte) is refused, never escaped; every failure exits 1 (fail closed) after a
 //! `print` line telling the job why.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString, OsStr, OsString};
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -207,7 +208,7 @@ pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Pat
             return Ok(Vec::new());
         };
         let library = library::find(COMMAND, library_flag, &env)?;
-        let totals = gpu_memory(job.gpus.as_deref()).map_err(|e| Failure::setup(COMMAND, e))?;
+        let totals = gpu_memory(&env, job.gpus.as_deref()).map_err(|e| Failure::setup(COMMAND, e))?;
         let lines = lines(&env, &job, shards_per_gpu, compute, &totals, &library).map_err(|e| Failure::setup(COMMAND, e))?;
         render(&lines).map_err(|e| Failure::setup(COMMAND, e))
     })();
@@ -229,100 +230,57 @@ pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Pat
 // NVML: the total memory of the job's GPUs
 // ---------------------------------------------------------------------------------------------
 
-#[repr(C)]
-struct Memory {
-    total: u64,
-    free: u64,
-    used: u64,
+/// The total memory (bytes) of each GPU in `gpus`, or of every GPU NVML shows when `None`, as
+/// `gpushim __probe nvml` reads NVML (`libnvidia-ml.so.1`, or `GPUSHIM_NVML_PATH`) — in a child
+/// without `LD_PRELOAD` and with `GPUSHIM_DISABLE=1`: an `srun` step inside a batch script
+/// inherits the script's `LD_PRELOAD` and limit, and NVML under the shim would show the limit
+/// as the GPU's memory.
+fn gpu_memory(env: &[(OsString, OsString)], gpus: Option<&[Gpu]>) -> Result<Vec<u64>, String> {
+    let mut clean: Vec<(OsString, OsString)> = env
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            k != "LD_PRELOAD" && (!k.starts_with("GPUSHIM_") || k == "GPUSHIM_NVML_PATH")
+        })
+        .cloned()
+        .collect();
+    clean.push(("GPUSHIM_DISABLE".into(), "1".into()));
+    let probe = crate::check::probe(&clean, &["nvml"])?;
+    totals(&probe.values, gpus)
 }
 
-/// `dlsym(handle, name)` as a function pointer of type `F`.
-///
-/// # Safety
-/// `F` must be the C function type NVML exports under `name`.
-unsafe fn func<F: Copy>(handle: *mut c_void, name: &str) -> Option<F> {
-    let c = CString::new(name).ok()?;
-    // SAFETY: `handle` is a dlopen handle; `c` is NUL-terminated.
-    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
-    // SAFETY: the caller names the function's type; a fn pointer has a data pointer's size.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-}
-
-/// The total memory (bytes) of each GPU in `gpus` (NVML indexes or UUIDs), or of every GPU NVML
-/// shows when `None`. NVML is opened as programs open it (`libnvidia-ml.so.1`, or
-/// `GPUSHIM_NVML_PATH`).
-fn gpu_memory(gpus: Option<&[Gpu]>) -> Result<Vec<u64>, String> {
-    let path = std::env::var("GPUSHIM_NVML_PATH").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "libnvidia-ml.so.1".into());
-    let c = CString::new(path.clone()).map_err(|_| "NUL in GPUSHIM_NVML_PATH".to_string())?;
-    // SAFETY: `c` is NUL-terminated; dlerror returns NULL or a C string.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        // SAFETY: as above.
-        let e = unsafe { libc::dlerror() };
-        let e = if e.is_null() { String::new() } else { unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned() };
-        return Err(format!("cannot open NVML ({path}): {e}"));
+/// The memory of `gpus` from the probe's `nvml.*` lines.
+fn totals(v: &BTreeMap<String, String>, gpus: Option<&[Gpu]>) -> Result<Vec<u64>, String> {
+    if let Some(e) = v.get("nvml.error") {
+        return Err(format!("NVML: {e}"));
     }
-    type Init = unsafe extern "C" fn() -> c_int;
-    type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
-    type ByIndex = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
-    type ByUuid = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
-    type Mem = unsafe extern "C" fn(*mut c_void, *mut Memory) -> c_int;
-    // SAFETY: these are the signatures of nvml.h.
-    let (Some(init), Some(count), Some(by_index), Some(by_uuid), Some(mem)) = (unsafe {
-        (
-            func::<Init>(handle, "nvmlInit_v2"),
-            func::<Count>(handle, "nvmlDeviceGetCount_v2"),
-            func::<ByIndex>(handle, "nvmlDeviceGetHandleByIndex_v2"),
-            func::<ByUuid>(handle, "nvmlDeviceGetHandleByUUID"),
-            func::<Mem>(handle, "nvmlDeviceGetMemoryInfo"),
-        )
-    }) else {
-        return Err("NVML lacks nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByUUID or nvmlDeviceGetMemoryInfo".into());
+    let count: u32 = v.get("nvml.count").and_then(|c| c.parse().ok()).ok_or("NVML gave no GPU count")?;
+    let total = |i: u32| {
+        v.get(&format!("nvml.{i}.total"))
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|&t| t > 0)
+            .ok_or_else(|| format!("NVML gives no memory for GPU {i}"))
     };
-    // SAFETY: the functions have the signatures above; every out-pointer is a live local and
-    // every string NUL-terminated.
-    unsafe {
-        let rc = init();
-        if rc != 0 {
-            return Err(format!("nvmlInit_v2 returned {rc}"));
-        }
-        let total = |h: *mut c_void, what: &str| -> Result<u64, String> {
-            let mut m: Memory = std::mem::zeroed();
-            match mem(h, &mut m) {
-                0 if m.total > 0 => Ok(m.total),
-                rc => Err(format!("nvmlDeviceGetMemoryInfo of GPU {what} returned {rc}")),
-            }
-        };
-        let index = |i: c_uint| -> Result<u64, String> {
-            let mut h = std::ptr::null_mut();
-            match by_index(i, &mut h) {
-                0 => total(h, &i.to_string()),
-                rc => Err(format!("no GPU {i} (nvmlDeviceGetHandleByIndex_v2 returned {rc})")),
-            }
-        };
-        match gpus {
-            None => {
-                let mut n = 0;
-                if count(&mut n) != 0 {
-                    return Err("nvmlDeviceGetCount_v2 failed".into());
-                }
-                (0..n).map(index).collect()
-            }
-            Some(gpus) => gpus
-                .iter()
-                .map(|g| match g {
-                    Gpu::Index(i) => index(*i),
-                    Gpu::Uuid(u) => {
-                        let c = CString::new(u.as_str()).map_err(|_| "NUL in a UUID".to_string())?;
-                        let mut h = std::ptr::null_mut();
-                        match by_uuid(c.as_ptr(), &mut h) {
-                            0 => total(h, u),
-                            rc => Err(format!("no GPU {u} (nvmlDeviceGetHandleByUUID returned {rc})")),
-                        }
+    match gpus {
+        None if count == 0 => Err("NVML shows no GPU".into()),
+        None => (0..count).map(total).collect(),
+        Some(gpus) => gpus
+            .iter()
+            .map(|g| match g {
+                Gpu::Index(i) if *i < count => total(*i),
+                Gpu::Index(i) => Err(format!("no GPU {i}: NVML shows {count}")),
+                Gpu::Uuid(u) => {
+                    let uuid = |i: &u32| v.get(&format!("nvml.{i}.uuid")).map(|x| x.to_ascii_lowercase());
+                    let want = u.to_ascii_lowercase();
+                    let found: Vec<u32> = (0..count).filter(|i| uuid(i).is_some_and(|x| x.starts_with(&want))).collect();
+                    match found[..] {
+                        [i] => total(i),
+                        [] => Err(format!("no GPU {u}")),
+                        _ => Err(format!("{u} names several GPUs")),
                     }
-                })
-                .collect(),
-        }
+                }
+            })
+            .collect(),
     }
 }
 
@@ -394,6 +352,24 @@ mod tests {
         assert_eq!(gpus(&[("SLURM_STEP_ID", "0")]), None);
         let e = env(&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1"), ("SLURM_JOB_GPUS", "x")]);
         assert!(read_job(&e, 4).unwrap_err().starts_with("SLURM_JOB_GPUS=\"x\""));
+    }
+
+    #[test]
+    fn totals_from_nvml() {
+        let v: BTreeMap<String, String> = [("nvml.count", "2"), ("nvml.0.total", "100"), ("nvml.0.uuid", "GPU-aa11"), ("nvml.1.total", "60"), ("nvml.1.uuid", "GPU-aa22")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(totals(&v, None).unwrap(), vec![100, 60]);
+        assert_eq!(totals(&v, Some(&[Gpu::Index(1)])).unwrap(), vec![60]);
+        assert_eq!(totals(&v, Some(&[Gpu::Uuid("GPU-AA22".into())])).unwrap(), vec![60]);
+        assert!(totals(&v, Some(&[Gpu::Uuid("GPU-aa".into())])).unwrap_err().contains("several"));
+        assert!(totals(&v, Some(&[Gpu::Uuid("GPU-bb".into())])).is_err());
+        assert!(totals(&v, Some(&[Gpu::Index(2)])).unwrap_err().contains("NVML shows 2"));
+        let err: BTreeMap<String, String> = [("nvml.error".to_string(), "cannot open".to_string())].into();
+        assert!(totals(&err, None).unwrap_err().contains("cannot open"));
+        let none: BTreeMap<String, String> = [("nvml.count".to_string(), "0".to_string())].into();
+        assert!(totals(&none, None).is_err());
     }
 
     #[test]
