@@ -7,10 +7,11 @@
 //! shards), the GPU the shards are on: `SLURM_STEP_GPUS` (an srun step, which also has
 //! `SLURM_STEP_ID`) or `SLURM_JOB_GPUS` (the batch script) as the node's GPU index, and
 //! `CUDA_VISIBLE_DEVICES` / `GPU_DEVICE_ORDINAL` as the program's (the same number without
-//! cgroups; from 0 with `ConstrainDevices`). Slurm reads the prolog's stdout *and stderr* (one pipe) line by line: `export NAME=value`
-//! sets NAME to everything after `=` up to the newline (no unquoting: a quote would become part
-//! of the value), `unset NAME` removes it, `print TEXT` writes TEXT to the job's stdout. A prolog
-//! that exits non-zero makes the task exit with that status (the job's program never starts).
+//! cgroups; from 0 with `ConstrainDevices`). Slurm reads the prolog's stdout *and stderr* (one
+//! pipe, `run_command`) line by line: `export NAME=value` sets NAME to everything after `=` up
+//! to the newline (no unquoting: a quote would become part of the value), `unset NAME` removes
+//! it, `print TEXT` writes TEXT to the job's stdout. A prolog that exits non-zero makes the task
+//! exit with that status (the job's program never starts).
 //!
 //! So: values are written raw, and a value that could end its line early (a newline, any
 //! control byte) is refused, never escaped; every failure exits 1 (fail closed) after a
