@@ -19,9 +19,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::{library, Failure};
 
@@ -232,7 +234,7 @@ pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Pat
 // ---------------------------------------------------------------------------------------------
 
 /// The total memory (bytes) of each GPU in `gpus`, or of every GPU NVML shows when `None`, as
-/// `gpushim __probe nvml` reads NVML (`libnvidia-ml.so.1`, or `GPUSHIM_NVML_PATH`) — in a child
+/// `gpushim __probe nvml` (probe.rs) reads NVML (`libnvidia-ml.so.1`, or `GPUSHIM_NVML_PATH`) — in a child
 /// without `LD_PRELOAD` and with `GPUSHIM_DISABLE=1`: an `srun` step inside a batch script
 /// inherits the script's `LD_PRELOAD` and limit, and NVML under the shim would show the limit
 /// as the GPU's memory.
@@ -246,8 +248,54 @@ fn gpu_memory(env: &[(OsString, OsString)], gpus: Option<&[Gpu]>) -> Result<Vec<
         .cloned()
         .collect();
     clean.push(("GPUSHIM_DISABLE".into(), "1".into()));
-    let probe = crate::check::probe(&clean, &["nvml"])?;
-    totals(&probe.values, gpus)
+    totals(&probe_nvml(&clean)?, gpus)
+}
+
+/// How long NVML may take to answer before the task is refused (a hanging driver must not hold
+/// the task's start for ever: Slurm waits for a TaskProlog without a bound).
+const NVML_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `gpushim __probe nvml` in `env`: its `key=value` lines, within [`NVML_TIMEOUT`] (its output
+/// is read by a thread, so that a child that hangs with its pipe open is still killed).
+fn probe_nvml(env: &[(OsString, OsString)]) -> Result<BTreeMap<String, String>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate the gpushim executable: {e}"))?;
+    let mut child = Command::new(exe)
+        .args(["__probe", "nvml"])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start gpushim __probe nvml: {e}"))?;
+    let mut out = child.stdout.take().ok_or("no pipe from the probe")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + NVML_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    match status {
+        Some(st) if st.success() => {
+            let text = reader.join().unwrap_or_default();
+            Ok(text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        }
+        // (the reader ends once the killed child's pipe closes, unless a grandchild holds it:
+        // left to end with the process)
+        Some(st) => Err(format!("gpushim __probe nvml failed ({st})")),
+        None => Err(format!("NVML did not answer within {} s (a hanging driver?)", NVML_TIMEOUT.as_secs())),
+    }
 }
 
 /// The memory of `gpus` from the probe's `nvml.*` lines.
