@@ -39,6 +39,19 @@ need python3 python3
 need cargo cargo
 need nm binutils
 python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || need pip3 python3-pip
+# a real single-node Slurm for tests/slurm.rs (it skips, saying why, where these are missing)
+want() {
+  command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing $2" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null; } ||
+      echo "test.sh: warning: cannot install $2; tests/slurm.rs will be skipped" >&2
+  fi
+}
+want slurmctld slurmctld
+want slurmd slurmd
+want srun slurm-client
+want munged munge
 
 bash scripts/fetch-deps.sh
 bash scripts/fetch-drivers.sh

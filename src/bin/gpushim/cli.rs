@@ -73,6 +73,15 @@ pub enum Command {
         args_override_self = true
     )]
     Sim(SimArgs),
+    /// a Slurm TaskProlog that gives a job its shards' share of the GPU
+    #[command(display_name = "gpushim slurm",
+        override_usage = "gpushim slurm task-prolog --shards-per-gpu N [--compute] [--library PATH]",
+        help_template = help::COMMAND_TEMPLATE_ARGS,
+        before_help = help::SLURM_DESCRIPTION,
+        after_help = help::SLURM_AFTER,
+        args_override_self = true
+    )]
+    Slurm(SlurmArgs),
     /// show the help page of a command
     #[command(display_name = "gpushim help", override_usage = "gpushim help [COMMAND]", help_template = help::COMMAND_TEMPLATE_ARGS, after_help = help::HELP_AFTER)]
     Help {
@@ -225,6 +234,23 @@ pub struct SimArgs {
     /// what to run (default: $SHELL, else /bin/sh), with its arguments, passed on untouched
     #[arg(value_name = "COMMAND", trailing_var_arg = true, value_parser = clap::value_parser!(OsString))]
     pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct SlurmArgs {
+    /// the hook: task-prolog (slurm.conf's TaskProlog, through a wrapper script)
+    #[arg(value_name = "HOOK", value_parser = ["task-prolog"])]
+    pub hook: String,
+    /// the shards of each GPU, as gres.conf counts them (Name=shard Count=… per GPU)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::slurm::MAX_SHARDS_PER_GPU)), allow_hyphen_values = true)]
+    pub shards_per_gpu: Option<u32>,
+    /// also limit the job's share of the GPU's time to its shards (GPUSHIM_COMPUTE_LIMIT=K/N)
+    #[arg(long)]
+    pub compute: bool,
+    /// the libgpushim.so to preload; default: GPUSHIM_LIBRARY, else libgpushim.so next to this
+    /// program, else ../lib/libgpushim.so from it
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true)]
+    pub library: Option<PathBuf>,
 }
 
 fn gpu_memory(v: &str) -> Result<u64, String> {
@@ -381,6 +407,7 @@ fn example(flag: &str) -> (&'static str, &'static str) {
         "--interval" | "-d" => ("seconds between 0.1 and 3600", "2"),
         "--gpus" => ("a number", "3"),
         "--memory" => ("a size", "8GiB"),
+        "--shards-per-gpu" => ("a number", "4"),
         _ => ("a value", SETTINGS.iter().find(|s| s.flag == flag).map_or("VALUE", |s| s.example)),
     }
 }

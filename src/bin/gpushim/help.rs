@@ -225,6 +225,35 @@ EXAMPLES
     gpushim sim --gpus 3 -- gpushim check
     gpushim sim --memory 8GiB -- gpushim run --memory-limit 2GiB -- ./app";
 
+pub const SLURM_DESCRIPTION: &str = "\
+DESCRIPTION
+    The TaskProlog of a Slurm cluster whose GPUs are shared as gres/shard: slurm.conf's
+    TaskProlog names a script that runs gpushim slurm task-prolog --shards-per-gpu N, N being
+    each GPU's shard count in gres.conf. For a task of a job given K shards of a GPU
+    (SLURM_SHARDS_ON_NODE=K; the GPU: SLURM_STEP_GPUS in an srun step, SLURM_JOB_GPUS in the
+    batch script, else CUDA_VISIBLE_DEVICES) it prints the lines that Slurm turns into the
+    task's environment:
+        export LD_PRELOAD=<libgpushim.so, then the job's own LD_PRELOAD>
+        export GPUSHIM_MEMORY_LIMIT=<the GPU's memory (NVML) x K / N, in bytes>
+        export GPUSHIM_SHARED_QUOTA=slurm-<SLURM_JOB_ID>
+        export GPUSHIM_COMPUTE_LIMIT=<K / N>        (with --compute)
+    and unset lines for GPUSHIM_DISABLE, GPUSHIM_VIRTUAL_DEVICES and per-device limits the job
+    inherited. All the job's processes on the node share one budget. A job without shards (whole
+    GPUs, or none) gets nothing. With several GPUs the smallest one's memory is used.
+
+    A TaskProlog runs as the job's user, who can unset LD_PRELOAD: this keeps honest jobs
+    within their shares, it is not a fence against a hostile one.";
+
+pub const SLURM_AFTER: &str = "\
+EXIT STATUS
+    0; 1 when the job's variables are wrong (SLURM_SHARDS_ON_NODE above N, no SLURM_JOB_ID, a
+    value with a control character) or NVML or the library cannot be found: a print line says
+    why and Slurm then does not start the task; 2 for a bad command line.
+
+EXAMPLES
+    gpushim slurm task-prolog --shards-per-gpu 4
+    gpushim slurm task-prolog --shards-per-gpu 8 --compute --library /usr/local/lib/libgpushim.so";
+
 pub const HELP_AFTER: &str = "\
 EXAMPLES
     gpushim help

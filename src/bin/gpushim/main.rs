@@ -22,6 +22,7 @@ mod ps;
 mod run;
 mod serve;
 mod sim;
+mod slurm;
 mod top;
 
 use std::ffi::OsString;
@@ -121,6 +122,10 @@ fn dispatch(cli: cli::Cli) -> Result<(), Failure> {
         Command::Top(a) => top::main(a.interval),
         Command::Metrics(a) => metrics::main(a.listen.as_deref(), !a.no_gpus),
         Command::Sim(a) => sim::main(&a),
+        Command::Slurm(a) => match a.shards_per_gpu {
+            Some(n) => slurm::task_prolog(n, a.compute, a.library.as_deref()),
+            None => Err(Failure::usage("slurm", "--shards-per-gpu is required: the shards of each GPU as gres.conf counts them, like --shards-per-gpu 4")),
+        },
         Command::Help { topic } => match cli::page(topic.as_deref()) {
             Some(page) => print(&page),
             None => Err(Failure::usage(
