@@ -59,7 +59,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_float, c_uint};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Duration;
 
 use gpushim_common::bounded::Bounded;
@@ -354,8 +354,9 @@ impl Pacer {
                 self.give_back(entry.ctx, &[events.0, events.1]);
             }
             // (only now: `forget_context` waits for this before it clears the pool, so that
-            // the events are found there, not put back after it)
-            self.measuring.fetch_sub(1, Relaxed);
+            // the events are found there, not put back after it; Release: pairs with its
+            // Acquire load, so the pool's lock is taken there after `give_back` let it go)
+            self.measuring.fetch_sub(1, Release);
         }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
@@ -513,7 +514,8 @@ impl Pacer {
         };
         // (a measurement that took one of its entries out before: a bounded wait for it)
         let mut backoff = gpushim_common::bounded::Backoff::within(Duration::from_millis(200));
-        while self.measuring.load(Relaxed) != 0 && backoff.wait() {}
+        // (Acquire: pairs with `measure`'s Release decrement, after its events went back)
+        while self.measuring.load(Acquire) != 0 && backoff.wait() {}
         // (after the wait: a measurement under way puts its events back in the pool)
         if let Ok(mut pool) = self.pool.lock() {
             pool.retain_mut(|(c, free)| {

@@ -16,7 +16,8 @@ type Exec = *mut c_void;
 unsafe fn instantiated(st: &State, result: CUresult, exec: *mut Exec, graph: Graph) -> CUresult {
     if result == CUDA_SUCCESS && !exec.is_null() {
         if let Err(stuck) = st.graph_instantiated(*exec as usize, graph) {
-            let destroy = crate::hooks::REAL[crate::hooks::Hook::cuGraphExecDestroy as usize].load(std::sync::atomic::Ordering::Relaxed);
+            // (Acquire: pairs with `intercept::resolve_real`'s Release, as in `intercept::enter`)
+            let destroy = crate::hooks::REAL[crate::hooks::Hook::cuGraphExecDestroy as usize].load(std::sync::atomic::Ordering::Acquire);
             if destroy != 0 {
                 // SAFETY: the driver's cuGraphExecDestroy of the executable graph it just made.
                 std::mem::transmute::<usize, unsafe extern "C" fn(Exec) -> CUresult>(destroy)(*exec);

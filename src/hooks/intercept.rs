@@ -15,7 +15,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use crate::driver::{self, Lib};
 use crate::driver::ffi::*;
@@ -195,10 +195,12 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
     };
     catch_unwind(AssertUnwindSafe(|| {
         let Some(st) = crate::hooks::state() else { return uninitialised };
-        let mut real = REAL[index].load(Relaxed);
+        // (Acquire: pairs with `resolve_real`'s Release; the driver's code and data, set up
+        // by the `dlopen` of whichever thread opened it, are seen before it is called)
+        let mut real = REAL[index].load(Acquire);
         if real == 0 {
             st.load(hook.lib(), None, true);
-            real = REAL[index].load(Relaxed);
+            real = REAL[index].load(Acquire);
             if real == 0 {
                 // No driver on this machine: CUDA's own answer for that, quietly.
                 if hook.lib() == Lib::Cuda && !st.opened(Lib::Cuda) {
@@ -446,7 +448,8 @@ pub fn resolve_real(lib: &driver::Library, which: Lib) {
     for (index, (hook, slot)) in HOOKS.iter().zip(REAL.iter()).enumerate() {
         if hook.lib() == which {
             let addr = lib.function_hashed(hook.symbol(), hook.gnu_hash) as usize;
-            slot.store(addr, Relaxed);
+            // (Release: pairs with the Acquire loads of the callers, `enter` and `real_of`)
+            slot.store(addr, Release);
             remember_real(addr, index);
         }
     }

@@ -30,7 +30,8 @@ pub struct CUlaunchConfigHead {
 #[inline(always)]
 fn lane_open(index: usize) -> Option<(&'static crate::state::State, usize, bool)> {
     let st = crate::state::get_if_ready()?;
-    let real = crate::hooks::REAL[index].load(std::sync::atomic::Ordering::Relaxed);
+    // (Acquire: pairs with `intercept::resolve_real`'s Release, as in `intercept::enter`)
+    let real = crate::hooks::REAL[index].load(std::sync::atomic::Ordering::Acquire);
     if real == 0 || st.broken() {
         return None;
     }

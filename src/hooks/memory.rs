@@ -151,7 +151,8 @@ fn settle_pitch(st: &State, dev: Option<CUdevice>, ptr: CUdeviceptr, actual: u64
 
 /// The driver's own function of `hook` (0: not resolved).
 fn real_of(hook: Hook) -> usize {
-    REAL[hook as usize].load(std::sync::atomic::Ordering::Relaxed)
+    // (Acquire: pairs with `intercept::resolve_real`'s Release, as in `intercept::enter`)
+    REAL[hook as usize].load(std::sync::atomic::Ordering::Acquire)
 }
 
 pub unsafe fn free(st: &State, real: unsafe extern "C" fn(CUdeviceptr) -> CUresult, dptr: CUdeviceptr) -> CUresult {

@@ -213,7 +213,9 @@ impl std::ops::Deref for Budgets {
 /// number: a reservation is then refused, never admitted beyond the limit.
 #[inline]
 pub(crate) fn saturating_sub(counter: &AtomicU64, bytes: u64) -> u64 {
-    let before = counter.fetch_sub(bytes, Relaxed);
+    // Release: pairs with the reservation's Acquire (`reserve_within`): a `give` (in use)
+    // made before a `release` (reserved) is seen by whoever reserves the bytes released.
+    let before = counter.fetch_sub(bytes, Release);
     if before >= bytes {
         return bytes;
     }
@@ -405,7 +407,8 @@ impl DeviceBudget {
         // the quota's total bounds ours (ours is part of it)
         quota.reserve(d, bytes, limit).map_err(|total| Refused { reserved: total, limit })?;
         self.update(move |f| {
-            let now = f.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
+            // (Acquire: pairs with `freed_in`'s Release, as `reserve_within`'s does)
+            let now = f.reserved.fetch_add(bytes, Acquire).saturating_add(bytes);
             raise_peak(&f.peak_reserved, now);
         });
         Ok(())
@@ -426,7 +429,8 @@ impl DeviceBudget {
         let w = gpushim_common::oom_wait::wait_for_room(room, d, bytes, limit, wait);
         if w.end == WaitEnd::Reserved {
             self.update(move |f| {
-                let now = f.reserved.fetch_add(bytes, Relaxed).saturating_add(bytes);
+                // (Acquire: pairs with `freed_in`'s Release, as `reserve_within`'s does)
+                let now = f.reserved.fetch_add(bytes, Acquire).saturating_add(bytes);
                 raise_peak(&f.peak_reserved, now);
             });
         }

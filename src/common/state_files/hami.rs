@@ -501,19 +501,30 @@ impl Mapped {
     }
 
     /// Records device `dev`'s UUID (`GPU-…`) and raises the device count to cover it.
+    /// Plain (non-atomic) fields of the shared mapping, as in HAMi-core: written under the
+    /// region's semaphore (its acquire and release order them for every other process that
+    /// takes it), through raw pointers (no `&mut` to memory other threads read), and not at all
+    /// when the semaphore cannot be had.
     pub fn set_device(&self, dev: usize, uuid: &str) {
-        if dev >= DEVICES {
+        if dev >= DEVICES || !self.lock(LOCK_WAIT_MS) {
             return;
         }
-        let r = self.region_mut();
-        if r.uuids[dev][0] == 0 {
-            let b = uuid.as_bytes();
-            let n = b.len().min(95);
-            r.uuids[dev][..n].copy_from_slice(&b[..n]);
+        let r = self.region;
+        // SAFETY: the mapping lives as long as `self`; `dev < DEVICES`; the semaphore is held,
+        // so no other process of the region writes these fields meanwhile.
+        unsafe {
+            let slot = std::ptr::addr_of_mut!((*r).uuids[dev]);
+            if std::ptr::read_volatile(slot.cast::<u8>()) == 0 {
+                let b = uuid.as_bytes();
+                let n = b.len().min(95);
+                std::ptr::copy_nonoverlapping(b.as_ptr(), slot.cast::<u8>(), n);
+            }
+            let num = std::ptr::addr_of_mut!((*r).device_num);
+            if std::ptr::read_volatile(num) < dev as u64 + 1 {
+                std::ptr::write_volatile(num, dev as u64 + 1);
+            }
         }
-        if r.device_num < dev as u64 + 1 {
-            r.device_num = dev as u64 + 1;
-        }
+        self.unlock();
     }
 
     /// Leaves the region (at exit): the slot is removed when the semaphore can be had quickly,
@@ -570,10 +581,16 @@ fn copy_slot(from: &ProcSlot, to: &ProcSlot) {
     if std::ptr::eq(from, to) {
         return;
     }
-    to.pid.store(from.pid.load(Relaxed), Relaxed);
+    // Under `to`'s seqlock, as a writer of it (a reader without the semaphore never takes the
+    // copy half-made for a consistent slot): odd first, the data, then an even number above
+    // both counters (never one a reader saw before the copy). The fence orders the odd value
+    // before the data stores; the final Release orders them before the even one (pairs with
+    // the reader's Acquire loads in `read`).
+    let seq = to.seqlock.load(Relaxed).max(from.seqlock.load(Relaxed)) | 1;
+    to.seqlock.store(seq, Relaxed);
+    std::sync::atomic::fence(Release);
     to.hostpid.store(from.hostpid.load(Relaxed), Relaxed);
     to.status.store(from.status.load(Relaxed), Relaxed);
-    to.seqlock.store(from.seqlock.load(Relaxed) & !1, Relaxed);
     for d in 0..DEVICES {
         let pairs = [
             (&from.used[d].context_size, &to.used[d].context_size),
@@ -588,6 +605,10 @@ fn copy_slot(from: &ProcSlot, to: &ProcSlot) {
             b.store(a.load(Relaxed), Relaxed);
         }
     }
+    // (the pid last, Release: its process, finding its slot here with `my_slot`'s Acquire,
+    // sees the copied usage first and its own next write lands after it)
+    to.pid.store(from.pid.load(Relaxed), Release);
+    to.seqlock.store(seq.wrapping_add(1), Release);
 }
 
 // ---------------------------------------------------------------------------------------------

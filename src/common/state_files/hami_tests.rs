@@ -69,6 +69,9 @@ fn dead_and_exited_slots_are_removed_by_the_next_joiner() {
         r.procs[i].pid.store(pid, Relaxed);
         r.procs[i].used[0].total.store(100 + i as u64, Relaxed);
     }
+    // (seqlocks: the dead slot's above the live one's, the live one's mid-write)
+    r.procs[0].seqlock.store(10, Relaxed);
+    r.procs[2].seqlock.store(5, Relaxed);
     r.proc_num.store(3, Relaxed);
     let v = read(&path).unwrap();
     assert_eq!(v.slots.iter().map(|s| s.alive).collect::<Vec<_>>(), [false, false, true]);
@@ -78,6 +81,9 @@ fn dead_and_exited_slots_are_removed_by_the_next_joiner() {
     assert_eq!(pids, [1, std::process::id() as i32], "{v:?}");
     assert_eq!(i, 1);
     assert_eq!(v.slots[0].used[0], 102, "the live slot moved with its usage");
+    // the copy was written under the destination's seqlock: it ends even, above both counters
+    // (a reader that saw either before the copy cannot take the copy for what it saw)
+    assert_eq!(r.procs[0].seqlock.load(Relaxed), 12);
     cleanup();
 }
 
