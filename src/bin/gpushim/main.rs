@@ -9,10 +9,15 @@
 #[allow(unused_imports)]
 use gpushim_common::{bounded, config, live, once, quota, secure, sys, units};
 
+mod cdi;
 mod check;
 mod cli;
+mod device_plugin;
 mod figures;
+mod gpus;
 mod help;
+mod help_k8s;
+mod kubelet;
 mod library;
 mod metrics;
 mod options;
@@ -121,6 +126,8 @@ fn dispatch(cli: cli::Cli) -> Result<(), Failure> {
         Command::Top(a) => top::main(a.interval),
         Command::Metrics(a) => metrics::main(a.listen.as_deref(), !a.no_gpus),
         Command::Sim(a) => sim::main(&a),
+        Command::Cdi(a) => cdi::main(&a),
+        Command::DevicePlugin(a) => device_plugin::main(&a),
         Command::Help { topic } => match cli::page(topic.as_deref()) {
             Some(page) => print(&page),
             None => Err(Failure::usage(
