@@ -59,8 +59,10 @@ fn seconds(v: &str) -> Result<Duration, String> {
         .ok_or_else(|| "needs seconds between 0.1 and 3600, like --health-interval 5".to_string())
 }
 
+/// A line on stderr; a closed stderr is not a reason to stop serving.
 fn log(message: impl std::fmt::Display) {
-    eprintln!("gpushim device-plugin: {message}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "gpushim device-plugin: {message}");
 }
 
 /// What every session of the service shares.
@@ -231,6 +233,10 @@ pub fn main(a: &PluginArgs) -> Result<(), Failure> {
     let devices = cdi::plugin_devices(&gpus, a.devices.slices);
     let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     log(format!("{} GPU(s), devices {}, library {}", gpus.len(), ids.join(" "), library.display()));
+    // a kubelet that goes away mid-answer must not kill the plugin: write errors instead of
+    // SIGPIPE (main sets it to the default, for commands whose reader may go away)
+    // SAFETY: setting a signal's disposition before any thread of this command exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
