@@ -207,6 +207,7 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
         ("GPUSHIM_VISIBLE_DEVICES", uuid.clone()),
         ("GPUSHIM_MEMORY_LIMIT", (8 * GIB).to_string()),
         ("GPUSHIM_SHARED_QUOTA", format!("gpushim-{uuid}-1")),
+        ("NVIDIA_VISIBLE_DEVICES", uuid.clone()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -223,6 +224,9 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
     assert_eq!((e["GPUSHIM_MEMORY_LIMIT_0"].as_str(), e["GPUSHIM_MEMORY_LIMIT_1"].as_str()), (&*(8 * GIB).to_string(), &*(8 * GIB).to_string()));
     assert_eq!(e["GPUSHIM_SHARED_QUOTA"], format!("gpushim-{}-0", phys_uuid(1)));
     assert!(!e.contains_key("GPUSHIM_MEMORY_LIMIT"));
+    assert_eq!(e["NVIDIA_VISIBLE_DEVICES"], format!("{},{}", phys_uuid(1), uuid));
+    assert_eq!(e.len(), 6, "{e:?}");
+    assert!(a.container_responses[0].cdi_devices.is_empty(), "several devices: the environment only");
 
     // a bad ID: InvalidArgument, and the plugin goes on serving
     let err = within("bad Allocate", client.allocate(allocate(&["9-9"]))).await.unwrap_err();
@@ -281,7 +285,8 @@ async fn whole_gpus_and_no_driver() {
     assert_eq!(summary(&next(&mut stream, "list").await), healthy(&["0", "1"], &[]));
     let a = within("Allocate", client.allocate(allocate(&["1"]))).await.unwrap().into_inner();
     let envs = &a.container_responses[0].envs;
-    assert_eq!(envs.len(), 2, "{envs:?}");
+    assert_eq!(envs.len(), 3, "{envs:?}");
+    assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], phys_uuid(1));
     assert_eq!(envs["GPUSHIM_VISIBLE_DEVICES"], phys_uuid(1));
     assert_eq!(a.container_responses[0].cdi_devices[0].name, "gpushim.dev/gpu=1");
     assert!(log_of(&dir).contains("waiting for the kubelet"), "{}", log_of(&dir));

@@ -34,6 +34,8 @@ pub const API_VERSION: &str = "v1beta1";
 pub const SOCKET: &str = "gpushim.sock";
 /// How often the kubelet's socket is looked at (a restart makes it again).
 const WATCH_EVERY: Duration = Duration::from_millis(500);
+/// The variable NVIDIA's container runtime reads to give a container GPUs (legacy mode).
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// The longest a registration call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -114,6 +116,15 @@ impl Plugin {
             // only the environment below is given (runtimes apply it with or without CDI).
             response.envs = merged_env(&devices, self.compute);
         }
+        // NVIDIA's container runtime (the GPU Operator's default) gives the container these
+        // GPUs' device nodes and driver libraries; gpushim's edits never do
+        let uuids: Vec<&str> = devices.iter().map(|d| d.gpu.uuid.as_str()).fold(Vec::new(), |mut v, u| {
+            if !v.contains(&u) {
+                v.push(u);
+            }
+            v
+        });
+        response.envs.insert(NVIDIA_VISIBLE_DEVICES.into(), uuids.join(","));
         response.mounts = edits
             .mounts
             .iter()

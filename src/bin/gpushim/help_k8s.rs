@@ -29,9 +29,10 @@ DESCRIPTION
     device per slice (IDs I-K; I when there are no slices), healthy while NVML answers for its GPU
     (checked every 5 s; a GPU that is lost turns its devices Unhealthy). Allocate answers with the
     CDI names (gpushim.dev/gpu=I-K, see gpushim cdi generate) and the same environment and
-    read-only library mount for runtimes without CDI. When the kubelet restarts (kubelet.sock is
-    made again) it serves and registers again. SIGTERM or SIGINT: removes its socket and exits 0.
-    Logs go to stderr.";
+    read-only library mount for runtimes without CDI, plus NVIDIA_VISIBLE_DEVICES=<the GPUs'
+    UUIDs>, with which NVIDIA's container runtime brings the device nodes and driver libraries.
+    When the kubelet restarts (kubelet.sock is made again) it serves and registers again.
+    SIGTERM or SIGINT: removes its socket and exits 0. Logs go to stderr.";
 
 pub const PLUGIN_AFTER: &str = "\
 EXIT STATUS
