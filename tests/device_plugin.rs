@@ -302,3 +302,47 @@ async fn whole_gpus_and_no_driver() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("gpushim device-plugin: no NVIDIA driver: cannot open /nonexistent/libnvidia-ml.so.1"), "{err}");
 }
+
+/// config/device-plugin.yaml and config/pod-gpushim.yaml parse (where PyYAML is installed); the
+/// DaemonSet's command line is one the command accepts (it gets as far as looking for NVML);
+/// the Pod asks for gpushim.dev/gpu without a RuntimeClass.
+#[test]
+fn kubernetes_manifests() {
+    let script = "import sys, json\ntry:\n import yaml\nexcept ImportError:\n sys.exit(3)\n\
+                  ds=[x for x in yaml.safe_load_all(open(sys.argv[1])) if x]\n\
+                  pod=[x for x in yaml.safe_load_all(open(sys.argv[2])) if x]\n\
+                  assert [x['kind'] for x in ds]==['DaemonSet'] and [x['kind'] for x in pod]==['Pod']\n\
+                  c=ds[0]['spec']['template']['spec']['containers'][0]\n\
+                  assert not c['securityContext']['privileged']\n\
+                  p=pod[0]['spec']\n\
+                  assert 'runtimeClassName' not in p\n\
+                  assert p['containers'][0]['resources']['limits']=={'gpushim.dev/gpu': 1}\n\
+                  print(json.dumps(c['command']))\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(workspace_root().join("config/device-plugin.yaml"))
+        .arg(workspace_root().join("config/pod-gpushim.yaml"))
+        .output()
+        .expect("python3");
+    if out.status.code() == Some(3) {
+        eprintln!("SKIPPED: PyYAML is not installed: the manifests were not parsed");
+        return;
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let command: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(command[..2], ["/opt/gpushim/bin/gpushim", "device-plugin"]);
+    // the same options, the library replaced by the one under test, no NVML: status 1 (not 2)
+    let mut args: Vec<String> = command[1..].to_vec();
+    if let Some(i) = args.iter().position(|a| a == "--library") {
+        args[i + 1] = shim_path().display().to_string();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_gpushim"))
+        .args(&args)
+        .env("GPUSHIM_NVML_PATH", "/nonexistent/libnvidia-ml.so.1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(err.contains("no NVIDIA driver"), "{err}");
+}
