@@ -56,11 +56,17 @@ fn generated_api_is_up_to_date() {
 
 struct Kubelet {
     tx: mpsc::UnboundedSender<RegisterRequest>,
+    /// How many registrations to refuse first (as a kubelet refuses an unknown version).
+    refuse: std::sync::atomic::AtomicUsize,
 }
 
 #[tonic::async_trait]
 impl Registration for Kubelet {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        use std::sync::atomic::Ordering;
+        if self.refuse.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Status::invalid_argument("not now"));
+        }
         let _ = self.tx.send(request.into_inner());
         Ok(Response::new(Empty {}))
     }
@@ -68,12 +74,17 @@ impl Registration for Kubelet {
 
 /// A kubelet's Registration service at `socket`; stops when the sender is dropped or sent.
 fn start_kubelet(socket: &Path, tx: mpsc::UnboundedSender<RegisterRequest>) -> oneshot::Sender<()> {
+    start_kubelet_refusing(socket, tx, 0)
+}
+
+/// The same, refusing the first `refuse` registrations.
+fn start_kubelet_refusing(socket: &Path, tx: mpsc::UnboundedSender<RegisterRequest>, refuse: usize) -> oneshot::Sender<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(Kubelet { tx }))
+            .add_service(RegistrationServer::new(Kubelet { tx, refuse: refuse.into() }))
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                 let _ = stopped.await;
             }),
@@ -267,8 +278,8 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
     assert!(log_of(&dir).contains("SIGTERM: stopped"), "{}", log_of(&dir));
 }
 
-/// Without --slices: one device per GPU, no limit; a registration refused or absent kubelet
-/// is waited for; no driver: status 1 and the reason.
+/// Without --slices: one device per GPU, no limit; an absent kubelet is waited for, a refused
+/// registration tried again; no driver: status 1 and the reason.
 #[tokio::test]
 async fn whole_gpus_and_no_driver() {
     let kd = KubeletDir::new();
@@ -277,7 +288,7 @@ async fn whole_gpus_and_no_driver() {
     let _plugin = start_plugin(&dir, &[]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (tx, mut registrations) = mpsc::unbounded_channel();
-    let _stop = start_kubelet(&dir.join("kubelet.sock"), tx);
+    let _stop = start_kubelet_refusing(&dir.join("kubelet.sock"), tx, 2);
     let r = within("registration", registrations.recv()).await.unwrap();
     assert_eq!(r.resource_name, "gpushim.dev/gpu");
     let mut client = connect(&dir.join("gpushim.sock")).await;
@@ -289,7 +300,10 @@ async fn whole_gpus_and_no_driver() {
     assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], phys_uuid(1));
     assert_eq!(envs["GPUSHIM_VISIBLE_DEVICES"], phys_uuid(1));
     assert_eq!(a.container_responses[0].cdi_devices[0].name, "gpushim.dev/gpu=1");
-    assert!(log_of(&dir).contains("waiting for the kubelet"), "{}", log_of(&dir));
+    let log = log_of(&dir);
+    assert!(log.contains("waiting for the kubelet"), "{log}");
+    // two refusals: said once, then registered
+    assert_eq!(log.matches("registration failed: the kubelet refused: not now; trying again").count(), 1, "{log}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_gpushim"))
         .args(["device-plugin", "--kubelet-dir"])

@@ -318,15 +318,26 @@ async fn serve(plugin: Arc<Plugin>, dir: &Path) -> Result<(), Failure> {
         log(format!("serving on {}", socket.display()));
         let mut registered: Option<(u64, u64)> = None;
         let mut said_waiting = false;
+        let mut last_error = String::new();
         let end = loop {
             if registered.is_none() {
                 if let Some(id) = identity(&kubelet) {
-                    match register(&kubelet).await {
+                    let result = tokio::select! {
+                        r = register(&kubelet) => r,
+                        _ = term.recv() => break "SIGTERM",
+                        _ = int.recv() => break "SIGINT",
+                    };
+                    match result {
                         Ok(()) => {
                             log(format!("registered {KIND} with the kubelet at {}", kubelet.display()));
                             registered = Some(id);
                         }
-                        Err(e) => log(format!("registration failed: {e}; trying again")),
+                        // said once, not at every try
+                        Err(e) if e != last_error => {
+                            log(format!("registration failed: {e}; trying again every {WATCH_EVERY:?}"));
+                            last_error = e;
+                        }
+                        Err(_) => {}
                     }
                 } else if !said_waiting {
                     log(format!("waiting for the kubelet ({} is absent)", kubelet.display()));
