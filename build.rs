@@ -31,3 +31,4 @@ fn main() {
         println!("cargo:rustc-cfg=gpushim_static_unwinder");
     }
 }
+

@@ -38,6 +38,16 @@ need gcc gcc
 need python3 python3
 need cargo cargo
 need nm binutils
+# tests/cdi.rs: Debian's podman applies the CDI spec (root only; a static busybox for its local
+# image), Python's jsonschema checks it against the CDI schema; each part skips, saying why,
+# where it cannot be had
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v podman >/dev/null 2>&1; then
+  echo "test.sh: installing podman busybox-static" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman busybox-static >/dev/null; } ||
+    echo "test.sh: podman could not be installed: tests/cdi.rs skips its podman test" >&2
+fi
+python3 -c 'import jsonschema' 2>/dev/null || python3 -m pip install -q jsonschema >/dev/null 2>&1 ||
+  echo "test.sh: Python's jsonschema could not be installed: tests/cdi.rs skips its schema check" >&2
 python3 -m pip --version >/dev/null 2>&1 || command -v pip3 >/dev/null 2>&1 || need pip3 python3-pip
 # a real single-node Slurm for tests/slurm.rs (it skips, saying why, where these are missing)
 want() {

@@ -373,7 +373,7 @@ fn run_log_placement() {
 /// one definition: the same man-page sections everywhere.
 #[test]
 fn every_command_has_its_page() {
-    for command in ["run", "check", "ps", "top", "metrics", "sim", "slurm", "help", "completions"] {
+    for command in ["run", "check", "ps", "top", "metrics", "sim", "slurm", "cdi", "device-plugin", "help", "completions"] {
         let page = gpushim(args!["help", command]).without_sim().run();
         assert_status(&page, 0, command);
         let text = page.stdout_text();

@@ -25,13 +25,16 @@ pub const POWER_MW: c_uint = 75_000;
 pub const CLOCKS_MHZ: [c_uint; NVML_CLOCK_COUNT as usize] = [1980, 1980, 2619, 1755];
 
 unsafe fn handle_out(out: *mut nvmlDevice_t, d: &'static Device) -> Res {
+    devices::check_lost(d)?;
     put(out, d.handle())
 }
 
 /// The device of an argument handle, after the init check.
 fn device_arg(h: nvmlDevice_t) -> Res<&'static Device> {
     need_init()?;
-    devices::from_handle(h)
+    let d = devices::from_handle(h)?;
+    devices::check_lost(d)?;
+    Ok(d)
 }
 
 /// (total, used) of a device: used is what the simulated CUDA driver in this process holds.

@@ -11,6 +11,7 @@
 //! | `GPUSIM_DRIVER_VERSION` | what `nvmlSystemGetCudaDriverVersion[_v2]` returns | 13050 |
 //! | `GPUSIM_NVML_REPORT` | path of the JSON report written at exit | unset |
 //! | `GPUSIM_TRACE` | `1`: one stderr line per NVML call | unset |
+//! | `GPUSIM_LOST` | a file of physical indices of lost GPUs, read at every device call (`devices::check_lost`, not here) | unset |
 //!
 //! An invalid value prints one warning to stderr and the default is used.
 

@@ -91,6 +91,20 @@ pub fn from_handle(h: nvmlDevice_t) -> Res<&'static Device> {
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
+/// `NVML_ERROR_GPU_IS_LOST` when the device is listed in the file named by `GPUSIM_LOST`
+/// (physical indices, separated by commas or white space; read at every call, so a test can
+/// make a GPU fall off the bus while a process runs). An absent or unreadable file: none lost.
+pub fn check_lost(d: &Device) -> Res<()> {
+    let Some(path) = std::env::var_os("GPUSIM_LOST") else { return Ok(()) };
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let lost = text.split([',', ' ', '\n', '\t']).filter_map(|t| t.trim().parse::<usize>().ok()).any(|i| i == d.index);
+    if lost {
+        Err(NVML_ERROR_GPU_IS_LOST)
+    } else {
+        Ok(())
+    }
+}
+
 /// The device whose UUID is exactly `s` (any case).
 pub fn by_uuid(devs: &'static [Device], s: &str) -> Option<&'static Device> {
     devs.iter()

@@ -554,3 +554,39 @@ fn utilisation_from_the_node_state() {
         assert_eq!(nvmlShutdown(), NVML_SUCCESS);
     }
 }
+
+/// `GPUSIM_LOST`: a device listed there answers `NVML_ERROR_GPU_IS_LOST` for a new handle and
+/// through an old one, the count is unchanged, the other device is untouched; removed from the
+/// file, it answers again.
+#[test]
+fn a_lost_gpu_answers_gpu_is_lost() {
+    let _g = lock();
+    let dir = std::env::temp_dir().join(format!("gpusim-nvml-lost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lost");
+    std::env::set_var("GPUSIM_LOST", &path);
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            std::env::remove_var("GPUSIM_LOST");
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _r = Restore(dir);
+    unsafe {
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        let old = handle(1);
+        std::fs::write(&path, "1\n").unwrap();
+        let mut count = 0;
+        assert_eq!(nvmlDeviceGetCount_v2(&mut count), NVML_SUCCESS);
+        assert_eq!(count, devices::all().len() as c_uint);
+        let mut h = null_mut();
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut h), NVML_ERROR_GPU_IS_LOST);
+        let mut m = nvmlMemory_t::default();
+        assert_eq!(nvmlDeviceGetMemoryInfo(old, &mut m), NVML_ERROR_GPU_IS_LOST);
+        assert_eq!(nvmlDeviceGetMemoryInfo(handle(0), &mut m), NVML_SUCCESS);
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(nvmlDeviceGetMemoryInfo(old, &mut m), NVML_SUCCESS);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+    }
+}

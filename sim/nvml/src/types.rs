@@ -20,6 +20,7 @@ pub const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
 pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+pub const NVML_ERROR_GPU_IS_LOST: nvmlReturn_t = 15;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 

@@ -82,6 +82,12 @@ pub enum Command {
         args_override_self = true
     )]
     Slurm(SlurmArgs),
+    /// write a CDI spec of the GPUs and their slices, for container runtimes
+    #[command(display_name = "gpushim cdi", override_usage = "gpushim cdi generate [--slices N] [--compute] [--output PATH]", help_template = help::COMMAND_TEMPLATE_ARGS, before_help = crate::help_k8s::CDI_DESCRIPTION, after_help = crate::help_k8s::CDI_AFTER, args_override_self = true)]
+    Cdi(crate::cdi::CdiArgs),
+    /// a Kubernetes device plugin offering the GPUs' slices as gpushim.dev/gpu
+    #[command(display_name = "gpushim device-plugin", override_usage = "gpushim device-plugin [--slices N] [--compute] [--kubelet-dir DIR]", help_template = help::COMMAND_TEMPLATE, before_help = crate::help_k8s::PLUGIN_DESCRIPTION, after_help = crate::help_k8s::PLUGIN_AFTER, args_override_self = true)]
+    DevicePlugin(crate::device_plugin::PluginArgs),
     /// show the help page of a command
     #[command(display_name = "gpushim help", override_usage = "gpushim help [COMMAND]", help_template = help::COMMAND_TEMPLATE_ARGS, after_help = help::HELP_AFTER)]
     Help {
@@ -408,6 +414,9 @@ fn example(flag: &str) -> (&'static str, &'static str) {
         "--gpus" => ("a number", "3"),
         "--memory" => ("a size", "8GiB"),
         "--shards-per-gpu" => ("a number", "4"),
+        "--slices" => ("a number of slices from 1 to 128", "4"),
+        "--output" | "-o" => ("a path", "/etc/cdi/gpushim.json"),
+        "--kubelet-dir" => ("a directory", "/var/lib/kubelet/device-plugins"),
         _ => ("a value", SETTINGS.iter().find(|s| s.flag == flag).map_or("VALUE", |s| s.example)),
     }
 }

@@ -9,10 +9,15 @@
 #[allow(unused_imports)]
 use gpushim_common::{bounded, config, live, once, quota, secure, sys, units};
 
+mod cdi;
 mod check;
 mod cli;
+mod device_plugin;
 mod figures;
+mod gpus;
 mod help;
+mod help_k8s;
+mod kubelet;
 mod library;
 mod metrics;
 mod options;
@@ -126,6 +131,8 @@ fn dispatch(cli: cli::Cli) -> Result<(), Failure> {
             Some(n) => slurm::task_prolog(n, a.compute, a.library.as_deref()),
             None => Err(Failure::usage("slurm", "--shards-per-gpu is required: the shards of each GPU as gres.conf counts them, like --shards-per-gpu 4")),
         },
+        Command::Cdi(a) => cdi::main(&a),
+        Command::DevicePlugin(a) => device_plugin::main(&a),
         Command::Help { topic } => match cli::page(topic.as_deref()) {
             Some(page) => print(&page),
             None => Err(Failure::usage(

@@ -37,7 +37,7 @@ pub fn main(args: &[OsString]) -> Result<(), Failure> {
 }
 
 /// `dlopen(path)`, the way a program opens a library.
-fn open(path: &str) -> Result<*mut c_void, String> {
+pub fn open(path: &str) -> Result<*mut c_void, String> {
     let c = CString::new(path).map_err(|_| format!("{path:?}: NUL in the path"))?;
     // SAFETY: `c` is NUL-terminated; dlerror returns NULL or a valid C string.
     unsafe {
@@ -50,7 +50,7 @@ fn open(path: &str) -> Result<*mut c_void, String> {
     }
 }
 
-fn symbol(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
+pub fn symbol(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
     let c = CString::new(name).ok()?;
     // SAFETY: `handle` is a dlopen handle or RTLD_DEFAULT; `c` is NUL-terminated.
     let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
@@ -61,17 +61,18 @@ fn symbol(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
 macro_rules! func {
     ($handle:expr, $name:literal, $ty:ty) => {
         // SAFETY: the driver exports `$name` with this C signature (cuda.h / nvml.h).
-        symbol($handle, $name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+        $crate::probe::symbol($handle, $name).map(|p| unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) })
     };
 }
+pub(crate) use func;
 
 /// A NUL-terminated buffer as text.
-fn text(buf: &[c_char]) -> String {
+pub fn text(buf: &[c_char]) -> String {
     let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn library_path(var: &str, default: &str) -> String {
+pub fn library_path(var: &str, default: &str) -> String {
     std::env::var(var).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
 }
 
@@ -172,11 +173,12 @@ struct PciInfo {
     bus_id: [c_char; 32],
 }
 
+/// `nvmlMemory_t`.
 #[repr(C)]
-struct Memory {
-    total: u64,
-    free: u64,
-    used: u64,
+pub struct Memory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
 }
 
 fn nvml() {
