@@ -33,7 +33,11 @@ const COMMAND: &str = "slurm task-prolog";
 pub const MAX_SHARDS_PER_GPU: u32 = 1_000_000;
 
 /// Variables a job may have inherited that would loosen the limits written here: unset.
-const LOOSENING: &[&str] = &["GPUSHIM_DISABLE", "GPUSHIM_VIRTUAL_DEVICES"];
+/// `GPUSHIM_CONFIG` is the job's own config file (the site's is /etc/gpushim/gpushim.toml, which
+/// still applies); every switch that turns the shim off — `GPUSHIM_DISABLE`, HAMi's
+/// `CUDA_DISABLE_CONTROL=true`, `disable = true` in a config file — is beaten by the
+/// `GPUSHIM_DISABLE=0` always exported.
+const LOOSENING: &[&str] = &["GPUSHIM_VIRTUAL_DEVICES", "GPUSHIM_CONFIG"];
 
 /// One line of the TaskProlog protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,9 +158,14 @@ pub fn lines(env: &[(OsString, OsString)], job: &Job, shards_per_gpu: u32, compu
     let Some(&smallest) = totals.iter().min() else {
         return Err("the driver shows no GPU".into());
     };
+    // ld.so splits LD_PRELOAD at spaces and colons: such a path would be ignored (unlimited)
+    if library.as_os_str().as_bytes().iter().any(|&b| b == b' ' || b == b':') {
+        return Err(format!("the library's path {:?} has a space or a colon: LD_PRELOAD cannot hold it (ld.so splits it there)", library.display().to_string()));
+    }
     let preload = library::preload(library, var(env, "LD_PRELOAD"));
     let mut out = vec![
         Line::Export("LD_PRELOAD".into(), preload.as_bytes().to_vec()),
+        Line::Export("GPUSHIM_DISABLE".into(), b"0".to_vec()),
         Line::Export("GPUSHIM_MEMORY_LIMIT".into(), share(smallest, job.shards, shards_per_gpu).to_string().into_bytes()),
         Line::Export("GPUSHIM_SHARED_QUOTA".into(), format!("slurm-{}", job.id).into_bytes()),
     ];
@@ -352,7 +361,7 @@ mod tests {
         let text = String::from_utf8(render(&l).unwrap()).unwrap();
         assert_eq!(
             text,
-            "export LD_PRELOAD=/lib/libgpushim.so\nexport GPUSHIM_MEMORY_LIMIT=8589934592\nexport GPUSHIM_SHARED_QUOTA=slurm-42\nexport GPUSHIM_COMPUTE_LIMIT=0.500000\n"
+            "export LD_PRELOAD=/lib/libgpushim.so\nexport GPUSHIM_DISABLE=0\nexport GPUSHIM_MEMORY_LIMIT=8589934592\nexport GPUSHIM_SHARED_QUOTA=slurm-42\nexport GPUSHIM_COMPUTE_LIMIT=0.500000\n"
         );
         gpushim_common::config::parse_compute_limit("0.500000").unwrap();
         gpushim_common::config::parse_shared_quota("slurm-42").unwrap();
@@ -438,6 +447,8 @@ mod tests {
             ("SLURM_SHARDS_ON_NODE", "1"),
             ("LD_PRELOAD", "/a.so /lib/libgpushim.so:/b.so"),
             ("GPUSHIM_DISABLE", "1"),
+            ("CUDA_DISABLE_CONTROL", "true"),
+            ("GPUSHIM_CONFIG", "/home/u/off.toml"),
             ("GPUSHIM_MEMORY_LIMIT_0", "99GiB"),
             ("GPUSHIM_MEMORY_LIMIT_X", "1"),
             ("GPUSHIM_COMPUTE_LIMIT_1", "100%"),
@@ -448,7 +459,7 @@ mod tests {
         let text = String::from_utf8(render(&l).unwrap()).unwrap();
         assert_eq!(
             text,
-            "export LD_PRELOAD=/lib/libgpushim.so:/a.so:/b.so\nexport GPUSHIM_MEMORY_LIMIT=3221225472\nexport GPUSHIM_SHARED_QUOTA=slurm-9\nunset GPUSHIM_DISABLE\nunset GPUSHIM_MEMORY_LIMIT_0\n"
+            "export LD_PRELOAD=/lib/libgpushim.so:/a.so:/b.so\nexport GPUSHIM_DISABLE=0\nexport GPUSHIM_MEMORY_LIMIT=3221225472\nexport GPUSHIM_SHARED_QUOTA=slurm-9\nunset GPUSHIM_CONFIG\nunset GPUSHIM_MEMORY_LIMIT_0\n"
         );
         let l = lines(&e, &job, 2, true, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
         assert!(l.contains(&Line::Unset("GPUSHIM_COMPUTE_LIMIT_1".into())));
@@ -466,7 +477,43 @@ mod tests {
         assert!(render(&[Line::Export("A B".into(), b"1".to_vec())]).is_err());
         assert!(render(&[Line::Export("A".into(), b" 1".to_vec())]).is_err());
         assert!(render(&[Line::Export("A".into(), Vec::new())]).is_err());
-        // a library path with a space is kept whole by Slurm (no quoting needed)
+        // a value with a space is kept whole by Slurm (no quoting needed)…
         assert_eq!(render(&[Line::Export("A".into(), b"/my dir/x.so".to_vec())]).unwrap(), b"export A=/my dir/x.so\n");
+    }
+
+    #[test]
+    fn a_library_path_ld_so_would_split_is_refused() {
+        // …but ld.so splits LD_PRELOAD at spaces and colons and would ignore the pieces
+        let e = env(&[("SLURM_JOB_ID", "1"), ("SLURM_SHARDS_ON_NODE", "1")]);
+        let job = read_job(&e, 1).unwrap().unwrap();
+        for bad in ["/my dir/libgpushim.so", "/opt/a:b/libgpushim.so"] {
+            let err = lines(&e, &job, 1, false, &[GIB], Path::new(bad)).unwrap_err();
+            assert!(err.contains("a space or a colon"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_off_switch_is_beaten() {
+        // GPUSHIM_DISABLE=0 beats CUDA_DISABLE_CONTROL=true and a file's disable = true (the
+        // shim's own loader says so); the job's GPUSHIM_CONFIG is unset
+        let e = env(&[("SLURM_JOB_ID", "1"), ("SLURM_SHARDS_ON_NODE", "1"), ("CUDA_DISABLE_CONTROL", "true"), ("GPUSHIM_CONFIG", "/x.toml")]);
+        let job = read_job(&e, 1).unwrap().unwrap();
+        let l = lines(&e, &job, 1, false, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
+        assert!(l.contains(&Line::Export("GPUSHIM_DISABLE".into(), b"0".to_vec())), "{l:?}");
+        assert!(l.contains(&Line::Unset("GPUSHIM_CONFIG".into())), "{l:?}");
+        let dir = std::env::temp_dir().join(format!("gpushim-slurm-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("off.toml");
+        std::fs::write(&file, "disable = true\n").unwrap();
+        let get = |vars: Vec<(&'static str, String)>| {
+            let names: Vec<String> = vars.iter().map(|(k, _)| k.to_string()).collect();
+            let lookup = move |n: &str| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+            gpushim_common::config::load_from(&lookup, &names).map(|s| s.disable)
+        };
+        let f = file.display().to_string();
+        assert_eq!(get(vec![("CUDA_DISABLE_CONTROL", "true".into())]).unwrap(), true, "the switch works without the prolog");
+        assert_eq!(get(vec![("GPUSHIM_CONFIG", f.clone())]).unwrap(), true);
+        assert_eq!(get(vec![("CUDA_DISABLE_CONTROL", "true".into()), ("GPUSHIM_CONFIG", f), ("GPUSHIM_DISABLE", "0".into())]).unwrap(), false);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
