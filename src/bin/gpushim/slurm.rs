@@ -278,7 +278,8 @@ const SCONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// whole-GPU job is refused only when `slurmctld` does not answer.
 fn job_holds_shards(id: &str) -> Result<bool, String> {
     let mut cmd = Command::new("scontrol");
-    cmd.args(["-d", "-o", "show", "job", id]);
+    // (not under the shim a step inherits from its batch script)
+    cmd.args(["-d", "-o", "show", "job", id]).env_remove("LD_PRELOAD");
     let (status, out) = bounded_output(&mut cmd, SCONTROL_TIMEOUT).map_err(|e| format!("scontrol show job {id}: {e}"))?;
     if !status.success() {
         return Err(format!("scontrol show job {id} failed ({status}): cannot confirm the job's shards"));
