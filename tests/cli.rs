@@ -446,3 +446,21 @@ fn ps_with_nothing_running() {
     assert_eq!(out.stdout_text(), format!("nothing runs under gpushim: no process and no shared quota in {}\n", state.display()));
     assert_eq!(out.stderr_text(), "");
 }
+
+/// `gpushim slurm task-prolog` runs as Slurm's TaskProlog, whose stdout Slurm reads: a bad
+/// command line, like every other error, prints a `print` line for the job's output (status 2).
+#[test]
+fn slurm_usage_errors_print_for_the_job() {
+    for (args, why) in [
+        (args!["slurm", "task-prolog", "--shards-per-gpu", "0"], "--shards-per-gpu"),
+        (args!["slurm", "task-prolog", "--shards-per-gpu", "4", "--nope"], "--nope"),
+        (args!["slurm", "task-prolog"], "--shards-per-gpu is required"),
+        (args!["slurm", "task-epilog", "--shards-per-gpu", "4"], "task-epilog"),
+    ] {
+        let out = gpushim(args.clone()).without_sim().run();
+        assert_status(&out, 2, &format!("{args:?}"));
+        let text = out.stdout_text();
+        assert_eq!(text.lines().count(), 1, "{args:?}: one line: {}", out.dump());
+        assert!(text.starts_with("print gpushim slurm") && text.contains(why) && text.ends_with("; the task is not started\n"), "{args:?}: {}", out.dump());
+    }
+}

@@ -1,11 +1,12 @@
 //! `gpushim slurm task-prolog` under a real Slurm: Debian's slurmctld, slurmd and munged (Slurm
 //! 22.05) started by the test in a private directory, one node with two fake GPUs
-//! (`File=/dev/tty0`, `/dev/tty1`, as Slurm's own test suite does) of 4 shards each, the
+//! (`File=/dev/null`, `/dev/zero`: device files every container has) of 4 shards each, the
 //! simulated driver (16 GiB and 12 GiB GPUs), and the TaskProlog running
 //! `gpushim slurm task-prolog --shards-per-gpu 4`. Needs root (slurmd) and the packages
 //! slurmctld, slurmd, slurm-client and munge (scripts/test.sh installs them); without them the
-//! test says why and passes. Every wait is bounded; the daemons are stopped by pid when the
-//! test ends, failed or not.
+//! test says why and passes — unless the variable `CI` is set: there it fails, saying why. Every
+//! wait is bounded; the daemons are stopped by pid when the test ends, failed or not, and die
+//! with the test's thread should it be killed (`PR_SET_PDEATHSIG`).
 
 mod common;
 
@@ -25,8 +26,17 @@ fn program(name: &str) -> Option<PathBuf> {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A free port, held (so that a second call gets another one) until the listener is dropped.
+fn free_port() -> (std::net::TcpListener, u16) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
+}
+
+/// The test cannot run here: a skip, or under CI (the variable `CI` set) a failure.
+fn skip(why: &str) {
+    assert!(std::env::var_os("CI").is_none(), "slurm: CI is set, so the test must run, but it cannot: {why}");
+    eprintln!("SKIPPED slurm: {why}");
 }
 
 /// A single-node Slurm of its own, stopped (jobs cancelled, daemons killed by pid) on drop.
@@ -90,7 +100,8 @@ impl Cluster {
         .unwrap();
         std::fs::set_permissions(&prolog, std::fs::Permissions::from_mode(0o755)).unwrap();
         let d = dir.display();
-        let (ctld_port, slurmd_port) = (free_port(), free_port());
+        // both ports held until the configuration is written (two distinct ports)
+        let ((ctld_listener, ctld_port), (slurmd_listener, slurmd_port)) = (free_port(), free_port());
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::fs::write(
             &cluster.conf,
@@ -135,9 +146,10 @@ impl Cluster {
         .unwrap();
         std::fs::write(
             dir.join("gres.conf"),
-            format!("Name=gpu File=/dev/tty0\nName=gpu File=/dev/tty1\nName=shard Count={}\n", 2 * SHARDS_PER_GPU),
+            format!("Name=gpu File=/dev/null\nName=gpu File=/dev/zero\nName=shard Count={}\n", 2 * SHARDS_PER_GPU),
         )
         .unwrap();
+        drop((ctld_listener, slurmd_listener));
         let conf = cluster.conf.clone();
         cluster.spawn("slurmctld", Command::new(program("slurmctld").unwrap()).args(["-D", "-i", "-f"]).arg(&conf));
         cluster.spawn("slurmd", Command::new(program("slurmd").unwrap()).args(["-D", "-N", "n0", "-f"]).arg(&conf));
@@ -146,6 +158,15 @@ impl Cluster {
 
     fn spawn(&mut self, name: &'static str, cmd: &mut Command) {
         let log = std::fs::File::create(self.dir.join(format!("log/{name}.out"))).unwrap();
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl only, between fork and exec (async-signal-safe): the daemon gets SIGKILL
+        // when the thread that started it ends, so a killed test leaves no daemon behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
         let child = cmd
             .env("SLURM_CONF", &self.conf)
             .stdin(Stdio::null())
@@ -205,10 +226,15 @@ impl Cluster {
 
     /// `sbatch` of `script` with `args`: the job's id.
     fn sbatch(&mut self, args: &[&str], script: &Path, name: &str) -> String {
+        self.sbatch_env(args, script, name, &[])
+    }
+
+    /// `sbatch` from a shell with `env` set too (what the job inherits).
+    fn sbatch_env(&mut self, args: &[&str], script: &Path, name: &str, env: &[(&str, String)]) -> String {
         self.go_files.push(self.dir.join(format!("go-{name}")));
         let out_file = self.dir.join(format!("{name}.out"));
         let (st, out) = self.run(
-            self.client("sbatch").args(["--parsable", "-J", name, "-o"]).arg(&out_file).args(args).arg(script).arg(name),
+            self.client("sbatch").envs(env.iter().map(|(k, v)| (k, v))).args(["--parsable", "-J", name, "-o"]).arg(&out_file).args(args).arg(script).arg(name),
             Duration::from_secs(30),
         );
         assert_eq!(st, Some(0), "sbatch {args:?}: {out}\n{}", self.logs());
@@ -306,9 +332,9 @@ fn missing() -> Option<String> {
             return Some(format!("{p} is not installed (package {package})"));
         }
     }
-    for tty in ["/dev/tty0", "/dev/tty1"] {
-        if !Path::new(tty).exists() {
-            return Some(format!("{tty} (a fake GPU's device file) does not exist"));
+    for dev in ["/dev/null", "/dev/zero"] {
+        if !Path::new(dev).exists() {
+            return Some(format!("{dev} (a fake GPU's device file) does not exist"));
         }
     }
     None
@@ -359,8 +385,7 @@ fn num(m: &BTreeMap<String, String>, k: &str, what: &str) -> u64 {
 #[test]
 fn shards_under_a_real_slurm() {
     if let Some(why) = missing() {
-        eprintln!("SKIPPED slurm: {why}");
-        return;
+        return skip(&why);
     }
     let t0 = Instant::now();
     let drvapi = common::program(Program::Driver(DriverPath::Link));
@@ -377,10 +402,7 @@ fn shards_under_a_real_slurm() {
     let dir = cluster_dir();
     let mut c = match Cluster::start(&dir) {
         Ok(c) => c,
-        Err(why) => {
-            eprintln!("SKIPPED slurm: {why}");
-            return;
-        }
+        Err(why) => return skip(&why),
     };
     let up = wait_for("the node to be idle (sinfo)", Duration::from_secs(90), || {
         let (st, out) = c.run(c.client("sinfo").args(["-h", "-N", "-o", "%T"]), Duration::from_secs(10));
@@ -388,17 +410,21 @@ fn shards_under_a_real_slurm() {
     });
     eprintln!("slurm: node idle {:.1} s after the start", up.as_secs_f64());
 
-    // 1. a whole-GPU job holds one GPU: nothing limits it (no shim), it sees the whole GPU
+    // 1. a whole-GPU job holds one GPU: nothing limits it (no shim), it sees the whole GPU —
+    //    even submitted from inside a shard job (Slurm 22.05 keeps the inherited
+    //    SLURM_SHARDS_ON_NODE in a job with a GPU: the prolog asks Slurm what the job holds)
     let script = job_script(&dir, &drvapi, "info");
-    let w = c.sbatch(&["--gres=gpu:1"], &script, "whole");
+    let w = c.sbatch_env(&["--gres=gpu:1"], &script, "whole", &[("SLURM_SHARDS_ON_NODE", "2".into())]);
     wait_for("the whole-GPU job to start", Duration::from_secs(60), || dir.join("ready-whole").exists().then_some(()));
     let whole = kv(&dir, "whole");
-    let got = [&whole["shards"], &whole["preload"], &whole["limit"], &whole["quota"], &whole["compute"]];
-    assert_eq!(got, ["none"; 5], "{whole:?}");
+    let got = [&whole["preload"], &whole["limit"], &whole["quota"], &whole["compute"]];
+    assert_eq!(got, ["none"; 4], "{whole:?}");
+    eprintln!("slurm: the whole-GPU job's inherited SLURM_SHARDS_ON_NODE: {}", whole["shards"]);
     let w_gpu: usize = whole["cvd"].parse().unwrap_or_else(|_| panic!("{whole:?}"));
     assert_eq!(num(&whole, "op1.total", "whole-GPU job"), MEMORY[w_gpu], "{whole:?}");
     assert_eq!(num(&whole, "step.op1.total", "whole-GPU job's srun step"), MEMORY[w_gpu], "{whole:?}");
     let gpu = 1 - w_gpu;
+    eprintln!("slurm: the whole-GPU job is on GPU {w_gpu}, the shards on GPU {gpu}");
     let limit = MEMORY[gpu] * 2 / SHARDS_PER_GPU;
 
     // 2. srun --gres=shard:2 on the other GPU: the shim, with 2/4 of that GPU's memory, one
@@ -434,6 +460,23 @@ fn shards_under_a_real_slurm() {
     assert_eq!(num(&s, "second.op1.free", "srun"), limit / 4, "the job's second process shares its budget: {out}");
     assert_eq!(num(&s, "second.op2.rc", "srun"), OOM as u64, "{out}");
 
+    // 2a. the off switches a job may inherit do not switch the limit off: HAMi's
+    //     CUDA_DISABLE_CONTROL=true, a config file of the job's with disable = true
+    let off = dir.join("off.toml");
+    std::fs::write(&off, "disable = true\n").unwrap();
+    let (st, out) = c.run(
+        c.client("srun")
+            .env("CUDA_DISABLE_CONTROL", "true")
+            .env("GPUSHIM_CONFIG", &off)
+            .args(["--gres=shard:1", "sh", "-c"])
+            .arg(format!("echo disable=$GPUSHIM_DISABLE; echo config=${{GPUSHIM_CONFIG-none}}; {} info", drvapi.display())),
+        Duration::from_secs(60),
+    );
+    assert_eq!(st, Some(0), "srun: {out}\n{}", c.logs());
+    let s = parse_kv(&out);
+    assert_eq!(num(&s, "op1.total", "srun with the off switches"), MEMORY[gpu] / SHARDS_PER_GPU, "{out}");
+    assert_eq!((s["disable"].as_str(), s["config"].as_str()), ("0", "none"), "{out}");
+
     // 2b. a shard task that cannot be limited does not start (fail closed): no NVML; a job
     //     environment that would inject a line into the TaskProlog's output
     for (var, value, why) in [
@@ -447,14 +490,18 @@ fn shards_under_a_real_slurm() {
     }
 
     // 3. two shard jobs share that GPU at once; a third waits for their shards
-    let script = job_script(&dir, &drvapi, &format!("info alloc=mem:{}", limit - 2 * MIB));
-    let a = c.sbatch(&["--gres=shard:2"], &script, "a");
+    let smallest = MEMORY[gpu].min(MEMORY[w_gpu]) * 2 / SHARDS_PER_GPU;
+    let script = job_script(&dir, &drvapi, &format!("info alloc=mem:{}", smallest - 2 * MIB));
+    // (a is submitted from inside an srun step on the whole-GPU job's GPU: its batch script
+    // inherits a stale SLURM_STEP_ID and SLURM_STEP_GPUS; the smallest GPU named counts)
+    let stale = [("SLURM_STEP_ID", "0".to_string()), ("SLURM_STEP_GPUS", w_gpu.to_string())];
+    let a = c.sbatch_env(&["--gres=shard:2"], &script, "a", &stale);
     let b = c.sbatch(&["--gres=shard:2"], &script, "b");
     wait_for("jobs a and b to run together", Duration::from_secs(60), || (dir.join("ready-a").exists() && dir.join("ready-b").exists()).then_some(()));
-    for (name, id) in [("a", &a), ("b", &b)] {
+    for (name, id, want) in [("a", &a, smallest), ("b", &b, limit)] {
         let m = kv(&dir, name);
         assert_eq!((m["cvd"].as_str(), m["job_gpus"].as_str()), (gpu.to_string().as_str(), gpu.to_string().as_str()), "job {name} is on the shared GPU: {m:?}");
-        assert_eq!((num(&m, "op1.total", name), num(&m, "op2.rc", name)), (limit, 0), "job {name}: {m:?}");
+        assert_eq!((num(&m, "op1.total", name), num(&m, "op2.rc", name)), (want, 0), "job {name}: {m:?}");
         assert_eq!(m["quota"], format!("slurm-{id}"), "{m:?}");
         // an srun step inside the job (under the batch script's shim and limit) gets the same
         assert_eq!(num(&m, "step.op1.total", name), limit, "the srun step of job {name}: {m:?}");

@@ -230,16 +230,17 @@ DESCRIPTION
     The TaskProlog of a Slurm cluster whose GPUs are shared as gres/shard: slurm.conf's
     TaskProlog names a script that runs gpushim slurm task-prolog --shards-per-gpu N, N being
     each GPU's shard count in gres.conf. For a task of a job given K shards of a GPU
-    (SLURM_SHARDS_ON_NODE=K; the GPU: SLURM_STEP_GPUS in an srun step, SLURM_JOB_GPUS in the
-    batch script, else CUDA_VISIBLE_DEVICES) it prints the lines that Slurm turns into the
-    task's environment:
+    (SLURM_SHARDS_ON_NODE=K, confirmed with scontrol -d show job: JOB_GRES names shard; the
+    GPU: the smallest named by SLURM_STEP_GPUS, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES) it
+    prints the lines that Slurm turns into the task's environment:
         export LD_PRELOAD=<libgpushim.so, then the job's own LD_PRELOAD>
+        export GPUSHIM_DISABLE=0
         export GPUSHIM_MEMORY_LIMIT=<the GPU's memory (NVML) x K / N, in bytes>
         export GPUSHIM_SHARED_QUOTA=slurm-<SLURM_JOB_ID>
         export GPUSHIM_COMPUTE_LIMIT=<K / N>        (with --compute)
-    and unset lines for GPUSHIM_DISABLE, GPUSHIM_VIRTUAL_DEVICES and per-device limits the job
+    and unset lines for GPUSHIM_CONFIG, GPUSHIM_VIRTUAL_DEVICES and per-device limits the job
     inherited. All the job's processes on the node share one budget. A job without shards (whole
-    GPUs, or none) gets nothing. With several GPUs the smallest one's memory is used.
+    GPUs, or none) gets nothing. Shards on several GPUs are refused.
 
     A TaskProlog runs as the job's user, who can unset LD_PRELOAD: this keeps honest jobs
     within their shares, it is not a fence against a hostile one.";
@@ -247,8 +248,9 @@ DESCRIPTION
 pub const SLURM_AFTER: &str = "\
 EXIT STATUS
     0; 1 when the job's variables are wrong (SLURM_SHARDS_ON_NODE above N, no SLURM_JOB_ID, a
-    value with a control character) or NVML or the library cannot be found: a print line says
-    why and Slurm then does not start the task; 2 for a bad command line.
+    value with a control character, shards on several GPUs), when NVML, scontrol or the library
+    (its path without spaces and colons) fails: a print line says why and Slurm then does not
+    start the task; 2 for a bad command line, after the same print line.
 
 EXAMPLES
     gpushim slurm task-prolog --shards-per-gpu 4

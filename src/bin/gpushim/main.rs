@@ -100,6 +100,10 @@ fn main() -> ExitCode {
             if !failure.message.is_empty() {
                 eprintln!("{}", failure.message);
             }
+            // a TaskProlog's bad command line: the job's output says why, as every other error
+            if first == "slurm" && failure.kind == FailureKind::Usage {
+                slurm::print_refusal(&failure.message);
+            }
             let code = match failure.kind {
                 FailureKind::Status(code) => code,
                 _ if runs => EXIT_RUN_SETUP,

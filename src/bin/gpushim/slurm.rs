@@ -33,7 +33,11 @@ const COMMAND: &str = "slurm task-prolog";
 pub const MAX_SHARDS_PER_GPU: u32 = 1_000_000;
 
 /// Variables a job may have inherited that would loosen the limits written here: unset.
-const LOOSENING: &[&str] = &["GPUSHIM_DISABLE", "GPUSHIM_VIRTUAL_DEVICES"];
+/// `GPUSHIM_CONFIG` is the job's own config file (the site's is /etc/gpushim/gpushim.toml, which
+/// still applies); every switch that turns the shim off — `GPUSHIM_DISABLE`, HAMi's
+/// `CUDA_DISABLE_CONTROL=true`, `disable = true` in a config file — is beaten by the
+/// `GPUSHIM_DISABLE=0` always exported.
+const LOOSENING: &[&str] = &["GPUSHIM_VIRTUAL_DEVICES", "GPUSHIM_CONFIG"];
 
 /// One line of the TaskProlog protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,21 +100,38 @@ pub fn read_job(env: &[(OsString, OsString)], shards_per_gpu: u32) -> Result<Opt
     if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("SLURM_JOB_ID={id:?}: expected a job number"));
     }
-    let gpus = match gpu_list(env) {
-        None => None,
-        Some((name, v)) => Some(parse_gpus(name, text(name, v)?)?),
-    };
-    Ok(Some(Job { id: id.to_string(), shards, gpus }))
+    Ok(Some(Job { id: id.to_string(), shards, gpus: gpu_lists(env)? }))
 }
 
-/// Which variable names the job's GPUs, and its value. Slurm's own global list first: an
-/// `srun` step's `SLURM_STEP_GPUS` (a step has `SLURM_STEP_ID`), the batch script's
-/// `SLURM_JOB_GPUS` — the GPUs' indexes on the node, which NVML's indexes follow, where
-/// `CUDA_VISIBLE_DEVICES` counts from 0 among the job's GPUs under `ConstrainDevices` — else
-/// `CUDA_VISIBLE_DEVICES`; `None`: every GPU.
-fn gpu_list(env: &[(OsString, OsString)]) -> Option<(&'static str, &OsStr)> {
-    let slurm = if var(env, "SLURM_STEP_ID").is_some() { "SLURM_STEP_GPUS" } else { "SLURM_JOB_GPUS" };
-    [slurm, "CUDA_VISIBLE_DEVICES"].into_iter().find_map(|name| var(env, name).map(|v| (name, v)))
+/// The variables that name the job's GPU: Slurm's own lists (`SLURM_STEP_GPUS` in an `srun`
+/// step, `SLURM_JOB_GPUS` in the batch script: the GPU's index on the node) and the program's
+/// `CUDA_VISIBLE_DEVICES` (from 0 among the job's GPUs under `ConstrainDevices`).
+const GPU_LISTS: [&str; 3] = ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"];
+
+/// Every GPU that any of [`GPU_LISTS`] names (`None`: none is set, every GPU the driver shows):
+/// the limit is taken from the smallest of them. A job may inherit another job's or step's
+/// list from the shell that submitted it (a batch script submitted from inside an `srun` step
+/// has that step's `SLURM_STEP_ID` and `SLURM_STEP_GPUS`), so no one list is trusted alone and
+/// the smallest GPU named never gives more than the job's GPU allows. A list that names several
+/// GPUs is refused: shards spread over several GPUs (Slurm 23.11's
+/// `MULTIPLE_SHARING_GRES_PJ`) would get K/N of every GPU where they hold fewer there.
+fn gpu_lists(env: &[(OsString, OsString)]) -> Result<Option<Vec<Gpu>>, String> {
+    let mut all: Option<Vec<Gpu>> = None;
+    for name in GPU_LISTS {
+        let Some(v) = var(env, name) else { continue };
+        let v = text(name, v)?;
+        let list = parse_gpus(name, v)?;
+        if list.len() > 1 {
+            return Err(format!("{name}={v:?}: the job's shards are on several GPUs, which gpushim cannot split (one limit for every GPU)"));
+        }
+        let all = all.get_or_insert_with(Vec::new);
+        for gpu in list {
+            if !all.contains(&gpu) {
+                all.push(gpu);
+            }
+        }
+    }
+    Ok(all)
 }
 
 /// A list of GPUs as Slurm sets it (`name`'s value `v`): indexes (or UUIDs), comma-separated.
@@ -154,9 +175,14 @@ pub fn lines(env: &[(OsString, OsString)], job: &Job, shards_per_gpu: u32, compu
     let Some(&smallest) = totals.iter().min() else {
         return Err("the driver shows no GPU".into());
     };
+    // ld.so splits LD_PRELOAD at spaces and colons: such a path would be ignored (unlimited)
+    if library.as_os_str().as_bytes().iter().any(|&b| b == b' ' || b == b':') {
+        return Err(format!("the library's path {:?} has a space or a colon: LD_PRELOAD cannot hold it (ld.so splits it there)", library.display().to_string()));
+    }
     let preload = library::preload(library, var(env, "LD_PRELOAD"));
     let mut out = vec![
         Line::Export("LD_PRELOAD".into(), preload.as_bytes().to_vec()),
+        Line::Export("GPUSHIM_DISABLE".into(), b"0".to_vec()),
         Line::Export("GPUSHIM_MEMORY_LIMIT".into(), share(smallest, job.shards, shards_per_gpu).to_string().into_bytes()),
         Line::Export("GPUSHIM_SHARED_QUOTA".into(), format!("slurm-{}", job.id).into_bytes()),
     ];
@@ -210,6 +236,11 @@ pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Pat
         let Some(job) = read_job(&env, shards_per_gpu).map_err(|e| Failure::setup(COMMAND, e))? else {
             return Ok(Vec::new());
         };
+        // SLURM_SHARDS_ON_NODE may be inherited (Slurm 22.05 keeps it in a job with a GPU):
+        // Slurm's own view of the job decides
+        if !job_holds_shards(&job.id).map_err(|e| Failure::setup(COMMAND, e))? {
+            return Ok(Vec::new());
+        }
         let library = library::find(COMMAND, library_flag, &env)?;
         let totals = gpu_memory(&env, job.gpus.as_deref()).map_err(|e| Failure::setup(COMMAND, e))?;
         let lines = lines(&env, &job, shards_per_gpu, compute, &totals, &library).map_err(|e| Failure::setup(COMMAND, e))?;
@@ -221,11 +252,80 @@ pub fn task_prolog(shards_per_gpu: u32, compute: bool, library_flag: Option<&Pat
             stdout.write_all(&text).and_then(|_| stdout.flush()).map_err(|e| Failure::setup(COMMAND, format!("cannot write: {e}")))
         }
         Err(failure) => {
-            // the job's own output says why its task did not start (one line, no control bytes)
-            let why: String = failure.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-            println!("print {why}; the task is not started");
+            print_refusal(&failure.message);
             Err(failure)
         }
+    }
+}
+
+/// The `print` line that tells the job why its task did not start (one line, no control bytes),
+/// on stdout, where Slurm reads it. Command-line errors print it too (main.rs).
+pub fn print_refusal(message: &str) {
+    let why: String = message.trim_end().chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    println!("print {why}; the task is not started");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slurm's view of the job
+// ---------------------------------------------------------------------------------------------
+
+/// How long `scontrol` may take before the task is refused.
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether Slurm allocated shards to job `id`: `scontrol -d show job ID`'s `JOB_GRES` (the job's
+/// allocated GRES, Slurm 22.05 `slurm_sprint_job_info`). Fails (the task is refused) when Slurm
+/// cannot be asked or its answer has no `JOB_GRES`: a shard job must not run unlimited, and a
+/// whole-GPU job is refused only when `slurmctld` does not answer.
+fn job_holds_shards(id: &str) -> Result<bool, String> {
+    let mut cmd = Command::new("scontrol");
+    // (not under the shim a step inherits from its batch script)
+    cmd.args(["-d", "-o", "show", "job", id]).env_remove("LD_PRELOAD");
+    let (status, out) = bounded_output(&mut cmd, SCONTROL_TIMEOUT).map_err(|e| format!("scontrol show job {id}: {e}"))?;
+    if !status.success() {
+        return Err(format!("scontrol show job {id} failed ({status}): cannot confirm the job's shards"));
+    }
+    gres_has_shards(&out).ok_or_else(|| format!("scontrol show job {id} gives no JOB_GRES: cannot confirm the job's shards"))
+}
+
+/// Whether `scontrol -d show job`'s text has a `shard` GRES in `JOB_GRES` (`None`: no
+/// `JOB_GRES`). Entries: `name[:type]:count[(…)]`, comma-separated; `(null)` for none.
+pub fn gres_has_shards(text: &str) -> Option<bool> {
+    let value = text.split_whitespace().find_map(|w| w.strip_prefix("JOB_GRES="))?;
+    Some(value.split(',').any(|entry| {
+        let name = entry.split([':', '(']).next().unwrap_or("");
+        name == "shard" || name == "gres/shard"
+    }))
+}
+
+/// Runs `cmd` (stdin from /dev/null, stderr dropped) and reads its stdout, within `limit`:
+/// the output comes through a channel with a deadline, so that neither the child nor a
+/// grandchild holding its pipe open can hold the prolog; the child is killed after the limit.
+fn bounded_output(cmd: &mut Command, limit: Duration) -> Result<(std::process::ExitStatus, String), String> {
+    let deadline = Instant::now() + limit;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| format!("cannot start it: {e}"))?;
+    let mut out = child.stdout.take().ok_or("no pipe from the child")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // (a reader held by a grandchild stays blocked: left to end with the process)
+    std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        let _ = tx.send(String::from_utf8_lossy(&s).into_owned());
+    });
+    let text = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) if text.is_ok() => break Some(status),
+            Ok(None) if text.is_ok() && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    match (status, text) {
+        (Some(status), Ok(text)) => Ok((status, text)),
+        _ => Err(format!("no answer within {} s", limit.as_secs())),
     }
 }
 
@@ -255,46 +355,15 @@ fn gpu_memory(env: &[(OsString, OsString)], gpus: Option<&[Gpu]>) -> Result<Vec<
 /// the task's start for ever: Slurm waits for a TaskProlog without a bound).
 const NVML_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `gpushim __probe nvml` in `env`: its `key=value` lines, within [`NVML_TIMEOUT`] (its output
-/// is read by a thread, so that a child that hangs with its pipe open is still killed).
+/// `gpushim __probe nvml` in `env`: its `key=value` lines, within [`NVML_TIMEOUT`].
 fn probe_nvml(env: &[(OsString, OsString)]) -> Result<BTreeMap<String, String>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate the gpushim executable: {e}"))?;
-    let mut child = Command::new(exe)
-        .args(["__probe", "nvml"])
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start gpushim __probe nvml: {e}"))?;
-    let mut out = child.stdout.take().ok_or("no pipe from the probe")?;
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + NVML_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    match status {
-        Some(st) if st.success() => {
-            let text = reader.join().unwrap_or_default();
-            Ok(text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
-        }
-        // (the reader ends once the killed child's pipe closes, unless a grandchild holds it:
-        // left to end with the process)
-        Some(st) => Err(format!("gpushim __probe nvml failed ({st})")),
-        None => Err(format!("NVML did not answer within {} s (a hanging driver?)", NVML_TIMEOUT.as_secs())),
+    let mut cmd = Command::new(exe);
+    cmd.args(["__probe", "nvml"]).env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    match bounded_output(&mut cmd, NVML_TIMEOUT) {
+        Ok((st, text)) if st.success() => Ok(text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        Ok((st, _)) => Err(format!("gpushim __probe nvml failed ({st})")),
+        Err(e) => Err(format!("gpushim __probe nvml: {e} (a hanging driver?)")),
     }
 }
 
@@ -352,7 +421,7 @@ mod tests {
         let text = String::from_utf8(render(&l).unwrap()).unwrap();
         assert_eq!(
             text,
-            "export LD_PRELOAD=/lib/libgpushim.so\nexport GPUSHIM_MEMORY_LIMIT=8589934592\nexport GPUSHIM_SHARED_QUOTA=slurm-42\nexport GPUSHIM_COMPUTE_LIMIT=0.500000\n"
+            "export LD_PRELOAD=/lib/libgpushim.so\nexport GPUSHIM_DISABLE=0\nexport GPUSHIM_MEMORY_LIMIT=8589934592\nexport GPUSHIM_SHARED_QUOTA=slurm-42\nexport GPUSHIM_COMPUTE_LIMIT=0.500000\n"
         );
         gpushim_common::config::parse_compute_limit("0.500000").unwrap();
         gpushim_common::config::parse_shared_quota("slurm-42").unwrap();
@@ -391,16 +460,30 @@ mod tests {
     }
 
     #[test]
-    fn slurms_own_gpu_list_first() {
-        let gpus = |vars: &[(&str, &str)]| read_job(&env(&[&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1")], vars].concat()), 4).unwrap().unwrap().gpus;
-        // a step (srun): SLURM_STEP_GPUS, global, where CUDA_VISIBLE_DEVICES may count from 0
-        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("SLURM_STEP_GPUS", "3"), ("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "0")]), Some(vec![Gpu::Index(3)]));
-        // the batch script: SLURM_JOB_GPUS (a SLURM_STEP_GPUS there is another step's)
-        assert_eq!(gpus(&[("SLURM_STEP_GPUS", "3"), ("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "0")]), Some(vec![Gpu::Index(1)]));
-        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("CUDA_VISIBLE_DEVICES", "2")]), Some(vec![Gpu::Index(2)]));
-        assert_eq!(gpus(&[("SLURM_STEP_ID", "0")]), None);
-        let e = env(&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1"), ("SLURM_JOB_GPUS", "x")]);
-        assert!(read_job(&e, 4).unwrap_err().starts_with("SLURM_JOB_GPUS=\"x\""));
+    fn every_gpu_list_counts() {
+        let gpus = |vars: &[(&str, &str)]| read_job(&env(&[&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "1")], vars].concat()), 4).map(|j| j.unwrap().gpus);
+        let idx = |v: &[u32]| Some(v.iter().map(|&i| Gpu::Index(i)).collect::<Vec<_>>());
+        // a step (srun): SLURM_STEP_GPUS 3, CUDA_VISIBLE_DEVICES from 0 (ConstrainDevices): both
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("SLURM_STEP_GPUS", "3"), ("SLURM_JOB_GPUS", "3"), ("CUDA_VISIBLE_DEVICES", "0")]).unwrap(), idx(&[3, 0]));
+        // a batch script with another step's stale SLURM_STEP_ID / SLURM_STEP_GPUS: both GPUs
+        // count (the smallest gives the limit), whichever list Slurm refreshed
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("SLURM_STEP_GPUS", "0"), ("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "1")]).unwrap(), idx(&[0, 1]));
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0"), ("CUDA_VISIBLE_DEVICES", "2")]).unwrap(), idx(&[2]));
+        assert_eq!(gpus(&[("SLURM_STEP_ID", "0")]).unwrap(), None);
+        assert!(gpus(&[("SLURM_JOB_GPUS", "x")]).unwrap_err().starts_with("SLURM_JOB_GPUS=\"x\""));
+        // shards on several GPUs: refused, whichever list says so
+        for name in GPU_LISTS {
+            assert!(gpus(&[(name, "0,1")]).unwrap_err().contains("several GPUs"), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_smallest_gpu_named_gives_the_limit() {
+        let e = env(&[("SLURM_JOB_ID", "3"), ("SLURM_SHARDS_ON_NODE", "2"), ("SLURM_STEP_ID", "0"), ("SLURM_STEP_GPUS", "0"), ("SLURM_JOB_GPUS", "1")]);
+        let job = read_job(&e, 4).unwrap().unwrap();
+        let v: BTreeMap<String, String> = [("nvml.count", "2"), ("nvml.0.total", "100"), ("nvml.1.total", "60")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let l = lines(&e, &job, 4, false, &totals(&v, job.gpus.as_deref()).unwrap(), Path::new("/lib/libgpushim.so")).unwrap();
+        assert!(l.contains(&Line::Export("GPUSHIM_MEMORY_LIMIT".into(), b"30".to_vec())), "{l:?}");
     }
 
     #[test]
@@ -422,6 +505,32 @@ mod tests {
     }
 
     #[test]
+    fn slurms_view_of_the_job() {
+        let line = |gres: &str| format!("JobId=7 JobName=x UserId=root(0) TresPerNode=gres:gpu:1 Nodes=n0 CPU_IDs=0 Mem=0 GRES=x JOB_GRES={gres} Partition=test");
+        assert_eq!(gres_has_shards(&line("shard:2")), Some(true));
+        assert_eq!(gres_has_shards(&line("gpu:1,shard:2(IDX:0)")), Some(true));
+        assert_eq!(gres_has_shards(&line("gpu:1")), Some(false));
+        assert_eq!(gres_has_shards(&line("gpu:tesla:1")), Some(false));
+        assert_eq!(gres_has_shards(&line("(null)")), Some(false));
+        assert_eq!(gres_has_shards(&line("shardx:1")), Some(false));
+        assert_eq!(gres_has_shards("JobId=7 JobState=PENDING"), None);
+    }
+
+    #[test]
+    fn a_grandchild_holding_the_pipe_cannot_hold_the_prolog() {
+        // the child exits at once; its grandchild keeps stdout open for 5 s
+        let t = Instant::now();
+        let err = bounded_output(Command::new("sh").args(["-c", "echo hi; sleep 5 & exit 0"]), Duration::from_secs(1)).unwrap_err();
+        assert!(err.contains("no answer within 1 s"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let t = Instant::now();
+        assert!(bounded_output(Command::new("sh").args(["-c", "sleep 5"]), Duration::from_secs(1)).is_err());
+        assert!(t.elapsed() < Duration::from_secs(10));
+        let (st, out) = bounded_output(Command::new("sh").args(["-c", "echo hi; exit 3"]), Duration::from_secs(20)).unwrap();
+        assert_eq!((st.code(), out.as_str()), (Some(3), "hi\n"));
+    }
+
+    #[test]
     fn shares() {
         assert_eq!(share(16 * GIB, 2, 4), 8 * GIB);
         assert_eq!(share(u64::MAX, 3, 3), u64::MAX);
@@ -438,6 +547,8 @@ mod tests {
             ("SLURM_SHARDS_ON_NODE", "1"),
             ("LD_PRELOAD", "/a.so /lib/libgpushim.so:/b.so"),
             ("GPUSHIM_DISABLE", "1"),
+            ("CUDA_DISABLE_CONTROL", "true"),
+            ("GPUSHIM_CONFIG", "/home/u/off.toml"),
             ("GPUSHIM_MEMORY_LIMIT_0", "99GiB"),
             ("GPUSHIM_MEMORY_LIMIT_X", "1"),
             ("GPUSHIM_COMPUTE_LIMIT_1", "100%"),
@@ -448,7 +559,7 @@ mod tests {
         let text = String::from_utf8(render(&l).unwrap()).unwrap();
         assert_eq!(
             text,
-            "export LD_PRELOAD=/lib/libgpushim.so:/a.so:/b.so\nexport GPUSHIM_MEMORY_LIMIT=3221225472\nexport GPUSHIM_SHARED_QUOTA=slurm-9\nunset GPUSHIM_DISABLE\nunset GPUSHIM_MEMORY_LIMIT_0\n"
+            "export LD_PRELOAD=/lib/libgpushim.so:/a.so:/b.so\nexport GPUSHIM_DISABLE=0\nexport GPUSHIM_MEMORY_LIMIT=3221225472\nexport GPUSHIM_SHARED_QUOTA=slurm-9\nunset GPUSHIM_CONFIG\nunset GPUSHIM_MEMORY_LIMIT_0\n"
         );
         let l = lines(&e, &job, 2, true, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
         assert!(l.contains(&Line::Unset("GPUSHIM_COMPUTE_LIMIT_1".into())));
@@ -466,7 +577,43 @@ mod tests {
         assert!(render(&[Line::Export("A B".into(), b"1".to_vec())]).is_err());
         assert!(render(&[Line::Export("A".into(), b" 1".to_vec())]).is_err());
         assert!(render(&[Line::Export("A".into(), Vec::new())]).is_err());
-        // a library path with a space is kept whole by Slurm (no quoting needed)
+        // a value with a space is kept whole by Slurm (no quoting needed)…
         assert_eq!(render(&[Line::Export("A".into(), b"/my dir/x.so".to_vec())]).unwrap(), b"export A=/my dir/x.so\n");
+    }
+
+    #[test]
+    fn a_library_path_ld_so_would_split_is_refused() {
+        // …but ld.so splits LD_PRELOAD at spaces and colons and would ignore the pieces
+        let e = env(&[("SLURM_JOB_ID", "1"), ("SLURM_SHARDS_ON_NODE", "1")]);
+        let job = read_job(&e, 1).unwrap().unwrap();
+        for bad in ["/my dir/libgpushim.so", "/opt/a:b/libgpushim.so"] {
+            let err = lines(&e, &job, 1, false, &[GIB], Path::new(bad)).unwrap_err();
+            assert!(err.contains("a space or a colon"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_off_switch_is_beaten() {
+        // GPUSHIM_DISABLE=0 beats CUDA_DISABLE_CONTROL=true and a file's disable = true (the
+        // shim's own loader says so); the job's GPUSHIM_CONFIG is unset
+        let e = env(&[("SLURM_JOB_ID", "1"), ("SLURM_SHARDS_ON_NODE", "1"), ("CUDA_DISABLE_CONTROL", "true"), ("GPUSHIM_CONFIG", "/x.toml")]);
+        let job = read_job(&e, 1).unwrap().unwrap();
+        let l = lines(&e, &job, 1, false, &[GIB], Path::new("/lib/libgpushim.so")).unwrap();
+        assert!(l.contains(&Line::Export("GPUSHIM_DISABLE".into(), b"0".to_vec())), "{l:?}");
+        assert!(l.contains(&Line::Unset("GPUSHIM_CONFIG".into())), "{l:?}");
+        let dir = std::env::temp_dir().join(format!("gpushim-slurm-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("off.toml");
+        std::fs::write(&file, "disable = true\n").unwrap();
+        let get = |vars: Vec<(&'static str, String)>| {
+            let names: Vec<String> = vars.iter().map(|(k, _)| k.to_string()).collect();
+            let lookup = move |n: &str| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+            gpushim_common::config::load_from(&lookup, &names).map(|s| s.disable)
+        };
+        let f = file.display().to_string();
+        assert_eq!(get(vec![("CUDA_DISABLE_CONTROL", "true".into())]).unwrap(), true, "the switch works without the prolog");
+        assert_eq!(get(vec![("GPUSHIM_CONFIG", f.clone())]).unwrap(), true);
+        assert_eq!(get(vec![("CUDA_DISABLE_CONTROL", "true".into()), ("GPUSHIM_CONFIG", f), ("GPUSHIM_DISABLE", "0".into())]).unwrap(), false);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
