@@ -15,7 +15,7 @@ fn modes_program() -> PathBuf {
     EXE.get_or_init(|| {
         let exe = work_dir().join("bin").join("compute_modes");
         std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-        let out = std::process::Command::new("gcc")
+        let out = std::process::Command::new(c_compiler())
             .args(["-std=gnu11", "-O1", "-Wall", "-Wextra"])
             .arg(format!("-I{}", cuda_deps(13).join("include").display()))
             .arg(workspace_root().join("tests/c/compute_modes.c"))

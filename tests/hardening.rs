@@ -713,7 +713,7 @@ fn a_programs_own_allocator_serves_the_library() {
     let own = work_dir().join("bin").join("libown_malloc.so");
     std::fs::create_dir_all(own.parent().unwrap()).unwrap();
     let c = workspace_root().join("tests/c/own_malloc.c");
-    let built = std::process::Command::new("gcc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&own).arg(&c).output().unwrap();
+    let built = std::process::Command::new(c_compiler()).args(["-O2", "-shared", "-fPIC", "-o"]).arg(&own).arg(&c).output().unwrap();
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
     // 1 ctx, 2 alloc 256M, 3 alloc 1G (over the limit with the shim)
     let args = strs(&["ctx=primary", &alloc(256 * MIB), &alloc(GIB)]);

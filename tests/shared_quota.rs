@@ -374,7 +374,7 @@ fn another_user_is_isolated() {
 fn ps_lists_quotas_and_members() {
     let node = Node::new("quota-ps");
     let ps = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpushim"))
+        let out = target_command(env!("CARGO_BIN_EXE_gpushim"))
             .arg("ps")
             .env_remove("GPUSHIM_CONFIG")
             .env("GPUSHIM_STATE_DIR", &node.state)
@@ -448,7 +448,7 @@ fn a_child_made_without_fork_leaves_its_parents_place_alone() {
             while !pause.exists() && !program.is_finished() && start.elapsed() < Duration::from_secs(60) {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let ps = Command::new(env!("CARGO_BIN_EXE_gpushim")).arg("ps").env_remove("GPUSHIM_CONFIG").env("GPUSHIM_STATE_DIR", &state).output().unwrap();
+            let ps = target_command(env!("CARGO_BIN_EXE_gpushim")).arg("ps").env_remove("GPUSHIM_CONFIG").env("GPUSHIM_STATE_DIR", &state).output().unwrap();
             let _ = std::fs::remove_file(&pause);
             let out = program.join().unwrap();
             out.assert_completed();

@@ -59,7 +59,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_float, c_uint};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Duration;
 
 use gpushim_common::bounded::Bounded;
@@ -313,7 +313,7 @@ impl Pacer {
             // yet, the common case at the queue's head, costs one lock)
             let front = self.pending.lock().map(|q| q.front().map(|p| (p.seq, p.after)));
             let Ok(Some((seq, after))) = front else {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 break;
             };
             if relaxed.is_none() {
@@ -329,7 +329,7 @@ impl Pacer {
             // measurements under way before the context goes).
             let state = unsafe { (api.query)(after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 break;
             }
             // (another thread may have taken it meanwhile: then on to the next)
@@ -340,7 +340,7 @@ impl Pacer {
                 })
             });
             let Ok(Some(entry)) = taken else {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 continue;
             };
             let mut ms: c_float = 0.0;
@@ -355,7 +355,7 @@ impl Pacer {
             }
             // (only now: `forget_context` waits for this before it clears the pool, so that
             // the events are found there, not put back after it)
-            self.measuring.fetch_sub(1, Relaxed);
+            self.measuring.fetch_sub(1, Release);
         }
         if let (Some(exchange), Some(mut mode)) = (api.capture_mode, relaxed) {
             // SAFETY: restores the thread's mode exchanged above.
@@ -513,7 +513,9 @@ impl Pacer {
         };
         // (a measurement that took one of its entries out before: a bounded wait for it)
         let mut backoff = gpushim_common::bounded::Backoff::within(Duration::from_millis(200));
-        while self.measuring.load(Relaxed) != 0 && backoff.wait() {}
+        // (Acquire, with the measurement's Release: once it reads 0, the events a measurement
+        // put back in the pool before leaving are seen, on weakly ordered CPUs too)
+        while self.measuring.load(Acquire) != 0 && backoff.wait() {}
         // (after the wait: a measurement under way puts its events back in the pool)
         if let Ok(mut pool) = self.pool.lock() {
             pool.retain_mut(|(c, free)| {

@@ -390,6 +390,14 @@ pub fn cuda_deps(major: u32) -> PathBuf {
     dir
 }
 
+/// `.deps/drivers` (`scripts/fetch-drivers.sh`), or for another target than x86-64
+/// `.deps/<arch>/drivers` (`scripts/fetch-drivers.sh --arch aarch64`): the real NVIDIA driver
+/// binaries of the target's architecture, by version.
+pub fn real_drivers_dir() -> PathBuf {
+    let deps = workspace_root().join(".deps");
+    if TARGET_ARCH == "x86_64" { deps.join("drivers") } else { deps.join(TARGET_ARCH).join("drivers") }
+}
+
 /// A scratch directory of this test process, under cargo's `target/tmp`. Directories left
 /// by earlier processes that are no longer alive are removed on first use.
 pub fn work_dir() -> PathBuf {
@@ -1662,7 +1670,7 @@ impl Drop for Holder {
 /// libraries, the shim, nothing else: unlike [`Run`], no state directory or report of a run's
 /// own), to start in the background.
 pub fn background_program(p: Program) -> Command {
-    let mut cmd = Command::new(program(p));
+    let mut cmd = target_command(program(p));
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("LD_LIBRARY_PATH", sim_dir())
