@@ -741,6 +741,33 @@ fn a_programs_own_allocator_serves_the_library() {
     assert_eq!((rc2, rc3, shim_calls, foreign), (0, 0, 0, 0), "without the shim");
 }
 
+/// The `dlsym` hook keeps the caller: a library preloaded after the shim that wraps a C-library
+/// function with `dlsym(RTLD_NEXT, …)` (tests/c/rtld_next_wrap.c) finds the C library's, as
+/// without the shim, never itself (a plain-function hook makes glibc take the shim as the
+/// caller, and "next" after the shim is that library). On aarch64 this is the AArch64
+/// trampoline's x30 at work.
+#[test]
+fn the_dlsym_hook_keeps_the_callers_rtld_next() {
+    let wrap = work_dir().join("bin").join("librtld_next_wrap.so");
+    std::fs::create_dir_all(wrap.parent().unwrap()).unwrap();
+    let c = workspace_root().join("tests/c/rtld_next_wrap.c");
+    let built = std::process::Command::new(c_compiler()).args(["-O2", "-shared", "-fPIC", "-o"]).arg(&wrap).arg(&c).arg("-ldl").output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let run = |preload: String| {
+        let out = Run::program(Program::Modes).env("GPUSIM_DEVICES", "1").env("LD_PRELOAD", preload).run();
+        out.assert_completed();
+        let text = out.stderr_text();
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(str::to_owned).unwrap_or_else(|| panic!("no {k}\n{}", out.dump()));
+        (field("wrap.next="), field("wrap.self="))
+    };
+    let (next, itself) = run(format!("{}:{}", shim_path().display(), wrap.display()));
+    assert_eq!(itself, "0", "with the shim, the wrapper found itself (next = {next})");
+    assert!(next.starts_with("libc.so"), "with the shim: next = {next}");
+    let (next, itself) = run(wrap.display().to_string());
+    assert_eq!(itself, "0");
+    assert!(next.starts_with("libc.so"), "without the shim: next = {next}");
+}
+
 /// Look-ups and calls on a small stack (tests/c/smallstack.c: a raw `clone(2)` child on a
 /// mapped stack with a guard page below it; the driver opened before, on the program's stack).
 /// The look-up that starts the shim (the first in the driver's handle) adds at most 4 KiB to
