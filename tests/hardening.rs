@@ -595,7 +595,10 @@ fn binding_of(path: &std::path::Path) -> Binding {
     let u16_at = |o: usize| u16::from_le_bytes(f[o..o + 2].try_into().unwrap()) as usize;
     let u32_at = |o: usize| u32::from_le_bytes(f[o..o + 4].try_into().unwrap()) as usize;
     let u64_at = |o: usize| u64::from_le_bytes(f[o..o + 8].try_into().unwrap()) as usize;
-    assert_eq!((&f[..4], f[4], f[5], u16_at(0x12)), (&b"\x7fELF"[..], 2, 1, 62), "a 64-bit little-endian x86-64 ELF file");
+    // x86-64: EM_X86_64 (62), R_X86_64_64 (1), GLOB_DAT (6), JUMP_SLOT (7); aarch64: EM_AARCH64
+    // (183), R_AARCH64_ABS64 (257), GLOB_DAT (1025), JUMP_SLOT (1026)
+    let (machine, kinds): (usize, [u64; 3]) = if TARGET_ARCH == "aarch64" { (183, [257, 1025, 1026]) } else { (62, [1, 6, 7]) };
+    assert_eq!((&f[..4], f[4], f[5], u16_at(0x12)), (&b"\x7fELF"[..], 2, 1, machine), "a 64-bit little-endian {TARGET_ARCH} ELF file");
     let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
     let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
     let section = |i: usize| {
@@ -621,12 +624,12 @@ fn binding_of(path: &std::path::Path) -> Binding {
     for i in 0..shnum {
         let (kind, off, size, link) = section(i);
         match kind {
-            // SHT_RELA: r_offset, r_info (symbol << 32 | type), r_addend; R_X86_64_64 (1),
-            // GLOB_DAT (6), JUMP_SLOT (7)
+            // SHT_RELA: r_offset, r_info (symbol << 32 | type), r_addend; the absolute, GLOB_DAT
+            // and JUMP_SLOT types (`kinds`)
             4 => {
                 for r in (off..off + size).step_by(24) {
                     let (symbol, kind) = (u64_at(r + 8) >> 32, u64_at(r + 8) as u64 & 0xffff_ffff);
-                    if matches!(kind, 1 | 6 | 7) && symbol != 0 {
+                    if kinds.contains(&kind) && symbol != 0 {
                         b.slots.push((u64_at(r), kind, symbol_name(symbol)));
                     }
                 }
