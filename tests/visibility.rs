@@ -530,6 +530,9 @@ fn unshimmed(env: &[(&str, &str)]) -> &'static [u32] {
 
 #[test]
 fn python_children_see_the_same_view() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     let child = program(RUNTIME_13);
     let cases: &[(&[(&str, &str)], &[u32])] = &[
@@ -952,6 +955,9 @@ fn assert_pci_view(out: &RunOutput, want: &[u32], what: &str) {
 
 #[test]
 fn cuda_visible_devices_set_in_process_composes() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     let cases: &[(&str, &str, &[u32], &[u32])] = &[
         // (CUDA_VISIBLE_DEVICES set by the program, GPUSHIM_VISIBLE_DEVICES, with, without)
@@ -984,6 +990,9 @@ fn cuda_visible_devices_set_in_process_composes() {
 /// then CUDA: the program never sees a hidden device — the view, or CUDA fails closed.
 #[test]
 fn cuda_visible_devices_changed_after_nvml_never_unhides() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     nvml_sim_library();
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     for shim in [false, true] {
