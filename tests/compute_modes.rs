@@ -206,6 +206,9 @@ fn the_cuda_runtime_allocates_and_launches_in_green_contexts() {
 /// `gpushim check` says which mode enforces the compute limit, resolved as the library does.
 #[test]
 fn check_names_the_compute_mode() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     shim_path();
     nvml_sim_library();
     let check = |env: &[(&str, &str)]| {

@@ -817,7 +817,10 @@ fn lookups_and_calls_fit_a_small_stack() {
         (a - b, format!("{step}: {a} bytes of stack with the shim, {b} without\n{}\n{}", with.dump(), without.dump()))
     };
     let (with, without) = (run(64, "calls", true, &[]), run(64, "calls", false, &[]));
-    for (step, most) in [("lookup1", 4096), ("init", 2048), ("alloc", 2048)] {
+    // (aarch64 frames hold more: x19–x28 and d8–d15 saved, 16-byte pairs; measured under qemu:
+    // init 2,128 bytes more than the driver's own, so 2.5 KiB there)
+    let step_most = if TARGET_ARCH == "aarch64" { 2560 } else { 2048 };
+    for (step, most) in [("lookup1", 4096), ("init", step_most), ("alloc", step_most)] {
         let (n, what) = added(&with, &without, step);
         assert!(n <= most, "the shim adds {n} > {most}: {what}");
     }

@@ -8,7 +8,6 @@ mod common;
 mod observe;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;

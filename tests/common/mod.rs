@@ -108,6 +108,28 @@ pub fn skip_emulated(reason: &str) -> bool {
     false
 }
 
+/// Whether a program of the target can start another program of the target (`gpushim run`,
+/// `gpushim check`'s probe, a program that forks and execs one): natively always; under
+/// emulation only where binfmt_misc hands the target's ELF files to the emulator
+/// (`/proc/sys/fs/binfmt_misc/qemu-<arch>` enabled), as qemu-user does not follow `execve`.
+pub fn target_can_exec() -> bool {
+    if !emulated() {
+        return true;
+    }
+    let entry = format!("/proc/sys/fs/binfmt_misc/qemu-{TARGET_ARCH}");
+    std::fs::read_to_string(entry).is_ok_and(|t| t.starts_with("enabled"))
+}
+
+/// Skips a test in which a program of the target starts another (see [`target_can_exec`])
+/// where that cannot work: prints `SKIPPED under emulation (arch): reason` and returns true.
+pub fn skip_unless_target_exec(reason: &str) -> bool {
+    if target_can_exec() {
+        return false;
+    }
+    eprintln!("SKIPPED under emulation ({TARGET_ARCH}, no binfmt_misc entry for qemu-{TARGET_ARCH}): {reason}");
+    true
+}
+
 /// A tool of the target's toolchain: `GPUSHIM_TEST_<VAR>` if set, else `<arch>-linux-gnu-<tool>`
 /// for a target other than x86-64 when that exists on PATH (a cross toolchain), else `tool`.
 fn target_tool(var: &str, tool: &str) -> OsString {
@@ -403,7 +425,15 @@ pub fn real_drivers_dir() -> PathBuf {
 pub fn work_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpushim-tests");
+        // (a cross build's is target/<triple>/tmp: target/tmp instead, so that the paths of
+        // the sockets made there stay within sun_path's 108 bytes)
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let cross = tmp.parent().and_then(|t| Some((t.file_name()?.to_str()?.contains("-linux-"), t.parent()?.join("tmp"))));
+        let base = match cross {
+            Some((true, shared)) => shared,
+            _ => tmp,
+        }
+        .join("gpushim-tests");
         std::fs::create_dir_all(&base).unwrap();
         if let Ok(entries) = std::fs::read_dir(&base) {
             for e in entries.flatten() {
