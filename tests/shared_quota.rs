@@ -372,6 +372,9 @@ fn another_user_is_isolated() {
 /// and the processes with limits of their own, read from the same state directory.
 #[test]
 fn ps_lists_quotas_and_members() {
+    if skip_emulated("names processes by their comm, which is the emulator's (qemu-aarch64-st) under qemu-user") {
+        return;
+    }
     let node = Node::new("quota-ps");
     let ps = || {
         let out = target_command(env!("CARGO_BIN_EXE_gpushim"))
@@ -426,6 +429,9 @@ fn ps_lists_quotas_and_members() {
 /// the whole quota again, and the raw clone's and `_Fork`'s child wrote a report.
 #[test]
 fn a_child_made_without_fork_leaves_its_parents_place_alone() {
+    if skip_emulated("names processes by their comm, which is the emulator's (qemu-aarch64-st) under qemu-user") {
+        return;
+    }
     const P: u64 = 600 * MIB;
     const C: u64 = 300 * MIB;
     for mode in ["clone", "_Fork", "vfork", "clonevm"] {

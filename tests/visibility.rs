@@ -409,6 +409,9 @@ fn original_env(shim: bool, env: &[(&str, &str)], state: &std::path::Path) -> Ve
 /// variables (`env -i`). Both see the parent's view; without the shim everything sees all 3.
 #[test]
 fn children_see_the_same_view() {
+    if skip_unless_target_exec("a program of the target starts its children (spawn=)") {
+        return;
+    }
     let children = [RUNTIME_13, Program::Driver(DriverPath::Gpa)];
     let cases: &[(&[(&str, &str)], &[u32])] = &[
         (&[("GPUSHIM_VISIBLE_DEVICES", "2,0")], &[2, 0]),
@@ -1104,6 +1107,9 @@ fn without_nvml_a_view_never_runs_unconstrained() {
 /// device `<i>` of its own view, not of the machine.
 #[test]
 fn a_childs_cuda_visible_devices_narrows_the_parents_view() {
+    if skip_unless_target_exec("a program of the target starts its children (spawn=)") {
+        return;
+    }
     for (child_cvd, want) in [("1", &[0u32][..]), ("1,0", &[0, 2][..]), ("GPU-3", &[2][..])] {
         let exe = program(RUNTIME_13).display().to_string();
         let spawn = format!("spawn=env CUDA_VISIBLE_DEVICES={child_cvd} {} ids", sh_quote(&exe));
