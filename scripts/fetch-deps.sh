@@ -7,10 +7,23 @@
 # cuda_runtime_api.h includes crt/host_defines.h, which ships in nvidia-cuda-crt; that
 # header only defines host/device qualifier macros, so its 13.5 copy serves both trees.
 # Idempotent: a tree is unpacked once (marker file .complete); wheels are downloaded once.
+#
+#   --arch aarch64   the aarch64 (manylinux aarch64) runtime wheels instead, for the cross
+#                    build's tests (scripts/test-aarch64.sh): .deps/aarch64/wheels,
+#                    .deps/aarch64/cuda12, .deps/aarch64/cuda13 (same layout; pynvml is pure
+#                    Python and stays in .deps/python). Without it (or --arch x86_64) the x86-64
+#                    paths above, unchanged.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-deps="$root/.deps"
+arch=x86_64
+if [ "${1:-}" = --arch ]; then arch="${2:?--arch needs x86_64 or aarch64}"; shift 2; fi
+case "$arch" in
+  x86_64) deps="$root/.deps"; platforms=(--platform manylinux2014_x86_64) ;;
+  aarch64) deps="$root/.deps/aarch64"
+    platforms=(--platform manylinux2014_aarch64 --platform manylinux_2_27_aarch64 --platform manylinux_2_28_aarch64 --platform manylinux_2_34_aarch64) ;;
+  *) echo "fetch-deps: error: unknown --arch $arch (x86_64 or aarch64)" >&2; exit 1 ;;
+esac
 wheels="$deps/wheels"
 
 # name==version  wheel-file-prefix
@@ -38,12 +51,14 @@ pip_cmd() {
 mkdir -p "$wheels"
 for entry in "${pkgs[@]}"; do
   spec="${entry%% *}"; prefix="${entry##* }"
+  # (pynvml is pure Python: one copy, in the x86-64 tree)
+  [ "$arch" = x86_64 ] || [ "${spec%%==*}" != nvidia-ml-py ] || continue
   if [ -z "$(find_wheel "$prefix")" ]; then
     pip="$(pip_cmd)"
     [ -n "$pip" ] || die "pip is not installed (need python3 -m pip, pip3 or pip to download $spec); install it, e.g. 'apt-get install -y python3-pip'"
     echo "fetch-deps: downloading $spec" >&2
     $pip download --quiet --no-deps --only-binary=:all: \
-        --platform manylinux2014_x86_64 --python-version 3 --implementation py \
+        "${platforms[@]}" --python-version 3 --implementation py \
         --dest "$wheels" "$spec" \
       || die "could not download $spec from PyPI (no network or no index?); put the wheel into $wheels by hand to go on offline"
     [ -n "$(find_wheel "$prefix")" ] || die "pip did not produce a wheel matching $prefix in $wheels"
@@ -103,5 +118,9 @@ PY
   echo "fetch-deps: unpacked $dest" >&2
 }
 
+if [ "$arch" != x86_64 ]; then
+  echo "fetch-deps: $arch CUDA runtimes ready in $deps" >&2
+  exit 0
+fi
 python_tree "nvidia_ml_py-13.615.71-"
 echo "fetch-deps: CUDA runtimes ready in $deps, pynvml in $deps/python" >&2

@@ -10,10 +10,21 @@
 # the package lists are refreshed when older than a day. NVIDIA's licence allows downloading
 # and using these libraries; they are never committed.
 # If the archive cannot be reached the script fails with one line saying so.
+#
+#   --arch aarch64   the arm64 packages instead (GH200/GB200 systems), for the cross build's
+#                    tests: .deps/aarch64/drivers/<version>/{lib,bin}, its own apt state in
+#                    .deps/aarch64/apt. Without it (or --arch x86_64) the amd64 paths above,
+#                    unchanged.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-deps="$root/.deps"
+arch=x86_64
+if [ "${1:-}" = --arch ]; then arch="${2:?--arch needs x86_64 or aarch64}"; shift 2; fi
+case "$arch" in
+  x86_64) deps="$root/.deps"; debarch=amd64; multiarch=x86_64-linux-gnu ;;
+  aarch64) deps="$root/.deps/aarch64"; debarch=arm64; multiarch=aarch64-linux-gnu ;;
+  *) echo "fetch-drivers: error: unknown --arch $arch (x86_64 or aarch64)" >&2; exit 1 ;;
+esac
 apt_dir="$deps/apt"
 out="$deps/drivers"
 
@@ -34,7 +45,7 @@ for b in "${branches[@]}"; do
 done
 apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
-          -o APT::Architecture=amd64 -o APT::Architectures=amd64 -o Debug::NoLocking=1
+          -o "APT::Architecture=$debarch" -o "APT::Architectures=$debarch" -o Debug::NoLocking=1
           -o APT::Sandbox::User=root)
 
 stamp="$apt_dir/updated"
@@ -63,7 +74,7 @@ for b in "${branches[@]}"; do
       "libcuda1=$version" "libnvidia-ml1=$version" "nvidia-smi=$version" >/dev/null 2>"$apt_dir/download.log") \
     || die "cannot download the $version driver packages: $(tail -n1 "$apt_dir/download.log")"
   for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$apt_dir/debs/root"; done
-  libs="$apt_dir/debs/root/usr/lib/x86_64-linux-gnu/nvidia/current"
+  libs="$apt_dir/debs/root/usr/lib/$multiarch/nvidia/current"
   cp "$libs/libcuda.so.$upstream" "$libs/libnvidia-ml.so.$upstream" "$dest/lib/"
   ln -sf "libcuda.so.$upstream" "$dest/lib/libcuda.so.1"; ln -sf libcuda.so.1 "$dest/lib/libcuda.so"
   ln -sf "libnvidia-ml.so.$upstream" "$dest/lib/libnvidia-ml.so.1"; ln -sf libnvidia-ml.so.1 "$dest/lib/libnvidia-ml.so"

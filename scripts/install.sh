@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Installs gpushim (or removes it):
 #
-#   bash scripts/install.sh [--prefix DIR] [--destdir DIR] [--no-build] [--target-dir DIR] [--uninstall]
+#   bash scripts/install.sh [--prefix DIR] [--destdir DIR] [--no-build] [--target-dir DIR] [--arch ARCH] [--uninstall]
 #
 #   --prefix DIR      where it goes (default /usr/local)
 #   --destdir DIR     staging root, prepended to every installed path (packaging: the files
 #                     land in DESTDIR/PREFIX/..., but PREFIX is what the printed lines name)
 #   --no-build        do not run cargo; install what is already built
 #   --target-dir DIR  cargo's target directory (default: $CARGO_TARGET_DIR, else ./target);
-#                     the files are taken from DIR/release
+#                     the files are taken from DIR/release, or from DIR/ARCH-unknown-linux-gnu/release
+#                     (a cross build) where that holds them and DIR/release is another architecture
+#   --arch ARCH       x86_64 or aarch64 (default: this machine's, `uname -m`): the architecture
+#                     installed; the library's ELF header is checked against it. With a build,
+#                     another architecture than this machine's is cross-built
+#                     (--target ARCH-unknown-linux-gnu; needs the target and a cross linker,
+#                     see scripts/test-aarch64.sh)
 #   --uninstall       remove exactly the files below (and the share/gpushim directory if empty)
 #
 # Installed:
@@ -23,7 +29,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 me="install.sh"
 
 usage() {
-  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 die() { echo "$me: error: $*" >&2; exit 1; }
@@ -33,6 +39,7 @@ destdir=
 build=1
 uninstall=0
 target_dir=${CARGO_TARGET_DIR:-$root/target}
+arch=$(uname -m)
 
 while [ $# -gt 0 ]; do
   case $1 in
@@ -42,6 +49,8 @@ while [ $# -gt 0 ]; do
     --destdir=*) destdir=${1#*=}; shift ;;
     --target-dir) [ $# -ge 2 ] || die "--target-dir needs a directory"; target_dir=$2; shift 2 ;;
     --target-dir=*) target_dir=${1#*=}; shift ;;
+    --arch) [ $# -ge 2 ] || die "--arch needs x86_64 or aarch64"; arch=$2; shift 2 ;;
+    --arch=*) arch=${1#*=}; shift ;;
     --no-build) build=0; shift ;;
     --uninstall) uninstall=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -61,8 +70,37 @@ case $target_dir in
   *) target_dir="$PWD/$target_dir" ;;
 esac
 
+case $arch in
+  x86_64|amd64) arch=x86_64; machine=62 ;;
+  aarch64|arm64) arch=aarch64; machine=183 ;;
+  *) die "unsupported architecture $arch (x86_64 or aarch64)" ;;
+esac
+triple="$arch-unknown-linux-gnu"
+host=$(uname -m)
+case $host in amd64) host=x86_64 ;; arm64) host=aarch64 ;; esac
+native=0
+[ "$host" = "$arch" ] && native=1
+
+# The ELF machine of a file (62 x86-64, 183 aarch64; empty if not ELF).
+elf_machine() {
+  [ "$(head -c 4 "$1" 2>/dev/null | od -An -c | tr -d ' ')" = '177ELF' ] || return 0
+  od -An -tu2 -j18 -N2 "$1" | tr -d ' '
+}
+
+# The build for ARCH: DIR/release where it is that architecture (a native build), else the
+# cross build's DIR/ARCH-unknown-linux-gnu/release.
+release_dir() {
+  if [ -f "$target_dir/release/libgpushim.so" ] && [ "$(elf_machine "$target_dir/release/libgpushim.so")" = "$machine" ]; then
+    echo "$target_dir/release"
+  elif [ -f "$target_dir/$triple/release/libgpushim.so" ]; then
+    echo "$target_dir/$triple/release"
+  else
+    echo "$target_dir/release"
+  fi
+}
+
 # source (relative to the build or the repository) -> installed path (relative to PREFIX), mode
-release="$target_dir/release"
+release="$(release_dir)"
 files=(
   "$release/libgpushim.so|lib/libgpushim.so|0755"
   "$release/gpushim|bin/gpushim|0755"
@@ -96,9 +134,18 @@ fi
 
 if [ "$build" = 1 ]; then
   command -v cargo >/dev/null 2>&1 || die "cargo is not installed (or pass --no-build with a built --target-dir)"
-  echo "building: cargo build --release -p gpushim (target directory $target_dir)"
-  (cd "$root" && CARGO_TARGET_DIR="$target_dir" cargo build --release -p gpushim) ||
-    die "cargo build failed (see above); nothing was installed"
+  if [ "$native" = 1 ]; then
+    echo "building: cargo build --release -p gpushim (target directory $target_dir)"
+    (cd "$root" && CARGO_TARGET_DIR="$target_dir" cargo build --release -p gpushim) ||
+      die "cargo build failed (see above); nothing was installed"
+  else
+    echo "building: cargo build --release -p gpushim --target $triple (target directory $target_dir)"
+    (cd "$root" && CARGO_TARGET_DIR="$target_dir" cargo build --release -p gpushim --target "$triple") ||
+      die "cargo build --target $triple failed (see above: rustup target add $triple, a cross linker such as CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc); nothing was installed"
+  fi
+  release="$(release_dir)"
+  files[0]="$release/libgpushim.so|lib/libgpushim.so|0755"
+  files[1]="$release/gpushim|bin/gpushim|0755"
 fi
 
 for f in "${files[@]}"; do
@@ -110,6 +157,10 @@ for f in "${files[@]}"; do
       *) die "$src does not exist (is this a complete checkout?)" ;;
     esac
   fi
+done
+
+for bin in "$release/libgpushim.so" "$release/gpushim"; do
+  [ "$(elf_machine "$bin")" = "$machine" ] || die "$bin is not an $arch program (ELF machine $(elf_machine "$bin"), want $machine): build for $arch, or pass --arch"
 done
 
 for f in "${files[@]}"; do

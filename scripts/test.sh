@@ -108,6 +108,8 @@ if [ "$quick" = 1 ]; then
   echo "test.sh: quick suite: the framework tests (tests/frameworks*.rs) were not run" >&2
 else
   cargo test --release --workspace "$@" || status=$?
+  # the aarch64 job: cross-built, its tests under qemu-user (or one loud "aarch64: SKIPPED" line)
+  bash scripts/test-aarch64.sh "$@" || status=$?
 fi
 
 left="$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(leftovers) | sed '/^$/d')"

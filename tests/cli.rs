@@ -53,6 +53,9 @@ fn assert_status(out: &RunOutput, code: i32, what: &str) {
 /// shows, and an allocation past the limit refused (which succeeds without gpushim).
 #[test]
 fn run_applies_every_option() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let p = drvapi();
     let over = format!("alloc=mem:{}", 5 * GIB);
     let cases: Vec<(Vec<String>, Vec<(String, u64)>)> = vec![
@@ -92,6 +95,9 @@ fn run_applies_every_option() {
 /// `--memory-mode`, `--report`, `--config`, `--log`/`--log-file` and `--library`.
 #[test]
 fn run_modes_report_config_log_and_library() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let p = drvapi();
     // grow: 1 MiB asked, a 2 MiB chunk taken; the JSON report says so
     let report = scratch_path("cli-report.json");
@@ -270,6 +276,9 @@ fn golden(name: &str, out: &RunOutput, code: i32, replace: &[(&str, &str)]) {
 
 #[test]
 fn check_defaults() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let out = gpushim(args!["check"]).env("GPUSHIM_CONFIG", "/dev/null").run();
     golden("defaults", &out, 0, &[]);
 }
@@ -278,6 +287,9 @@ fn check_defaults() {
 /// with its source; hidden, reordered and limited devices, with their compute limits.
 #[test]
 fn check_sources_and_view() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let config = scratch_path("check-sources.toml");
     let region = scratch_path("check-sources.cache");
     std::fs::write(&config, "memory_mode = \"grow\"\nmemory_limit = \"50%\"\nlog = \"error\"\ncompute_limit = \"50%\"\ncompute_mode = \"duty\"\n").unwrap();
@@ -295,6 +307,9 @@ fn check_sources_and_view() {
 
 #[test]
 fn check_virtual_devices() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let out = gpushim(args!["check", "--virtual-devices", "1:2x4GiB", "--memory-limit", "3GiB", "--memory-mode", "preallocate"])
         .env("GPUSHIM_CONFIG", "/dev/null")
         .run();
@@ -322,12 +337,18 @@ fn check_bad_file() {
 /// from the probe, and status 1.
 #[test]
 fn check_no_such_device() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let out = gpushim(args!["check", "--visible-devices", "0,7"]).env("GPUSHIM_CONFIG", "/dev/null").run();
     golden("no-such-device", &out, 1, &[]);
 }
 
 #[test]
 fn check_oversized_split() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let out = gpushim(args!["check", "--virtual-devices", "0:3x8GiB"]).env("GPUSHIM_CONFIG", "/dev/null").run();
     golden("oversized-split", &out, 1, &[]);
 }
@@ -341,6 +362,9 @@ fn check_disabled() {
 /// Without a driver the view cannot be established: status 1 and the loader's reason.
 #[test]
 fn check_without_driver() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let out = gpushim(args!["check"])
         .env("GPUSHIM_CONFIG", "/dev/null")
         .env("GPUSHIM_DRIVER_PATH", "/nonexistent/libcuda.so.1")
@@ -356,6 +380,9 @@ fn check_without_driver() {
 /// `--log-placement` is a switch: it turns the placement log on (`tests/placement.rs`).
 #[test]
 fn run_log_placement() {
+    if skip_unless_target_exec("a program of the target starts another (gpushim check's probe, gpushim run)") {
+        return;
+    }
     let p = program(Program::Placement).display().to_string();
     let out = gpushim(args!["run", "--log-placement", "--visible-devices", "2", "--", p]).run();
     out.assert_completed();

@@ -117,6 +117,9 @@ fn synchronising_after_every_launch_is_paced_too() {
 
 #[test]
 fn tiny_kernels_by_the_hundred_thousand() {
+    if skip_emulated("10 µs kernels at 90%: the emulated launch path alone takes more than the 10% left (measured 0.67 of the device)") {
+        return;
+    }
     let _serial = serial();
     // (one device per run: five threads launching 10 µs kernels flat out would need more than
     // two cores)

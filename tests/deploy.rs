@@ -466,7 +466,7 @@ fn install_script_installs_runs_and_uninstalls() {
 
     // the installed header compiles
     let obj = scratch_path("gpushim-h.o");
-    let cc = std::process::Command::new("gcc")
+    let cc = std::process::Command::new(c_compiler())
         .args(["-x", "c", "-c", "-Wall", "-Werror", "-o"])
         .arg(&obj)
         .arg("-include")

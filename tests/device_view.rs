@@ -274,6 +274,9 @@ fn check(cvd: &Option<String>, base: &[u32], sel: &Option<String>, want: &Option
 
 #[test]
 fn runtime_nvml_and_pytorch_agree_for_every_combination() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     nvml_sim_library();
     for (cvd, base) in schedulers() {
         for (sel, want) in selections(&base) {
@@ -286,6 +289,9 @@ fn runtime_nvml_and_pytorch_agree_for_every_combination() {
 /// worker gets device `<i>` of the launcher's view, in all three counts.
 #[test]
 fn a_worker_given_one_device_of_the_view_agrees_too() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     nvml_sim_library();
     let cvd = Some("1,2,3".to_string());
     let sel = Some("2,0".to_string()); // physical 3, 1
@@ -350,6 +356,9 @@ fn bad_virtual_devices_fail_nvml_as_they_fail_cuda() {
 /// narrowed list and the original is kept. Never any output or file.
 #[test]
 fn load_time_rewrite_in_a_process_that_never_uses_cuda() {
+    if skip_emulated("runs env, a host program, with the target's library preloaded") {
+        return;
+    }
     let env = |vars: &[(&str, &str)], shim: bool| {
         let out = Run::new("env").arg("done=1").envs(vars).shim(shim).run();
         out.assert_completed();

@@ -81,7 +81,7 @@ impl Node {
 }
 
 fn show(region: &Path) -> Vec<String> {
-    let out = Command::new(profile_dir().join("gpushim"))
+    let out = target_command(profile_dir().join("gpushim"))
         .args(["ps", "--hami"])
         .arg(region)
         .output()
@@ -398,7 +398,7 @@ impl Hami {
         let exe = self.cache.join(name);
         let tmp = self.cache.join(format!("{name}.{}", std::process::id()));
         let deps = cuda_deps(13);
-        let out = Command::new("gcc")
+        let out = Command::new(c_compiler())
             .args(["-O1", "-w", "-std=gnu11"])
             .arg(format!("-I{}", deps.join("include").display()))
             .arg(format!("-I{}", self.nvml_include.display()))
@@ -439,7 +439,7 @@ fn the_c_header_agrees_on_every_offset() {
     std::fs::write(&file, c).unwrap();
     let exe = h.build("offsets", &[file.to_str().unwrap()]);
     let _ = std::fs::remove_file(&file);
-    let out = Command::new(&exe).env("LD_LIBRARY_PATH", sim_dir()).output().unwrap();
+    let out = target_command(&exe).env("LD_LIBRARY_PATH", sim_dir()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let mut want = format!("size {}\n", gpushim_common::hami::SIZE);
     for (name, off) in gpushim_common::hami::OFFSETS {
@@ -469,7 +469,7 @@ fn hami_cores_test_programs_give_the_same_results() {
         let mut codes = Vec::new();
         for (which, lib) in [("gpushim", shim_path()), ("libvgpu", h.lib.clone())] {
             let region = dir.join(format!("{which}-{name}.cache"));
-            let out = Command::new(&exe)
+            let out = target_command(&exe)
                 .env_clear()
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
                 .env("LD_LIBRARY_PATH", sim_dir())
@@ -508,7 +508,7 @@ fn shrreg_tool_reads_the_region() {
     ]);
     let node = Node::new("hami-shrreg");
     let holder = node.start_holder(40 * MIB);
-    let out = Command::new(&tool)
+    let out = target_command(&tool)
         .args(["--version", "--print"])
         .env_clear()
         .env("LD_LIBRARY_PATH", sim_dir())

@@ -5,12 +5,12 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Output};
+use std::process::Output;
 
 const VERSIONS: [&str; 3] = ["535.261.03", "550.163.01", "555.58.02"];
 
 fn smi(version: &str) -> std::path::PathBuf {
-    let p = workspace_root().join(format!(".deps/drivers/{version}/bin/nvidia-smi"));
+    let p = real_drivers_dir().join(format!("{version}/bin/nvidia-smi"));
     assert!(p.is_file(), "{}: run `bash scripts/fetch-drivers.sh`", p.display());
     p
 }
@@ -32,7 +32,7 @@ const QUERY: &[&str] = &["--query-gpu=index,uuid,name,memory.total,memory.used",
 
 fn run(args: &[&str], shim: bool, env: &[(&str, &str)]) -> Output {
     let v = VERSION.with(|v| *v.borrow());
-    let mut cmd = Command::new(smi(v));
+    let mut cmd = target_command(smi(v));
     cmd.args(args).env_clear().env("PATH", "/usr/bin:/bin").env("LD_LIBRARY_PATH", sim_dir());
     cmd.env("GPUSIM_DEVICES", "4");
     let state = work_dir().join(format!("smi-state-{}", std::process::id()));

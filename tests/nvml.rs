@@ -497,6 +497,9 @@ fn nvml_in_a_cuda_program_sees_its_allocations() {
 
 #[test]
 fn pynvml_follows_visible_devices() {
+    if skip_emulated("runs python3 (pynvml), a host program, with the target's library") {
+        return;
+    }
     nvml_sim_library();
     let lookups = [
         format!("uuid={}", phys_uuid(0)),   // 1
@@ -616,6 +619,9 @@ fn pynvml_follows_visible_devices() {
 /// release; never on another device; the count protocol of the real NVML (a count of 0 asks).
 #[test]
 fn compute_processes_list_this_process_while_it_has_a_context() {
+    if skip_emulated("runs python3 (ctypes), a host program, with the target's library") {
+        return;
+    }
     const SCRIPT: &str = r#"
 import ctypes, os
 import pynvml as n

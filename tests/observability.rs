@@ -391,7 +391,7 @@ fn other_users_see_nothing() {
     }
     let metrics_as = |uid: Option<u32>, dir: Option<&Path>| {
         use std::os::unix::process::CommandExt;
-        let mut c = Command::new(cli());
+        let mut c = target_command(cli());
         c.args(["metrics", "--no-gpus"]).env_remove("GPUSHIM_STATE_DIR").env_remove("XDG_RUNTIME_DIR").env_remove("GPUSHIM_CONFIG").current_dir("/");
         if let Some(d) = dir {
             c.env("GPUSHIM_STATE_DIR", d);
@@ -440,7 +440,7 @@ fn forked_child_leaves_the_parent_figures_alone() {
     use std::os::unix::process::CommandExt;
     let node = Node::new("obs-fork");
     let ready = node.dir.join("ready");
-    let mut cmd = Command::new(program(Program::ForkQuota));
+    let mut cmd = target_command(program(Program::ForkQuota));
     cmd.args(["linger", &(10 * MIB).to_string(), &(3 * MIB).to_string(), &ready.display().to_string()])
         .env_clear()
         .env("LD_LIBRARY_PATH", sim_dir())

@@ -8,7 +8,6 @@ mod common;
 mod observe;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -412,7 +411,7 @@ fn a_waiter_on_a_hami_region_proceeds_when_another_member_frees() {
             std::thread::sleep(Duration::from_millis(10));
         }
         if wait.is_some() {
-            let out = Command::new(profile_dir().join("gpushim")).args(["ps", "--hami"]).arg(&region).output().expect("gpushim ps --hami");
+            let out = target_command(profile_dir().join("gpushim")).args(["ps", "--hami"]).arg(&region).output().expect("gpushim ps --hami");
             shown = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
         }
         let outs = vec![ta.join().unwrap(), tb.join().unwrap()];

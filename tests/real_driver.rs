@@ -27,7 +27,7 @@ use common::*;
 
 /// The unpacked drivers (version, directory); the fetch script must have run.
 fn drivers() -> Vec<(String, PathBuf)> {
-    let dir = workspace_root().join(".deps/drivers");
+    let dir = real_drivers_dir();
     let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}; run `bash scripts/fetch-drivers.sh` (scripts/test.sh does)", dir.display()))
         .filter_map(|e| e.ok())
@@ -44,7 +44,7 @@ fn drivers() -> Vec<(String, PathBuf)> {
 /// Runs `program args` with only the real driver `dir/lib` on the library path (and the shim
 /// preloaded, with `env`, when `shim`), in a clean environment; a hang fails.
 fn run_real(dir: &Path, program: &Path, args: &[&str], shim: bool, env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(program);
+    let mut cmd = target_command(program);
     cmd.args(args).env_clear().env("PATH", "/usr/bin:/bin").env("LD_LIBRARY_PATH", dir.join("lib"));
     let state = work_dir().join(format!("real-state-{}", std::process::id()));
     std::fs::create_dir_all(&state).unwrap();
@@ -81,7 +81,7 @@ fn text(b: &[u8]) -> String {
 
 /// Every `cu…` function the library exports, as base names (`_v2`, `_ptsz`, `_ptds` stripped).
 fn base_names(lib: &Path) -> Vec<String> {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().expect("nm (binutils) is needed");
+    let out = Command::new(nm()).args(["-D", "--defined-only"]).arg(lib).output().expect("nm (binutils) is needed");
     assert!(out.status.success(), "nm {}: {}", lib.display(), text(&out.stderr));
     let mut names: Vec<String> = text(&out.stdout)
         .lines()

@@ -372,9 +372,12 @@ fn another_user_is_isolated() {
 /// and the processes with limits of their own, read from the same state directory.
 #[test]
 fn ps_lists_quotas_and_members() {
+    if skip_emulated("names processes by their comm, which is the emulator's (qemu-aarch64-st) under qemu-user") {
+        return;
+    }
     let node = Node::new("quota-ps");
     let ps = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpushim"))
+        let out = target_command(env!("CARGO_BIN_EXE_gpushim"))
             .arg("ps")
             .env_remove("GPUSHIM_CONFIG")
             .env("GPUSHIM_STATE_DIR", &node.state)
@@ -426,6 +429,9 @@ fn ps_lists_quotas_and_members() {
 /// the whole quota again, and the raw clone's and `_Fork`'s child wrote a report.
 #[test]
 fn a_child_made_without_fork_leaves_its_parents_place_alone() {
+    if skip_emulated("names processes by their comm, which is the emulator's (qemu-aarch64-st) under qemu-user") {
+        return;
+    }
     const P: u64 = 600 * MIB;
     const C: u64 = 300 * MIB;
     for mode in ["clone", "_Fork", "vfork", "clonevm"] {
@@ -448,7 +454,7 @@ fn a_child_made_without_fork_leaves_its_parents_place_alone() {
             while !pause.exists() && !program.is_finished() && start.elapsed() < Duration::from_secs(60) {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let ps = Command::new(env!("CARGO_BIN_EXE_gpushim")).arg("ps").env_remove("GPUSHIM_CONFIG").env("GPUSHIM_STATE_DIR", &state).output().unwrap();
+            let ps = target_command(env!("CARGO_BIN_EXE_gpushim")).arg("ps").env_remove("GPUSHIM_CONFIG").env("GPUSHIM_STATE_DIR", &state).output().unwrap();
             let _ = std::fs::remove_file(&pause);
             let out = program.join().unwrap();
             out.assert_completed();

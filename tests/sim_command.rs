@@ -163,7 +163,7 @@ fn sim_passes_sigterm_on_and_cleans_up() {
     shim_path();
     sim_library();
     nvml_sim_library();
-    let mut child = std::process::Command::new(cli())
+    let mut child = target_command(cli())
         .args(["sim", "--", "sleep", "60"])
         .env("TMPDIR", &tmp)
         .env("XDG_RUNTIME_DIR", "")
@@ -189,7 +189,7 @@ fn spawn_sim(tmp: &Path, state: &Path, args: &[&str]) -> std::process::Child {
     shim_path();
     sim_library();
     nvml_sim_library();
-    std::process::Command::new(cli())
+    target_command(cli())
         .arg("sim")
         .args(args)
         .env("TMPDIR", tmp)
@@ -324,7 +324,7 @@ fn a_closed_stderr_is_no_failure() {
     }
     // SAFETY: the writing end, owned from here by the Stdio.
     let stderr = unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
-    let status = std::process::Command::new(cli())
+    let status = target_command(cli())
         .args(["sim", "--", "true"])
         .env("TMPDIR", &tmp)
         .env("XDG_RUNTIME_DIR", "/nonexistent")
@@ -427,7 +427,7 @@ fn a_search_only_ancestor_is_no_obstacle() {
     std::os::unix::fs::chown(&base, Some(65534), Some(65534)).unwrap();
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::set_permissions(&outer, std::fs::Permissions::from_mode(0o711)).unwrap();
-    let out = std::process::Command::new(cli())
+    let out = target_command(cli())
         .args(["sim", "--", "sh", "-c", "echo dir=${GPUSIM_NODE_STATE%/*}"])
         .env("TMPDIR", &base)
         .env("XDG_RUNTIME_DIR", "")
@@ -456,7 +456,7 @@ fn an_unmakeable_soname_directory_says_what_to_do() {
     std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(0o755)).unwrap();
     let base = fresh_dir("sim-tmp-nobody");
     std::os::unix::fs::chown(&base, Some(65534), Some(65534)).unwrap();
-    let out = std::process::Command::new(tree.join("gpushim"))
+    let out = target_command(tree.join("gpushim"))
         .args(["sim", "--", "true"])
         .env("TMPDIR", &base)
         .env("XDG_RUNTIME_DIR", "")

@@ -252,6 +252,9 @@ fn num(kv: &std::collections::BTreeMap<String, String>, key: &str) -> i64 {
 /// directory, for each of 8 programs starting at once; no signal (before: SIGBUS).
 #[test]
 fn a_shared_quota_on_a_full_state_dir_is_a_configuration_error() {
+    if skip_emulated("starts the programs from /bin/sh, a host program, with the target's library preloaded") {
+        return;
+    }
     let confine = Confine { tmpfs_kib: Some(64), fill: true, ..Confine::default() };
     let limit = LIMIT.to_string();
     let state = state_dir("full-quota");
@@ -269,6 +272,9 @@ fn a_shared_quota_on_a_full_state_dir_is_a_configuration_error() {
 /// second refused), instead of a configuration error.
 #[test]
 fn a_program_refused_room_joins_the_quota_being_built() {
+    if skip_emulated("starts the programs from /bin/sh, a host program, with the target's library preloaded") {
+        return;
+    }
     let made = std::fs::read(made_quota_file()).unwrap();
     let tmp = ".quota-tmp-1-1";
     let confine = Confine { tmpfs_kib: Some(400), file: Some((tmp.into(), made.clone(), made.len() as u64)), ..Confine::default() };

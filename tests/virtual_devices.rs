@@ -1059,6 +1059,9 @@ fn split_after_visibility(programs: &[Program]) {
 /// back at first use. A process that never uses CUDA (`env`) gets the rewrite and prints nothing.
 #[test]
 fn split_under_the_schedulers_cuda_visible_devices() {
+    if skip_emulated("runs env, a host program, with the target's library preloaded") {
+        return;
+    }
     let env = [("CUDA_VISIBLE_DEVICES", "1"), SPLIT];
     for p in [RUNTIME_12, Program::Driver(DriverPath::Link)] {
         let w = what(p, false, &env);

@@ -409,6 +409,9 @@ fn original_env(shim: bool, env: &[(&str, &str)], state: &std::path::Path) -> Ve
 /// variables (`env -i`). Both see the parent's view; without the shim everything sees all 3.
 #[test]
 fn children_see_the_same_view() {
+    if skip_unless_target_exec("a program of the target starts its children (spawn=)") {
+        return;
+    }
     let children = [RUNTIME_13, Program::Driver(DriverPath::Gpa)];
     let cases: &[(&[(&str, &str)], &[u32])] = &[
         (&[("GPUSHIM_VISIBLE_DEVICES", "2,0")], &[2, 0]),
@@ -530,6 +533,9 @@ fn unshimmed(env: &[(&str, &str)]) -> &'static [u32] {
 
 #[test]
 fn python_children_see_the_same_view() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     let child = program(RUNTIME_13);
     let cases: &[(&[(&str, &str)], &[u32])] = &[
@@ -952,6 +958,9 @@ fn assert_pci_view(out: &RunOutput, want: &[u32], what: &str) {
 
 #[test]
 fn cuda_visible_devices_set_in_process_composes() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     let cases: &[(&str, &str, &[u32], &[u32])] = &[
         // (CUDA_VISIBLE_DEVICES set by the program, GPUSHIM_VISIBLE_DEVICES, with, without)
@@ -984,6 +993,9 @@ fn cuda_visible_devices_set_in_process_composes() {
 /// then CUDA: the program never sees a hidden device — the view, or CUDA fails closed.
 #[test]
 fn cuda_visible_devices_changed_after_nvml_never_unhides() {
+    if skip_emulated("runs python3, a host program, with the target's library") {
+        return;
+    }
     nvml_sim_library();
     let cudart = cuda_deps(13).join("lib/libcudart.so.13");
     for shim in [false, true] {
@@ -1095,6 +1107,9 @@ fn without_nvml_a_view_never_runs_unconstrained() {
 /// device `<i>` of its own view, not of the machine.
 #[test]
 fn a_childs_cuda_visible_devices_narrows_the_parents_view() {
+    if skip_unless_target_exec("a program of the target starts its children (spawn=)") {
+        return;
+    }
     for (child_cvd, want) in [("1", &[0u32][..]), ("1,0", &[0, 2][..]), ("GPU-3", &[2][..])] {
         let exe = program(RUNTIME_13).display().to_string();
         let spawn = format!("spawn=env CUDA_VISIBLE_DEVICES={child_cvd} {} ids", sh_quote(&exe));

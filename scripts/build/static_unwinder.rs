@@ -15,12 +15,14 @@
 
 /// Links the static unwinder instead of libgcc_s into the crate's cdylib (only: its test
 /// programs and command-line tool keep libgcc_s) where the compiler has one; returns whether
-/// it does. x86-64 Linux only: the unwinder calls glibc 2.35's `_dl_find_object`, which
-/// libgpushim answers itself (`src/platform/unwind.rs`) so as to load on glibc 2.34.
+/// it does. x86-64 and aarch64 Linux: the unwinder calls glibc 2.35's `_dl_find_object`, which
+/// libgpushim answers itself (`src/platform/unwind.rs`) so as to load on glibc 2.34. For a
+/// cross build the target's compiler is asked (`CC_<target>`, else `<arch>-linux-gnu-gcc`);
+/// a cross build without one links libgcc_s as before.
 fn link_static_unwinder() -> bool {
     println!("cargo:rerun-if-env-changed=GPUSHIM_DYNAMIC_UNWINDER");
     let target = (std::env::var("CARGO_CFG_TARGET_OS"), std::env::var("CARGO_CFG_TARGET_ARCH"));
-    if std::env::var_os("GPUSHIM_DYNAMIC_UNWINDER").is_some() || target.0.as_deref() != Ok("linux") || target.1.as_deref() != Ok("x86_64") {
+    if std::env::var_os("GPUSHIM_DYNAMIC_UNWINDER").is_some() || target.0.as_deref() != Ok("linux") || !matches!(target.1.as_deref(), Ok("x86_64" | "aarch64")) {
         return false;
     }
     let Some(eh) = static_unwinder() else { return false };
@@ -40,7 +42,14 @@ fn link_static_unwinder() -> bool {
 
 /// The compiler's libgcc_eh.a, if it has one.
 fn static_unwinder() -> Option<std::path::PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let cross = std::env::var("HOST").map_or(false, |host| host != target);
+    let cc = if cross {
+        let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+        std::env::var(format!("CC_{}", target.replace('-', "_"))).unwrap_or_else(|_| format!("{arch}-linux-gnu-gcc"))
+    } else {
+        std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
+    };
     let out = std::process::Command::new(cc).arg("-print-file-name=libgcc_eh.a").output().ok()?;
     let path = std::path::PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
     // (a compiler without it prints the bare name back)

@@ -313,7 +313,7 @@ impl Pacer {
             // yet, the common case at the queue's head, costs one lock)
             let front = self.pending.lock().map(|q| q.front().map(|p| (p.seq, p.after)));
             let Ok(Some((seq, after))) = front else {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 break;
             };
             if relaxed.is_none() {
@@ -329,7 +329,7 @@ impl Pacer {
             // measurements under way before the context goes).
             let state = unsafe { (api.query)(after as CUevent) };
             if state == CUDA_ERROR_NOT_READY {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 break;
             }
             // (another thread may have taken it meanwhile: then on to the next)
@@ -340,7 +340,7 @@ impl Pacer {
                 })
             });
             let Ok(Some(entry)) = taken else {
-                self.measuring.fetch_sub(1, Relaxed);
+                self.measuring.fetch_sub(1, Release);
                 continue;
             };
             let mut ms: c_float = 0.0;

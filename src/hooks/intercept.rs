@@ -486,8 +486,42 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
-/// Elsewhere than x86-64: the same decision, but glibc sees the shim as the caller (documented).
-#[cfg(not(target_arch = "x86_64"))]
+/// The same trampoline on aarch64. glibc's `dlsym` takes its caller from the link register
+/// (`__builtin_return_address(0)`, x30 at entry), so x30 must hold the program's return address
+/// when glibc's function is entered: the trampoline saves x29/x30 and the two arguments in a
+/// 32-byte frame (sp stays 16-byte aligned), asks [`dlsym_verdict`], restores them all and
+/// then either returns the hook (`ret` through the restored x30) or *branches* (`br`, not `blr`:
+/// x30 untouched) to glibc's `dlsym`. The branch goes through x16, an intra-procedure-call
+/// scratch register that no argument uses and that BTI accepts for a `bti c` landing pad.
+/// `hint #34` is `bti c` (a no-op on cores without BTI): programs reach `dlsym` through a
+/// pointer or PLT.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "hint #34",
+        "stp x29, x30, [sp, #-32]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #16]",
+        "bl {verdict}",
+        "mov x16, x0",
+        "ldp x0, x1, [sp, #16]",
+        "ldp x29, x30, [sp], #32",
+        "cbz x16, 2f",
+        "mov x0, x16",
+        "ret",
+        "2:",
+        "adrp x16, {real}",
+        "ldr x16, [x16, #:lo12:{real}]",
+        "br x16",
+        verdict = sym dlsym_verdict,
+        real = sym driver::REAL_DLSYM,
+    )
+}
+
+/// Elsewhere: the same decision, but glibc sees the shim as the caller (documented).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let v = dlsym_verdict(handle, symbol);
@@ -611,6 +645,14 @@ mod tests {
         // SAFETY: reads the first 4 bytes of a function's code (mapped readable).
         let first = unsafe { std::ptr::read_unaligned(dlsym as *const [u8; 4]) };
         assert_eq!(first, [0xf3, 0x0f, 0x1e, 0xfa]);
+    }
+
+    #[test]
+    #[cfg(target_arch = "aarch64")]
+    fn dlsym_starts_with_bti_c() {
+        // SAFETY: reads the first instruction of a function's code (mapped readable).
+        let first = unsafe { std::ptr::read_unaligned(dlsym as *const u32) };
+        assert_eq!(first, 0xd503245f, "hint #34 (bti c)");
     }
 
     #[test]

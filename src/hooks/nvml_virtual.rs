@@ -28,7 +28,9 @@
 //! if it is still 0, saving the argument registers around that call). No argument of NVML's
 //! API is a floating-point value, so the vector registers are not saved.
 //!
-//! Only on x86-64. Elsewhere nothing is exported, [`lookup`] hands out NVML's own function and
+//! On aarch64 the same pool and exports, in AArch64 assembly (x0/x1 for rdi/rsi, x16 for r11,
+//! a `br` that leaves the return address in x30 for the `jmp`; see the aarch64 `global_asm!`).
+//! On other architectures nothing is exported, [`lookup`] hands out NVML's own function and
 //! [`fake`] gives no fake handle: the parts of a split GPU then share their GPU's real handle
 //! (NVML shows them with one handle, described as the first part).
 
@@ -58,9 +60,9 @@ pub static FAKES: [Fake; MAX_FAKES] =
 
 /// The fake handle of program device `ordinal`, standing for the real handle `real` of its GPU
 /// (updated at each call: NVML may give other handles after a new `nvmlInit`). `None` where no
-/// fake handle can be given (an ordinal past [`MAX_FAKES`], a NULL real handle, not x86-64).
+/// fake handle can be given (an ordinal past [`MAX_FAKES`], a NULL real handle, not x86-64 or aarch64).
 pub fn fake(ordinal: usize, real: NvmlDevice) -> Option<NvmlDevice> {
-    if !cfg!(target_arch = "x86_64") || real.is_null() {
+    if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) || real.is_null() {
         return None;
     }
     let entry = FAKES.get(ordinal)?;
@@ -97,7 +99,7 @@ pub fn takes_device(name: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The trampolines (x86-64)
+// The trampolines (x86-64 and aarch64)
 
 /// Number of trampoline stubs: the exported names take the first [`EXPORTED`]`.len()`, the
 /// functions found through `dlsym` under other names or addresses the rest.
@@ -109,7 +111,7 @@ const _: () = assert!(STUB_SIZE == 16 && FAKE_SIZE == 16);
 const _: () = assert!(EXPORTED_COUNT < POOL);
 
 /// NVML's function behind each stub (0: not resolved yet, only for exported names).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub static TRAMP_REAL: [AtomicUsize; POOL] = [const { AtomicUsize::new(0) }; POOL];
 
 #[cfg(target_arch = "x86_64")]
@@ -203,24 +205,125 @@ gpushim_nvml_common:
     options(att_syntax)
 );
 
-#[cfg(target_arch = "x86_64")]
+// The same pool on aarch64. A pool stub is 16 bytes, four instructions: `bti c` (`hint #34`: a
+// landing pad for the program's `blr`; a no-op on cores without BTI), `adr x16, <itself>`,
+// `b common`, and a `nop` filling it to 16 bytes. The common stub turns x16 into the slot
+// number, replaces x0/x1 (the first two argument registers) if they point at a handed-out
+// entry of [`FAKES`], and *branches* (`br x17`, not `blr`) to NVML's function, so x30 (the
+// program's return address), sp and every other argument register reach NVML untouched. It
+// uses only registers a called function may destroy and no argument uses: x16/x17 (the
+// intra-procedure-call registers, which a `br` to a `bti c` pad must use) and x9–x11. The
+// entries and slots are read with `ldar` (load-acquire), pairing with the Release stores of
+// [`fake`] and [`dynamic_slot`]/[`resolve_exported`]: aarch64 may otherwise see a slot or
+// entry before what was written before it. Resolving an exported name's slot calls
+// [`resolve_slot`] in a 96-byte frame (16-byte aligned) saving x29/x30, x0–x7 and x8.
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    r#"
+    .pushsection .text.gpushim_nvml_trampolines,"ax",@progbits
+    .balign 16
+    .globl gpushim_nvml_pool
+    .hidden gpushim_nvml_pool
+    .type gpushim_nvml_pool,@function
+gpushim_nvml_pool:
+    .rept {pool}
+    .balign 16
+1:
+    hint #34
+    adr x16, 1b
+    b gpushim_nvml_common
+    nop
+    .endr
+    .size gpushim_nvml_pool, . - gpushim_nvml_pool
+
+    .balign 16
+    .globl gpushim_nvml_common
+    .hidden gpushim_nvml_common
+    .type gpushim_nvml_common,@function
+gpushim_nvml_common:
+    adrp x9, gpushim_nvml_pool
+    add x9, x9, #:lo12:gpushim_nvml_pool
+    sub x16, x16, x9
+    lsr x16, x16, #4
+    adrp x9, {fakes}
+    add x9, x9, #:lo12:{fakes}
+    mov x11, #{fake_bytes}
+    sub x10, x0, x9
+    cmp x10, x11
+    b.hs 2f
+    tst x10, #{fake_mask}
+    b.ne 2f
+    ldar x10, [x0]
+    cbz x10, 2f
+    mov x0, x10
+2:
+    sub x10, x1, x9
+    cmp x10, x11
+    b.hs 3f
+    tst x10, #{fake_mask}
+    b.ne 3f
+    ldar x10, [x1]
+    cbz x10, 3f
+    mov x1, x10
+3:
+    adrp x9, {reals}
+    add x9, x9, #:lo12:{reals}
+    add x9, x9, x16, lsl #3
+    ldar x17, [x9]
+    cbz x17, 4f
+    br x17
+4:
+    stp x29, x30, [sp, #-96]!
+    mov x29, sp
+    stp x0, x1, [sp, #16]
+    stp x2, x3, [sp, #32]
+    stp x4, x5, [sp, #48]
+    stp x6, x7, [sp, #64]
+    str x8, [sp, #80]
+    mov x0, x16
+    bl {resolve}
+    mov x17, x0
+    ldr x8, [sp, #80]
+    ldp x6, x7, [sp, #64]
+    ldp x4, x5, [sp, #48]
+    ldp x2, x3, [sp, #32]
+    ldp x0, x1, [sp, #16]
+    ldp x29, x30, [sp], #96
+    cbz x17, 5f
+    br x17
+5:
+    mov w0, #{not_found}
+    ret
+    .size gpushim_nvml_common, . - gpushim_nvml_common
+    .popsection
+"#,
+    pool = const POOL,
+    fakes = sym FAKES,
+    fake_bytes = const MAX_FAKES * FAKE_SIZE,
+    fake_mask = const FAKE_SIZE - 1,
+    reals = sym TRAMP_REAL,
+    resolve = sym resolve_slot,
+    not_found = const NVML_ERROR_FUNCTION_NOT_FOUND,
+);
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const NVML_ERROR_FUNCTION_NOT_FOUND: i32 = 13;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe extern "C" {
     /// The first pool stub (defined above); stub `k` is at `+ k * STUB_SIZE`.
     fn gpushim_nvml_pool();
 }
 
 /// The address of pool stub `slot`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn stub(slot: usize) -> usize {
     gpushim_nvml_pool as *const () as usize + slot * STUB_SIZE
 }
 
 /// Called by the common stub when an exported name's slot is still 0: NVML's function, or 0
 /// (the stub then answers `NVML_ERROR_FUNCTION_NOT_FOUND`).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" fn resolve_slot(slot: usize) -> usize {
     std::panic::catch_unwind(|| if slot < EXPORTED.len() { resolve_exported(slot) } else { TRAMP_REAL[slot].load(Ordering::Acquire) })
         .unwrap_or(0)
@@ -228,7 +331,7 @@ extern "C" fn resolve_slot(slot: usize) -> usize {
 
 /// NVML's function for exported name `k`: the next definition after the shim (what the program
 /// would have called without it), else the one in the NVML library the shim opened.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn resolve_exported(k: usize) -> usize {
     let current = TRAMP_REAL[k].load(Ordering::Acquire);
     if current != 0 {
@@ -249,7 +352,7 @@ fn resolve_exported(k: usize) -> usize {
 }
 
 /// A `dlopen` handle of the NVML library the shim opened (found from one of its functions).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn nvml_library() -> Option<*mut std::ffi::c_void> {
     static HANDLE: AtomicUsize = AtomicUsize::new(0);
     let h = HANDLE.load(Ordering::Acquire);
@@ -276,7 +379,7 @@ fn nvml_library() -> Option<*mut std::ffi::c_void> {
 }
 
 /// The load address of the object holding `addr` (0: none).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn object_base(addr: usize) -> usize {
     // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
@@ -287,7 +390,7 @@ fn object_base(addr: usize) -> usize {
 }
 
 /// Whether `addr` lies in the shim itself (one of its exports, found through `RTLD_DEFAULT`).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn in_shim(addr: usize) -> bool {
     let own = object_base(in_shim as *const () as usize);
     own != 0 && object_base(addr) == own
@@ -297,7 +400,7 @@ fn in_shim(addr: usize) -> bool {
 /// [`takes_device`] and the hook table does not hook: a trampoline in front of the function
 /// glibc finds, or 0 to let glibc answer (nothing split, nothing found, the shim's own export,
 /// or the pool exhausted). Slow path: takes a lock, may allocate.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub fn lookup(handle: *mut std::ffi::c_void, name: &CStr) -> usize {
     let Some(st) = crate::hooks::state() else { return 0 };
     if !st.split_configured() {
@@ -316,13 +419,13 @@ pub fn lookup(handle: *mut std::ffi::c_void, name: &CStr) -> usize {
     dynamic_slot(found, name).map_or(0, stub)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub fn lookup(_: *mut std::ffi::c_void, _: &CStr) -> usize {
     0
 }
 
 /// The slot of a function found through `dlsym` (one per address, assigned once).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn dynamic_slot(real: usize, name: &CStr) -> Option<usize> {
     static DYNAMIC: gpushim_common::bounded::Bounded<Vec<usize>> = gpushim_common::bounded::Bounded::new("gpushim's NVML trampolines", Vec::new());
     static EXHAUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -359,7 +462,7 @@ macro_rules! exported {
 
         /// The functions of `nvml.h` (12.9) that take a device handle and that the hook table
         /// does not hook, NUL-terminated; name `k` is exported as a stub entering pool slot `k`.
-        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+        #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
         pub static EXPORTED: &[&str] = &[$(concat!(stringify!($name), "\0")),*];
 
         const EXPORTED_COUNT: usize = [$(stringify!($name)),*].len();
@@ -374,6 +477,18 @@ macro_rules! exported {
                     "jmp gpushim_nvml_pool + {offset}",
                     offset = const Exported::$name as usize * STUB_SIZE,
                     options(att_syntax),
+                )
+            }
+
+            // aarch64: `bti c`, then a direct branch (x30 and the arguments untouched).
+            #[cfg(target_arch = "aarch64")]
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name() {
+                core::arch::naked_asm!(
+                    "hint #34",
+                    "b gpushim_nvml_pool + {offset}",
+                    offset = const Exported::$name as usize * STUB_SIZE,
                 )
             }
         )*
@@ -560,7 +675,7 @@ mod tests {
         0x1234_5678_9abc
     }
 
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn trampoline_swaps_fake_handles_in_the_first_two_arguments_only() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -587,7 +702,7 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn exported_stub_enters_its_slot() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

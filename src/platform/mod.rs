@@ -3,5 +3,5 @@
 pub mod elfsym;
 pub mod fork;
 pub mod log;
-#[cfg(all(gpushim_static_unwinder, target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(gpushim_static_unwinder, any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux"))]
 pub mod unwind;

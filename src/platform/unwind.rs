@@ -10,7 +10,8 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// glibc's `struct dl_find_object` on x86-64 (no `dlfo_eh_dbase`, no `dlfo_eh_count`).
+/// glibc's `struct dl_find_object` on x86-64 and aarch64 (neither has `dlfo_eh_dbase` or
+/// `dlfo_eh_count`: those are i386's/nios2's and arm32's).
 #[repr(C)]
 pub struct DlFindObject {
     flags: u64,
@@ -24,7 +25,9 @@ pub struct DlFindObject {
 type FindObject = unsafe extern "C" fn(*mut c_void, *mut DlFindObject) -> c_int;
 
 // The hidden `_dl_find_object` the unwinder's reference binds to (not exported: the program's
-// and every other library's calls still reach glibc's).
+// and every other library's calls still reach glibc's). A tail jump to `find_object`: x86-64
+// with an `endbr64` landing pad, aarch64 with `bti c` (`hint #34`) and a direct `b`.
+#[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     ".globl _dl_find_object",
     ".hidden _dl_find_object",
@@ -32,6 +35,17 @@ std::arch::global_asm!(
     "_dl_find_object:",
     "endbr64",
     "jmp {find}",
+    ".size _dl_find_object, .-_dl_find_object",
+    find = sym find_object,
+);
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    ".globl _dl_find_object",
+    ".hidden _dl_find_object",
+    ".type _dl_find_object,@function",
+    "_dl_find_object:",
+    "hint #34",
+    "b {find}",
     ".size _dl_find_object, .-_dl_find_object",
     find = sym find_object,
 );

@@ -87,7 +87,11 @@ static void handler(int sig, siginfo_t *si, void *context) {
     (void)sig;
     (void)si;
     ucontext_t *uc = context;
+#if defined(__aarch64__)
+    int kind = where((uintptr_t)uc->uc_mcontext.pc); /* the interrupted instruction */
+#else
     int kind = where((uintptr_t)uc->uc_mcontext.gregs[REG_RIP]);
+#endif
     if (!kind) {
         landed_other++;
         return;

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,6 +70,122 @@ pub fn profile_dir() -> PathBuf {
         })
     })
     .clone()
+}
+
+// ---------------------------------------------------------------------------------------
+// The target (native or cross, e.g. aarch64 under qemu-user)
+// ---------------------------------------------------------------------------------------
+
+/// The architecture the tests and the libraries were built for (`x86_64`, `aarch64`).
+pub const TARGET_ARCH: &str = std::env::consts::ARCH;
+
+/// The emulator that runs the target's programs when the host cannot (`GPUSHIM_TEST_RUNNER`,
+/// words split on spaces, e.g. `qemu-aarch64-static -L /usr/aarch64-linux-gnu`, set by
+/// `scripts/test-aarch64.sh`); empty when the tests run natively. binfmt_misc is not relied on:
+/// where it is registered, leaving the variable unset runs the programs directly.
+pub fn runner() -> &'static [OsString] {
+    static R: OnceLock<Vec<OsString>> = OnceLock::new();
+    R.get_or_init(|| {
+        std::env::var("GPUSHIM_TEST_RUNNER")
+            .map(|v| v.split_whitespace().map(OsString::from).collect())
+            .unwrap_or_default()
+    })
+}
+
+/// Whether the tests run under an emulator ([`runner`] is set).
+pub fn emulated() -> bool {
+    !runner().is_empty()
+}
+
+/// Skips a test that needs what emulation cannot give (a host program such as python3 or
+/// podman loading the target's library, a system call qemu-user lacks): prints
+/// `SKIPPED under emulation (TARGET_ARCH): reason` and returns true when [`emulated`].
+pub fn skip_emulated(reason: &str) -> bool {
+    if emulated() {
+        // (written to the descriptor, not through eprintln!, which the test harness captures)
+        let _ = writeln!(std::io::stderr(), "SKIPPED under emulation ({TARGET_ARCH}): {reason}");
+        return true;
+    }
+    false
+}
+
+/// Whether a program of the target can start another program of the target (`gpushim run`,
+/// `gpushim check`'s probe, a program that forks and execs one): natively always; under
+/// emulation only where binfmt_misc hands the target's ELF files to the emulator
+/// (`/proc/sys/fs/binfmt_misc/qemu-<arch>` enabled), as qemu-user does not follow `execve`.
+pub fn target_can_exec() -> bool {
+    if !emulated() {
+        return true;
+    }
+    let entry = format!("/proc/sys/fs/binfmt_misc/qemu-{TARGET_ARCH}");
+    std::fs::read_to_string(entry).is_ok_and(|t| t.starts_with("enabled"))
+}
+
+/// Skips a test in which a program of the target starts another (see [`target_can_exec`])
+/// where that cannot work: prints `SKIPPED under emulation (arch): reason` and returns true.
+pub fn skip_unless_target_exec(reason: &str) -> bool {
+    if target_can_exec() {
+        return false;
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED under emulation ({TARGET_ARCH}, no binfmt_misc entry for qemu-{TARGET_ARCH}): {reason}");
+    true
+}
+
+/// A tool of the target's toolchain: `GPUSHIM_TEST_<VAR>` if set, else `<arch>-linux-gnu-<tool>`
+/// for a target other than x86-64 when that exists on PATH (a cross toolchain), else `tool`.
+fn target_tool(var: &str, tool: &str) -> OsString {
+    if let Some(v) = std::env::var_os(format!("GPUSHIM_TEST_{var}")) {
+        return v;
+    }
+    if TARGET_ARCH != "x86_64" {
+        let cross = format!("{TARGET_ARCH}-linux-gnu-{tool}");
+        let on_path = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&cross).is_file()));
+        if on_path {
+            return cross.into();
+        }
+    }
+    tool.into()
+}
+
+/// The C compiler for the target's programs (`GPUSHIM_TEST_CC`, `aarch64-linux-gnu-gcc`, `gcc`).
+pub fn c_compiler() -> OsString {
+    target_tool("CC", "gcc")
+}
+
+/// `nm` for the target's objects (`GPUSHIM_TEST_NM`, `aarch64-linux-gnu-nm`, `nm`).
+pub fn nm() -> OsString {
+    target_tool("NM", "nm")
+}
+
+/// ELF `e_machine` of the target: EM_X86_64 (62), EM_AARCH64 (183).
+fn target_machine() -> u16 {
+    match TARGET_ARCH {
+        "aarch64" => 183,
+        _ => 62,
+    }
+}
+
+/// Whether `exe` is an ELF file of the target's architecture (a program for [`runner`]).
+fn is_target_elf(exe: &Path) -> bool {
+    let mut head = [0u8; 20];
+    let Ok(mut f) = std::fs::File::open(exe) else { return false };
+    f.read_exact(&mut head).is_ok() && head[..4] == *b"\x7fELF" && u16::from_le_bytes([head[18], head[19]]) == target_machine()
+}
+
+/// A `Command` that runs `exe`: the program itself, or, when it is a program of the target and
+/// the tests run under an emulator, the emulator with the program as its first argument (host
+/// programs, scripts and bare names such as `python3` always run directly).
+pub fn target_command(exe: impl AsRef<Path>) -> Command {
+    let exe = exe.as_ref();
+    match runner().split_first() {
+        Some((emu, rest)) if is_target_elf(exe) => {
+            let mut c = Command::new(emu);
+            c.args(rest).arg(exe);
+            c
+        }
+        _ => Command::new(exe),
+    }
 }
 
 fn build_hint() -> String {
@@ -279,18 +395,30 @@ pub fn phys_bus(p: u32) -> u32 {
     0x10 * (p + 1)
 }
 
-/// `.deps/cuda12` or `.deps/cuda13` (include/ and lib/ of the runtime wheel).
+/// `.deps/cuda12` or `.deps/cuda13` (include/ and lib/ of the runtime wheel); for another
+/// target than x86-64 `.deps/<arch>/cuda12` (`scripts/fetch-deps.sh --arch aarch64`).
 pub fn cuda_deps(major: u32) -> PathBuf {
-    let dir = workspace_root().join(".deps").join(format!("cuda{major}"));
+    let deps = workspace_root().join(".deps");
+    let deps = if TARGET_ARCH == "x86_64" { deps } else { deps.join(TARGET_ARCH) };
+    let dir = deps.join(format!("cuda{major}"));
     if !dir.join("include/cuda.h").is_file()
         || !dir.join(format!("lib/libcudart.so.{major}")).is_file()
     {
         panic!(
-            "the CUDA {major} runtime is not in {}; run `bash scripts/fetch-deps.sh` first",
-            dir.display()
+            "the CUDA {major} runtime is not in {}; run `bash scripts/fetch-deps.sh{}` first",
+            dir.display(),
+            if TARGET_ARCH == "x86_64" { String::new() } else { format!(" --arch {TARGET_ARCH}") }
         );
     }
     dir
+}
+
+/// `.deps/drivers` (`scripts/fetch-drivers.sh`), or for another target than x86-64
+/// `.deps/<arch>/drivers` (`scripts/fetch-drivers.sh --arch aarch64`): the real NVIDIA driver
+/// binaries of the target's architecture, by version.
+pub fn real_drivers_dir() -> PathBuf {
+    let deps = workspace_root().join(".deps");
+    if TARGET_ARCH == "x86_64" { deps.join("drivers") } else { deps.join(TARGET_ARCH).join("drivers") }
 }
 
 /// A scratch directory of this test process, under cargo's `target/tmp`. Directories left
@@ -298,7 +426,15 @@ pub fn cuda_deps(major: u32) -> PathBuf {
 pub fn work_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpushim-tests");
+        // (a cross build's is target/<triple>/tmp: target/tmp instead, so that the paths of
+        // the sockets made there stay within sun_path's 108 bytes)
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let cross = tmp.parent().and_then(|t| Some((t.file_name()?.to_str()?.contains("-linux-"), t.parent()?.join("tmp"))));
+        let base = match cross {
+            Some((true, shared)) => shared,
+            _ => tmp,
+        }
+        .join("gpushim-tests");
         std::fs::create_dir_all(&base).unwrap();
         if let Ok(entries) = std::fs::read_dir(&base) {
             for e in entries.flatten() {
@@ -587,7 +723,7 @@ pub fn program(p: Program) -> PathBuf {
     }
     let exe = work_dir().join("bin").join(p.file_name());
     std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-    let out = Command::new("gcc")
+    let out = Command::new(c_compiler())
         .args(p.gcc_args())
         .arg("-o")
         .arg(&exe)
@@ -722,7 +858,7 @@ impl Run {
 
     pub fn run(self) -> RunOutput {
         let report_path = scratch_path("sim-report.json");
-        let mut cmd = Command::new(&self.cmd);
+        let mut cmd = target_command(&self.cmd);
         cmd.args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1565,7 +1701,7 @@ impl Drop for Holder {
 /// libraries, the shim, nothing else: unlike [`Run`], no state directory or report of a run's
 /// own), to start in the background.
 pub fn background_program(p: Program) -> Command {
-    let mut cmd = Command::new(program(p));
+    let mut cmd = target_command(program(p));
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("LD_LIBRARY_PATH", sim_dir())

@@ -64,14 +64,19 @@ pub const PAGE: usize = 4096;
 
 /// An anonymous read-write `MAP_NORESERVE` mapping of `len` bytes (below 2 GiB with `low32`).
 pub fn map_anon(len: usize, low32: bool) -> Option<usize> {
-    let flags = libc::MAP_PRIVATE
-        | libc::MAP_ANONYMOUS
-        | libc::MAP_NORESERVE
-        | if low32 { libc::MAP_32BIT } else { 0 };
-    // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    if low32 {
+        return map_low(len, flags);
+    }
+    mmap_at(0, len, flags)
+}
+
+/// `mmap(hint, len, read-write, flags)`; `None` on failure.
+fn mmap_at(hint: usize, len: usize, flags: libc::c_int) -> Option<usize> {
+    // SAFETY: a fresh anonymous mapping (never MAP_FIXED); no existing memory is touched.
     let p = unsafe {
         libc::mmap(
-            std::ptr::null_mut(),
+            hint as *mut c_void,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             flags,
@@ -80,6 +85,33 @@ pub fn map_anon(len: usize, low32: bool) -> Option<usize> {
         )
     };
     (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+/// Below 2 GiB: x86-64's `MAP_32BIT` (the kernel picks the place in the low 2 GiB).
+#[cfg(target_arch = "x86_64")]
+fn map_low(len: usize, flags: libc::c_int) -> Option<usize> {
+    mmap_at(0, len, flags | libc::MAP_32BIT)
+}
+
+/// Below 2 GiB elsewhere (aarch64 has no `MAP_32BIT`): the kernel is given address hints from
+/// 256 MiB up, in steps of at least 16 MiB; it honours a hint whose range is free and otherwise
+/// maps elsewhere, so every answer is checked (and unmapped if it is not wholly below 2 GiB).
+/// Never `MAP_FIXED`: nothing already mapped can be replaced. `None` when no hint is honoured.
+#[cfg(not(target_arch = "x86_64"))]
+fn map_low(len: usize, flags: libc::c_int) -> Option<usize> {
+    const LIMIT: usize = 1 << 31;
+    const STEP: usize = 1 << 24;
+    let step = len.div_ceil(STEP).max(1) * STEP;
+    let mut hint = 1usize << 28;
+    while hint.checked_add(len)? <= LIMIT {
+        let p = mmap_at(hint, len, flags)?;
+        if p + len <= LIMIT {
+            return Some(p);
+        }
+        unmap(p, len);
+        hint += step;
+    }
+    None
 }
 
 pub fn unmap(base: usize, len: usize) {

@@ -14,11 +14,14 @@
 //! ids, as it does not see the C library's internal ones. Memory (malloc), `dlopen`, locks and
 //! the clock still go through the C library.
 //!
-//! Other platforms (and x32) call the C library's wrappers.
+//! x86-64 and aarch64; aarch64 has no `unlink`, `mkdir`, `rename` and `link` system calls, and
+//! glibc makes their `…at` forms there (`AT_FDCWD`), as do the functions below; its `open`
+//! adds no `O_LARGEFILE` there (the kernel implies it on 64-bit). Other platforms (and x32)
+//! call the C library's wrappers.
 
 use std::ffi::{c_char, c_int};
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64", target_pointer_width = "64"))]
+#[cfg(all(target_os = "linux", any(all(target_arch = "x86_64", target_pointer_width = "64"), target_arch = "aarch64")))]
 mod imp {
     use super::*;
     use libc::{c_long, syscall, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
@@ -27,24 +30,38 @@ mod imp {
     // SAFETY (all): each passes its caller's arguments, as the C wrapper would, to the system
     // call the wrapper makes; the callers' contracts (valid paths and buffers) are the wrappers'.
     pub unsafe fn open(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-        unsafe { syscall(libc::SYS_openat, AT_FDCWD as c_long, path, (flags | libc::O_LARGEFILE) as c_long, mode as c_long) as c_int }
+        // (glibc's O_LARGEFILE: the kernel's on x86-64, 0 on aarch64)
+        let large = if cfg!(target_arch = "x86_64") { libc::O_LARGEFILE } else { 0 };
+        unsafe { syscall(libc::SYS_openat, AT_FDCWD as c_long, path, (flags | large) as c_long, mode as c_long) as c_int }
     }
     pub unsafe fn close(fd: c_int) -> c_int {
         unsafe { syscall(libc::SYS_close, fd as c_long) as c_int }
     }
     pub unsafe fn unlink(path: *const c_char) -> c_int {
-        unsafe { syscall(libc::SYS_unlink, path) as c_int }
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { syscall(libc::SYS_unlink, path) as c_int };
+        #[cfg(target_arch = "aarch64")]
+        return unsafe { syscall(libc::SYS_unlinkat, AT_FDCWD as c_long, path, 0 as c_long) as c_int };
     }
     pub unsafe fn mkdir(path: *const c_char, mode: libc::mode_t) -> c_int {
-        unsafe { syscall(libc::SYS_mkdir, path, mode as c_long) as c_int }
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { syscall(libc::SYS_mkdir, path, mode as c_long) as c_int };
+        #[cfg(target_arch = "aarch64")]
+        return unsafe { syscall(libc::SYS_mkdirat, AT_FDCWD as c_long, path, mode as c_long) as c_int };
     }
     pub unsafe fn rename(from: *const c_char, to: *const c_char) -> c_int {
-        unsafe { syscall(libc::SYS_rename, from, to) as c_int }
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { syscall(libc::SYS_rename, from, to) as c_int };
+        #[cfg(target_arch = "aarch64")]
+        return unsafe { syscall(libc::SYS_renameat, AT_FDCWD as c_long, from, AT_FDCWD as c_long, to) as c_int };
     }
     pub unsafe fn link(from: *const c_char, to: *const c_char) -> c_int {
-        unsafe { syscall(libc::SYS_link, from, to) as c_int }
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { syscall(libc::SYS_link, from, to) as c_int };
+        #[cfg(target_arch = "aarch64")]
+        return unsafe { syscall(libc::SYS_linkat, AT_FDCWD as c_long, from, AT_FDCWD as c_long, to, 0 as c_long) as c_int };
     }
-    /// (x86-64's `struct stat` is the kernel's)
+    /// (x86-64's and aarch64's `struct stat` are the kernel's)
     pub unsafe fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
         unsafe { syscall(libc::SYS_newfstatat, AT_FDCWD as c_long, path, st, AT_SYMLINK_NOFOLLOW as c_long) as c_int }
     }
@@ -93,7 +110,7 @@ mod imp {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64", target_pointer_width = "64")))]
+#[cfg(not(all(target_os = "linux", any(all(target_arch = "x86_64", target_pointer_width = "64"), target_arch = "aarch64"))))]
 mod imp {
     use super::*;
     // SAFETY (all): the C library's wrappers, with their callers' contracts.

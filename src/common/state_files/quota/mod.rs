@@ -517,10 +517,13 @@ impl Quota {
         let h = self.h();
         let found = h.devices.iter().position(|d| uuid_of_atomic(&d.uuid) == key).or_else(|| {
             let free = h.devices.iter().position(|d| d.uuid.iter().all(|w| w.load(Relaxed) == 0))?;
-            for (w, chunk) in h.devices[free].uuid.iter().zip(key.chunks(8)) {
-                w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Relaxed);
-            }
+            // The size first, the UUID after it with Release: [`Quota::find`] and
+            // [`Quota::snapshot`] read the table without the mutex (Acquire), and a device seen
+            // by its UUID comes with its size on weakly ordered CPUs (aarch64) too.
             h.devices[free].size.store(size, Relaxed);
+            for (w, chunk) in h.devices[free].uuid.iter().zip(key.chunks(8)) {
+                w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Release);
+            }
             Some(free)
         });
         if let (Some(d), Some(i)) = (found, self.slot()) {
@@ -637,7 +640,7 @@ impl Quota {
         let devices = h
             .devices
             .iter()
-            .take_while(|d| d.uuid[0].load(Relaxed) != 0)
+            .take_while(|d| d.uuid[0].load(Acquire) != 0)
             .map(|d| DeviceInfo {
                 uuid: String::from_utf8_lossy(&uuid_of_atomic(&d.uuid)).trim_end_matches('\0').to_string(),
                 reserved: d.reserved.load(Relaxed),
@@ -721,7 +724,7 @@ fn uuid_key(uuid: &str) -> [u8; UUID_BYTES] {
 fn uuid_of_atomic(words: &[AtomicU64; UUID_BYTES / 8]) -> [u8; UUID_BYTES] {
     let mut k = [0u8; UUID_BYTES];
     for (chunk, w) in k.chunks_mut(8).zip(words) {
-        chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        chunk.copy_from_slice(&w.load(Acquire).to_le_bytes());
     }
     k
 }

@@ -143,6 +143,14 @@ fn killed_holding_the_lock_child() {
 
 #[test]
 fn a_member_killed_holding_the_lock_is_repaired() {
+    // Under qemu-user (scripts/test-aarch64.sh sets GPUSHIM_TEST_RUNNER) there is no
+    // set_robust_list: the kernel never marks the dead child's lock, EOWNERDEAD never comes.
+    if std::env::var_os("GPUSHIM_TEST_RUNNER").is_some() {
+        // (to the descriptor: the test harness captures eprintln!)
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED under emulation: qemu-user lacks set_robust_list, so a robust mutex whose owner died is never repaired");
+        return;
+    }
     let d = dir("ownerdead");
     let a = Quota::open(&d, "q", true).unwrap();
     let dev = a.device("GPU-k", 100, 100).unwrap().unwrap();
