@@ -1,8 +1,9 @@
 //! `gpushim device-plugin` against a fake kubelet speaking the real device plugin API v1beta1
 //! (the upstream api.proto, compiled: src/bin/gpushim/kubelet/v1beta1.rs, checked here against a
 //! fresh compilation), on the simulated driver: registration, ListAndWatch (exact IDs, a GPU
-//! that falls off the bus turning Unhealthy), Allocate (CDI names, environment, mount), a bad
-//! device ID, a kubelet restart, SIGTERM. Every wait is bounded.
+//! that falls off the bus turning Unhealthy), Allocate (CDI names, environment, mount; an
+//! unhealthy device refused), the CDI spec it writes and removes, a bad device ID, a kubelet
+//! restart, SIGTERM; a GPU lost at start; NVML blocking in a health check. Every wait is bounded.
 
 mod common;
 
@@ -410,9 +411,10 @@ async fn whole_gpus_and_no_driver() {
     assert!(err.starts_with("gpushim device-plugin: no NVIDIA driver: cannot open /nonexistent/libnvidia-ml.so.1"), "{err}");
 }
 
-/// config/device-plugin.yaml and config/pod-gpushim.yaml parse (where PyYAML is installed); the
-/// DaemonSet's command line is one the command accepts (it gets as far as looking for NVML);
-/// the Pod asks for gpushim.dev/gpu without a RuntimeClass.
+/// config/device-plugin.yaml and config/pod-gpushim.yaml parse (where PyYAML is installed; CI:
+/// it must be); the DaemonSet's command line is one the command accepts (it gets as far as
+/// looking for NVML), its library and CDI directory are the node's paths mounted at the same
+/// place; the Pod asks for gpushim.dev/gpu without a RuntimeClass.
 #[test]
 fn kubernetes_manifests() {
     let Some(python) = python_with("yaml", "the manifest check") else { return };
@@ -422,6 +424,12 @@ fn kubernetes_manifests() {
                   assert [x['kind'] for x in ds]==['DaemonSet'] and [x['kind'] for x in pod]==['Pod']\n\
                   c=ds[0]['spec']['template']['spec']['containers'][0]\n\
                   assert not c['securityContext']['privileged']\n\
+                  v={x['name']: x['hostPath']['path'] for x in ds[0]['spec']['template']['spec']['volumes']}\n\
+                  m={x['name']: x for x in c['volumeMounts']}\n\
+                  cmd=c['command']\n\
+                  assert v['cdi']=='/var/run/cdi'==m['cdi']['mountPath']==cmd[cmd.index('--cdi-dir')+1] and not m['cdi'].get('readOnly'), 'the CDI dir'\n\
+                  lib=cmd[cmd.index('--library')+1]\n\
+                  assert v['host-lib']==m['host-lib']['mountPath']=='/var/lib/gpushim/lib' and lib==v['host-lib']+'/libgpushim.so', 'the library: the same path on the node and in the plugin'\n\
                   p=pod[0]['spec']\n\
                   assert 'runtimeClassName' not in p\n\
                   assert p['containers'][0]['resources']['limits']=={'gpushim.dev/gpu': 1}\n\
