@@ -384,10 +384,11 @@ async fn serve(plugin: Arc<Plugin>, dir: &Path) -> Result<(), Failure> {
             Err(e) => {
                 log(format!("cannot serve on {}: {e}; trying again in {WATCH_EVERY:?}", socket.display()));
                 tokio::select! {
-                    _ = term.recv() => return Ok(()),
-                    _ = int.recv() => return Ok(()),
+                    _ = term.recv() => log("SIGTERM: stopped"),
+                    _ = int.recv() => log("SIGINT: stopped"),
                     _ = tokio::time::sleep(WATCH_EVERY) => continue,
                 }
+                return Ok(());
             }
         };
         let ours = identity(&socket);
