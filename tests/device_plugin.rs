@@ -164,8 +164,13 @@ fn spec_devices(dir: &Path) -> Option<Vec<String>> {
     Some(spec["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_string()).collect())
 }
 
-/// SIGTERM to the plugin: it exits 0 within [`STEP`], its socket and its CDI spec removed.
+/// SIGTERM to the plugin: it exits 0 within [`STEP`], its socket and its CDI spec removed (or,
+/// `replaced`, the spec another writer put there left as it is).
 async fn terminate(plugin: &mut Holder, dir: &Path) {
+    terminate_replaced(plugin, dir, None).await
+}
+
+async fn terminate_replaced(plugin: &mut Holder, dir: &Path, replaced: Option<Vec<String>>) {
     // SAFETY: a signal to the child this test started (and has not reaped).
     unsafe { libc::kill(plugin.pid() as i32, libc::SIGTERM) };
     let deadline = Instant::now() + STEP;
@@ -178,7 +183,7 @@ async fn terminate(plugin: &mut Holder, dir: &Path) {
     };
     assert_eq!(status.code(), Some(0), "{}", log_of(dir));
     assert!(!dir.join("gpushim.sock").exists(), "the plugin's socket is removed");
-    assert_eq!(spec_devices(dir), None, "the CDI spec is removed\n{}", log_of(dir));
+    assert_eq!(spec_devices(dir), replaced, "the CDI spec is removed, if still the plugin's\n{}", log_of(dir));
     assert!(log_of(dir).contains("SIGTERM: stopped"), "{}", log_of(dir));
 }
 
@@ -327,7 +332,14 @@ async fn gpu_lost_at_start_is_left_out() {
     );
     let err = within("Allocate of the lost GPU", client.allocate(allocate(&["1-0"]))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    terminate(&mut plugin, &dir).await;
+    // another writer (a newer plugin in a rolling update) replaces the spec: it is left there
+    let spec = dir.join("cdi/gpushim-device-plugin.json");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(dir.join("cdi/new"), &text).unwrap();
+    std::fs::rename(dir.join("cdi/new"), &spec).unwrap();
+    terminate_replaced(&mut plugin, &dir, Some(vec!["0-0".into(), "0-1".into()])).await;
+    assert!(log_of(&dir).contains("was replaced by another writer: left in place"), "{}", log_of(&dir));
+    std::fs::remove_file(&spec).unwrap();
 
     // every GPU lost: status 1, the reason
     std::fs::write(dir.join("lost"), "0 1\n").unwrap();

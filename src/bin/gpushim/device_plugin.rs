@@ -269,6 +269,9 @@ pub fn main(a: &PluginArgs) -> Result<(), Failure> {
     // the spec of exactly the devices advertised: Allocate names them, and containerd 2.x or
     // CRI-O with CDI on refuse a container whose CDI device no spec resolves
     let spec_path = a.cdi_dir.join(SPEC_FILE);
+    // the file written (device, inode): removed at the end only if still ours (a newer plugin,
+    // in a rolling update, may have replaced it)
+    let mut written = None;
     if !a.no_cdi {
         let spec = cdi::spec(&devices, a.devices.compute, &library);
         let mut text = serde_json::to_string_pretty(&spec).map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
@@ -276,6 +279,7 @@ pub fn main(a: &PluginArgs) -> Result<(), Failure> {
         std::fs::create_dir_all(&a.cdi_dir)
             .and_then(|()| cdi::write_atomically(&spec_path, text.as_bytes()))
             .map_err(|e| Failure::setup(COMMAND, format!("cannot write the CDI spec {}: {e} (--no-cdi: none, and no CDI names in Allocate)", spec_path.display())))?;
+        written = identity(&spec_path);
         log(format!("CDI spec of the devices written to {}", spec_path.display()));
     }
     // a kubelet that goes away mid-answer must not kill the plugin: write errors instead of
@@ -294,10 +298,14 @@ pub fn main(a: &PluginArgs) -> Result<(), Failure> {
     });
     // a health check blocked in NVML is not waited for (dropping the runtime would)
     runtime.shutdown_timeout(EXIT_WAIT);
-    if !a.no_cdi {
-        match std::fs::remove_file(&spec_path) {
-            Ok(()) => log(format!("{} removed", spec_path.display())),
-            Err(e) => log(format!("cannot remove {}: {e}", spec_path.display())),
+    if written.is_some() {
+        if identity(&spec_path) != written {
+            log(format!("{} was replaced by another writer: left in place", spec_path.display()));
+        } else {
+            match std::fs::remove_file(&spec_path) {
+                Ok(()) => log(format!("{} removed", spec_path.display())),
+                Err(e) => log(format!("cannot remove {}: {e}", spec_path.display())),
+            }
         }
     }
     result
