@@ -219,3 +219,27 @@ impl Nvml {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::valid_uuid;
+
+    #[test]
+    fn uuid_forms() {
+        assert!(valid_uuid("GPU-12345678-9abc-def0-1234-56789abcdef0"));
+        assert!(valid_uuid("MIG-12345678-9abc-def0-1234-56789abcdef0"));
+        for bad in [
+            "",
+            "GPU-",
+            "gpu-12345678-9abc-def0-1234-56789abcdef0",
+            "GPU-12345678-9ABC-def0-1234-56789abcdef0",
+            "GPU-12345678-9abc-def0-1234-56789abcdef",
+            "GPU-12345678-9abc-def0-1234-56789abcdef0x",
+            "GPU-123456789-abc-def0-1234-56789abcdef0",
+            "GPU-12345678-9abc-def0-1234-56789abcde,0",
+            "GPU-12345678-9abc-def0-1234-56789abcd\nf0",
+        ] {
+            assert!(!valid_uuid(bad), "{bad:?}");
+        }
+    }
+}
