@@ -1,8 +1,9 @@
 //! `gpushim device-plugin` against a fake kubelet speaking the real device plugin API v1beta1
 //! (the upstream api.proto, compiled: src/bin/gpushim/kubelet/v1beta1.rs, checked here against a
 //! fresh compilation), on the simulated driver: registration, ListAndWatch (exact IDs, a GPU
-//! that falls off the bus turning Unhealthy), Allocate (CDI names, environment, mount), a bad
-//! device ID, a kubelet restart, SIGTERM. Every wait is bounded.
+//! that falls off the bus turning Unhealthy), Allocate (CDI names, environment, mount; an
+//! unhealthy device refused), the CDI spec it writes and removes, a bad device ID, a kubelet
+//! restart, SIGTERM; a GPU lost at start; NVML blocking in a health check. Every wait is bounded.
 
 mod common;
 
@@ -128,8 +129,8 @@ impl Drop for KubeletDir {
     }
 }
 
-/// `gpushim device-plugin ARGS --kubelet-dir DIR` on 2 simulated GPUs of 16 GiB; GPUSIM_LOST
-/// names DIR/lost. Its stderr goes to DIR/plugin.log.
+/// `gpushim device-plugin ARGS --kubelet-dir DIR --cdi-dir DIR/cdi` on 2 simulated GPUs of 16
+/// GiB; GPUSIM_LOST names DIR/lost. Its stderr goes to DIR/plugin.log.
 fn start_plugin(dir: &Path, args: &[&str]) -> Holder {
     shim_path();
     nvml_sim_library();
@@ -139,6 +140,8 @@ fn start_plugin(dir: &Path, args: &[&str]) -> Holder {
         .args(args)
         .arg("--kubelet-dir")
         .arg(dir)
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("LD_LIBRARY_PATH", sim_dir())
@@ -151,6 +154,37 @@ fn start_plugin(dir: &Path, args: &[&str]) -> Holder {
         .spawn()
         .expect("start gpushim device-plugin");
     Holder(child)
+}
+
+/// The device names of the plugin's CDI spec in DIR/cdi, or None while there is none.
+fn spec_devices(dir: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("cdi/gpushim-device-plugin.json")).ok()?;
+    let spec: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("the spec is not JSON: {e}\n{text}"));
+    assert_eq!(spec["kind"], "gpushim.dev/gpu");
+    Some(spec["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_string()).collect())
+}
+
+/// SIGTERM to the plugin: it exits 0 within [`STEP`], its socket and its CDI spec removed (or,
+/// `replaced`, the spec another writer put there left as it is).
+async fn terminate(plugin: &mut Holder, dir: &Path) {
+    terminate_replaced(plugin, dir, None).await
+}
+
+async fn terminate_replaced(plugin: &mut Holder, dir: &Path, replaced: Option<Vec<String>>) {
+    // SAFETY: a signal to the child this test started (and has not reaped).
+    unsafe { libc::kill(plugin.pid() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + STEP;
+    let status = loop {
+        if let Some(s) = plugin.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit within {STEP:?} of SIGTERM\n{}", log_of(dir));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{}", log_of(dir));
+    assert!(!dir.join("gpushim.sock").exists(), "the plugin's socket is removed");
+    assert_eq!(spec_devices(dir), replaced, "the CDI spec is removed, if still the plugin's\n{}", log_of(dir));
+    assert!(log_of(dir).contains("SIGTERM: stopped"), "{}", log_of(dir));
 }
 
 fn log_of(dir: &Path) -> String {
@@ -193,6 +227,10 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
     let o = r.options.unwrap();
     assert!(!o.pre_start_required && !o.get_preferred_allocation_available);
     assert!(plugin_sock.exists());
+    // the CDI spec of exactly the devices advertised, mode 0644
+    assert_eq!(spec_devices(&dir).unwrap(), ["0-0", "0-1", "1-0", "1-1"], "{}", log_of(&dir));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(dir.join("cdi/gpushim-device-plugin.json")).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o644);
     let mut client = connect(&plugin_sock).await;
     let got = within("options", client.get_device_plugin_options(Empty {})).await.unwrap().into_inner();
     assert_eq!(got, o);
@@ -202,7 +240,12 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
     let mut stream = within("ListAndWatch", client.list_and_watch(Empty {})).await.unwrap().into_inner();
     assert_eq!(summary(&next(&mut stream, "first list").await), healthy(&ids, &[]));
     std::fs::write(dir.join("lost"), "1\n").unwrap();
-    assert_eq!(summary(&next(&mut stream, "GPU 1 lost").await), healthy(&ids, &["1-0", "1-1"]), "{}", log_of(&dir));
+    let stale = "GPU 1 lost (never seen: is the simulator's libnvidia-ml.so.1 stale, without GPUSIM_LOST? rebuild sim/nvml)";
+    assert_eq!(summary(&next(&mut stream, stale).await), healthy(&ids, &["1-0", "1-1"]), "{}", log_of(&dir));
+    // an unhealthy device is refused
+    let err = within("Allocate of a lost GPU's slice", client.allocate(allocate(&["1-0"]))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(err.message(), "device \"1-0\" is unhealthy: GPU 1 does not answer");
     std::fs::remove_file(dir.join("lost")).unwrap();
     assert_eq!(summary(&next(&mut stream, "GPU 1 back").await), healthy(&ids, &[]));
     let log = log_of(&dir);
@@ -262,20 +305,82 @@ async fn plugin_registers_lists_allocates_restarts_and_stops() {
     assert_eq!(summary(&next(&mut stream, "list after the restart").await), healthy(&ids, &[]));
     assert!(log_of(&dir).contains("the kubelet restarted: serving and registering again"), "{}", log_of(&dir));
 
-    // SIGTERM: exit 0, socket removed
-    // SAFETY: a signal to the child this test started (and has not reaped).
-    unsafe { libc::kill(plugin.pid() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + STEP;
-    let status = loop {
-        if let Some(s) = plugin.0.try_wait().unwrap() {
-            break s;
+    // SIGTERM: exit 0, socket and spec removed
+    assert_eq!(spec_devices(&dir).unwrap(), ids, "the spec outlives a kubelet restart");
+    terminate(&mut plugin, &dir).await;
+}
+
+/// A GPU lost before the plugin starts (NVML_ERROR_GPU_IS_LOST on its handle): left out of the
+/// devices and of the spec, named in a warning; the plugin serves the others.
+#[tokio::test]
+async fn gpu_lost_at_start_is_left_out() {
+    let kd = KubeletDir::new();
+    let dir = kd.0.clone();
+    std::fs::write(dir.join("lost"), "1\n").unwrap();
+    let (tx, mut registrations) = mpsc::unbounded_channel();
+    let _stop = start_kubelet(&dir.join("kubelet.sock"), tx);
+    let mut plugin = start_plugin(&dir, &["--slices", "2", "--health-interval", "0.2"]);
+    within("registration", registrations.recv()).await.unwrap();
+    let mut client = connect(&dir.join("gpushim.sock")).await;
+    let mut stream = within("ListAndWatch", client.list_and_watch(Empty {})).await.unwrap().into_inner();
+    assert_eq!(summary(&next(&mut stream, "list").await), healthy(&["0-0", "0-1"], &[]), "{}", log_of(&dir));
+    assert_eq!(spec_devices(&dir).unwrap(), ["0-0", "0-1"]);
+    let log = log_of(&dir);
+    assert!(
+        log.contains("gpushim device-plugin: warning: GPU 1 left out: nvmlDeviceGetHandleByIndex_v2 on GPU 1 failed (NVML_ERROR_GPU_IS_LOST, code 15)"),
+        "a stale simulator without GPUSIM_LOST? {log}"
+    );
+    let err = within("Allocate of the lost GPU", client.allocate(allocate(&["1-0"]))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // another writer (a newer plugin in a rolling update) replaces the spec: it is left there
+    let spec = dir.join("cdi/gpushim-device-plugin.json");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(dir.join("cdi/new"), &text).unwrap();
+    std::fs::rename(dir.join("cdi/new"), &spec).unwrap();
+    terminate_replaced(&mut plugin, &dir, Some(vec!["0-0".into(), "0-1".into()])).await;
+    assert!(log_of(&dir).contains("was replaced by another writer: left in place"), "{}", log_of(&dir));
+    std::fs::remove_file(&spec).unwrap();
+
+    // every GPU lost: status 1, the reason
+    std::fs::write(dir.join("lost"), "0 1\n").unwrap();
+    let mut all = start_plugin(&dir, &[]);
+    let status = within("exit with every GPU lost", async {
+        loop {
+            if let Some(s) = all.0.try_wait().unwrap() {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(Instant::now() < deadline, "no exit within {STEP:?} of SIGTERM\n{}", log_of(&dir));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(status.code(), Some(0), "{}", log_of(&dir));
-    assert!(!plugin_sock.exists(), "the plugin's socket is removed");
-    assert!(log_of(&dir).contains("SIGTERM: stopped"), "{}", log_of(&dir));
+    })
+    .await;
+    assert_eq!(status.code(), Some(1));
+    assert!(log_of(&dir).contains("gpushim device-plugin: no GPU answers (every one is lost)"), "{}", log_of(&dir));
+}
+
+/// NVML blocking in a health check (GPUSIM_LOST made a FIFO nobody writes: the simulator reads
+/// it at every device call): past --health-timeout every device is Unhealthy; SIGTERM still
+/// ends the plugin at once (the blocked thread is not waited for), its spec removed.
+#[tokio::test]
+async fn hung_nvml_is_bounded() {
+    let kd = KubeletDir::new();
+    let dir = kd.0.clone();
+    let (tx, mut registrations) = mpsc::unbounded_channel();
+    let _stop = start_kubelet(&dir.join("kubelet.sock"), tx);
+    let mut plugin = start_plugin(&dir, &["--health-interval", "0.2", "--health-timeout", "1"]);
+    within("registration", registrations.recv()).await.unwrap();
+    let mut client = connect(&dir.join("gpushim.sock")).await;
+    let mut stream = within("ListAndWatch", client.list_and_watch(Empty {})).await.unwrap().into_inner();
+    assert_eq!(summary(&next(&mut stream, "list").await), healthy(&["0", "1"], &[]));
+    let fifo = std::ffi::CString::new(dir.join("lost").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let t0 = Instant::now();
+    assert_eq!(summary(&next(&mut stream, "every device Unhealthy").await), healthy(&["0", "1"], &["0", "1"]), "{}", log_of(&dir));
+    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the deadline: {:?}", t0.elapsed());
+    assert!(log_of(&dir).contains("NVML did not answer a health check within 1s: every device is Unhealthy"), "{}", log_of(&dir));
+    let t0 = Instant::now();
+    terminate(&mut plugin, &dir).await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", t0.elapsed());
 }
 
 /// Without --slices: one device per GPU, no limit; an absent kubelet is waited for, a refused
@@ -285,7 +390,7 @@ async fn whole_gpus_and_no_driver() {
     let kd = KubeletDir::new();
     let dir = kd.0.clone();
     // the plugin starts before the kubelet: it waits, then registers
-    let _plugin = start_plugin(&dir, &[]);
+    let _plugin = start_plugin(&dir, &["--no-cdi"]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (tx, mut registrations) = mpsc::unbounded_channel();
     let _stop = start_kubelet_refusing(&dir.join("kubelet.sock"), tx, 2);
@@ -299,7 +404,8 @@ async fn whole_gpus_and_no_driver() {
     assert_eq!(envs.len(), 3, "{envs:?}");
     assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], phys_uuid(1));
     assert_eq!(envs["GPUSHIM_VISIBLE_DEVICES"], phys_uuid(1));
-    assert_eq!(a.container_responses[0].cdi_devices[0].name, "gpushim.dev/gpu=1");
+    assert!(a.container_responses[0].cdi_devices.is_empty(), "--no-cdi: no CDI name");
+    assert_eq!(spec_devices(&dir), None, "--no-cdi: no spec");
     let log = log_of(&dir);
     assert!(log.contains("waiting for the kubelet"), "{log}");
     // two refusals: said once, then registered
@@ -317,31 +423,35 @@ async fn whole_gpus_and_no_driver() {
     assert!(err.starts_with("gpushim device-plugin: no NVIDIA driver: cannot open /nonexistent/libnvidia-ml.so.1"), "{err}");
 }
 
-/// config/device-plugin.yaml and config/pod-gpushim.yaml parse (where PyYAML is installed); the
-/// DaemonSet's command line is one the command accepts (it gets as far as looking for NVML);
-/// the Pod asks for gpushim.dev/gpu without a RuntimeClass.
+/// config/device-plugin.yaml and config/pod-gpushim.yaml parse (where PyYAML is installed; CI:
+/// it must be); the DaemonSet's command line is one the command accepts (it gets as far as
+/// looking for NVML), its library and CDI directory are the node's paths mounted at the same
+/// place; the Pod asks for gpushim.dev/gpu without a RuntimeClass.
 #[test]
 fn kubernetes_manifests() {
-    let script = "import sys, json\ntry:\n import yaml\nexcept ImportError:\n sys.exit(3)\n\
+    let Some(python) = python_with("yaml", "the manifest check") else { return };
+    let script = "import sys, json, yaml\n\
                   ds=[x for x in yaml.safe_load_all(open(sys.argv[1])) if x]\n\
                   pod=[x for x in yaml.safe_load_all(open(sys.argv[2])) if x]\n\
                   assert [x['kind'] for x in ds]==['DaemonSet'] and [x['kind'] for x in pod]==['Pod']\n\
                   c=ds[0]['spec']['template']['spec']['containers'][0]\n\
                   assert not c['securityContext']['privileged']\n\
+                  v={x['name']: x['hostPath']['path'] for x in ds[0]['spec']['template']['spec']['volumes']}\n\
+                  m={x['name']: x for x in c['volumeMounts']}\n\
+                  cmd=c['command']\n\
+                  assert v['cdi']=='/var/run/cdi'==m['cdi']['mountPath']==cmd[cmd.index('--cdi-dir')+1] and not m['cdi'].get('readOnly'), 'the CDI dir'\n\
+                  lib=cmd[cmd.index('--library')+1]\n\
+                  assert v['host-lib']==m['host-lib']['mountPath']=='/var/lib/gpushim/lib' and lib==v['host-lib']+'/libgpushim.so', 'the library: the same path on the node and in the plugin'\n\
                   p=pod[0]['spec']\n\
                   assert 'runtimeClassName' not in p\n\
                   assert p['containers'][0]['resources']['limits']=={'gpushim.dev/gpu': 1}\n\
                   print(json.dumps(c['command']))\n";
-    let out = Command::new("python3")
+    let out = Command::new(&python)
         .args(["-c", script])
         .arg(workspace_root().join("config/device-plugin.yaml"))
         .arg(workspace_root().join("config/pod-gpushim.yaml"))
         .output()
         .expect("python3");
-    if out.status.code() == Some(3) {
-        eprintln!("SKIPPED: PyYAML is not installed: the manifests were not parsed");
-        return;
-    }
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let command: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(command[..2], ["/opt/gpushim/bin/gpushim", "device-plugin"]);

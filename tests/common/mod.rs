@@ -1680,6 +1680,22 @@ pub fn skipped_without_root(test: &str) -> bool {
     true
 }
 
+/// The first of /usr/bin/python3 (where Debian's python3-jsonschema and python3-yaml go) and
+/// `python3` on PATH that imports `modules` (comma-separated); None, saying why on stderr,
+/// where none does — a failure instead where `CI` is set (scripts/test.sh installs them).
+pub fn python_with(modules: &str, test: &str) -> Option<PathBuf> {
+    for python in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(python).args(["-c", &format!("import {modules}")]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if ok.is_ok_and(|s| s.success()) {
+            return Some(PathBuf::from(python));
+        }
+    }
+    let why = format!("{test}: neither /usr/bin/python3 nor python3 imports {modules} (Debian: apt-get install python3-jsonschema python3-yaml)");
+    assert!(std::env::var_os("CI").is_none(), "{why}; CI is set: not skipped");
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
 /// A program running in the background (a member holding memory, a parent of children):
 /// killed with SIGKILL when dropped, also when a test fails first.
 pub struct Holder(pub std::process::Child);

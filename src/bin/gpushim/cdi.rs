@@ -153,14 +153,19 @@ pub fn spec(devices: &[Device], compute: bool, library: &Path) -> Value {
     json!({ "cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices })
 }
 
-/// The GPUs, or the failure `command` reports.
-pub fn gpus(command: &str) -> Result<Vec<Gpu>, Failure> {
-    let nvml = Nvml::open().map_err(|e| Failure::setup(command, e.to_string()))?;
-    let gpus = nvml.list().map_err(|e| Failure::setup(command, e.to_string()))?;
-    if gpus.is_empty() {
-        return Err(Failure::setup(command, "the driver shows no GPU (nvidia-smi lists none)"));
+/// The GPUs that answer, or the failure `command` reports. A lost GPU
+/// (`NVML_ERROR_GPU_IS_LOST`) is left out with a warning naming it on stderr: a spec or a
+/// plugin without one GPU is better than none; no GPU answering at all is a failure.
+pub fn gpus(command: &str, nvml: &Nvml) -> Result<Vec<Gpu>, Failure> {
+    let listing = nvml.list().map_err(|e| Failure::setup(command, e.to_string()))?;
+    for (index, e) in &listing.lost {
+        eprintln!("gpushim {command}: warning: GPU {index} left out: {e}");
     }
-    Ok(gpus)
+    if listing.gpus.is_empty() {
+        let why = if listing.lost.is_empty() { "the driver shows no GPU (nvidia-smi lists none)" } else { "no GPU answers (every one is lost)" };
+        return Err(Failure::setup(command, why));
+    }
+    Ok(listing.gpus)
 }
 
 /// The library's host path: `--library`, else as `gpushim run` finds it.
@@ -173,7 +178,8 @@ pub fn library(command: &str, flag: Option<&Path>) -> Result<PathBuf, Failure> {
 pub fn main(a: &CdiArgs) -> Result<(), Failure> {
     const COMMAND: &str = "cdi generate";
     let library = library(COMMAND, a.devices.library.as_deref())?;
-    let gpus = gpus(COMMAND)?;
+    let nvml = Nvml::open().map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
+    let gpus = gpus(COMMAND, &nvml)?;
     let spec = spec(&cdi_devices(&gpus, a.devices.slices), a.devices.compute, &library);
     let mut text = serde_json::to_string_pretty(&spec).map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
     text.push('\n');
@@ -186,10 +192,11 @@ pub fn main(a: &CdiArgs) -> Result<(), Failure> {
     }
 }
 
-/// Writes `path` whole or not at all: a temporary file in the same directory, synced, renamed
-/// over it (a runtime reading the CDI directory never sees half a spec). Mode 0644.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+/// Writes `path` whole or not at all: a temporary file in the same directory, mode 0644
+/// whatever the umask, synced, renamed over it, the directory synced (a runtime reading the CDI
+/// directory never sees half a spec). A temporary file is removed only if this call made it.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -199,13 +206,17 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp_name.push(name);
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = dir.join(tmp_name);
+    // create_new: a file of that name already there (another writer) is never ours to remove
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
     })();
     if result.is_err() {
+        // ours (create_new succeeded); already gone if the rename happened
         let _ = std::fs::remove_file(&tmp);
     }
     result

@@ -1,6 +1,7 @@
 //! `gpushim device-plugin`: a kubelet device plugin (API v1beta1, gRPC over unix sockets) for
 //! `gpushim.dev/gpu`: serves DevicePlugin on DIR/gpushim.sock, registers at DIR/kubelet.sock,
-//! polls NVML for health, registers again when the kubelet restarts, stops on SIGTERM/SIGINT.
+//! polls NVML for health (each poll bounded), writes the CDI spec of the devices it offers,
+//! registers again when the kubelet restarts, stops on SIGTERM/SIGINT (removing the spec).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -38,6 +39,10 @@ const WATCH_EVERY: Duration = Duration::from_millis(500);
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// The longest a registration call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The plugin's CDI spec, in --cdi-dir (not the name `cdi generate`'s documentation uses).
+pub const SPEC_FILE: &str = "gpushim-device-plugin.json";
+/// How long blocking threads (a hung NVML call) are waited for at exit.
+const EXIT_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Args, Debug)]
 pub struct PluginArgs {
@@ -50,6 +55,18 @@ pub struct PluginArgs {
     /// seconds between two health checks of the GPUs (NVML), 0.1 to 3600
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = seconds, allow_hyphen_values = true)]
     pub health_interval: Duration,
+    /// seconds one health check may take, 0.1 to 3600; past it (a hung driver) every device is
+    /// Unhealthy until NVML answers again
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = seconds, allow_hyphen_values = true)]
+    pub health_timeout: Duration,
+    /// the directory of the CDI spec the plugin writes at start (gpushim-device-plugin.json, the
+    /// devices it offers) and removes when it stops; the container runtime's CDI directory
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// write no CDI spec and name no CDI device in Allocate (the environment and the mount only,
+    /// for runtimes without CDI)
+    #[arg(long)]
+    pub no_cdi: bool,
 }
 
 fn seconds(v: &str) -> Result<Duration, String> {
@@ -72,6 +89,8 @@ struct Plugin {
     devices: Vec<Device>,
     compute: bool,
     library: PathBuf,
+    /// Whether Allocate names CDI devices (a spec of them was written).
+    cdi: bool,
     /// Health of each GPU, by NVML index (the poller writes it).
     health: watch::Receiver<BTreeMap<u32, bool>>,
 }
@@ -98,6 +117,9 @@ impl Plugin {
                 let known: Vec<&str> = self.devices.iter().map(|d| d.id.as_str()).collect();
                 return Err(Status::invalid_argument(format!("unknown device {id:?}; this plugin offers {}", known.join(", "))));
             };
+            if !self.health.borrow().get(&d.gpu.index).copied().unwrap_or(true) {
+                return Err(Status::failed_precondition(format!("device {id:?} is unhealthy: GPU {} does not answer", d.gpu.index)));
+            }
             if !devices.contains(&d) {
                 devices.push(d);
             }
@@ -109,7 +131,9 @@ impl Plugin {
         let edits = cdi::edits(first, self.compute, &self.library);
         if devices.len() == 1 {
             response.envs = edits.env.into_iter().collect();
-            response.cdi_devices = vec![CdiDevice { name: format!("{KIND}={}", first.id) }];
+            if self.cdi {
+                response.cdi_devices = vec![CdiDevice { name: format!("{KIND}={}", first.id) }];
+            }
         } else {
             // Several devices: one LD_PRELOAD, the GPUs in order, each GPU's limit the sum of
             // its slices. The CDI devices' edits would overwrite each other's variables, so
@@ -237,13 +261,27 @@ fn options() -> DevicePluginOptions {
 pub fn main(a: &PluginArgs) -> Result<(), Failure> {
     let library = cdi::library(COMMAND, a.devices.library.as_deref())?;
     let nvml = Nvml::open().map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
-    let gpus = nvml.list().map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
-    if gpus.is_empty() {
-        return Err(Failure::setup(COMMAND, "the driver shows no GPU (nvidia-smi lists none)"));
-    }
+    // a GPU lost at start is left out (cdi::gpus says which): its UUID and memory are unknown
+    let gpus = cdi::gpus(COMMAND, &nvml)?;
     let devices = cdi::plugin_devices(&gpus, a.devices.slices);
     let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     log(format!("{} GPU(s), devices {}, library {}", gpus.len(), ids.join(" "), library.display()));
+    // the spec of exactly the devices advertised: Allocate names them, and containerd 2.x or
+    // CRI-O with CDI on refuse a container whose CDI device no spec resolves
+    let spec_path = a.cdi_dir.join(SPEC_FILE);
+    // the file written (device, inode): removed at the end only if still ours (a newer plugin,
+    // in a rolling update, may have replaced it)
+    let mut written = None;
+    if !a.no_cdi {
+        let spec = cdi::spec(&devices, a.devices.compute, &library);
+        let mut text = serde_json::to_string_pretty(&spec).map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
+        text.push('\n');
+        std::fs::create_dir_all(&a.cdi_dir)
+            .and_then(|()| cdi::write_atomically(&spec_path, text.as_bytes()))
+            .map_err(|e| Failure::setup(COMMAND, format!("cannot write the CDI spec {}: {e} (--no-cdi: none, and no CDI names in Allocate)", spec_path.display())))?;
+        written = identity(&spec_path);
+        log(format!("CDI spec of the devices written to {}", spec_path.display()));
+    }
     // a kubelet that goes away mid-answer must not kill the plugin: write errors instead of
     // SIGPIPE (main sets it to the default, for commands whose reader may go away)
     // SAFETY: setting a signal's disposition before any thread of this command exists.
@@ -253,21 +291,62 @@ pub fn main(a: &PluginArgs) -> Result<(), Failure> {
         .build()
         .map_err(|e| Failure::setup(COMMAND, format!("cannot start: {e}")))?;
     let (health_tx, health_rx) = watch::channel(gpus.iter().map(|g| (g.index, true)).collect::<BTreeMap<_, _>>());
-    let plugin = Arc::new(Plugin { devices, compute: a.devices.compute, library, health: health_rx });
-    runtime.block_on(async {
-        tokio::spawn(poll_health(nvml, gpus, health_tx, a.health_interval));
+    let plugin = Arc::new(Plugin { devices, compute: a.devices.compute, library, cdi: !a.no_cdi, health: health_rx });
+    let result = runtime.block_on(async {
+        tokio::spawn(poll_health(nvml, gpus, health_tx, a.health_interval, a.health_timeout));
         serve(plugin, &a.kubelet_dir).await
-    })
+    });
+    // a health check blocked in NVML is not waited for (dropping the runtime would)
+    runtime.shutdown_timeout(EXIT_WAIT);
+    if written.is_some() {
+        if identity(&spec_path) != written {
+            log(format!("{} was replaced by another writer: left in place", spec_path.display()));
+        } else {
+            match std::fs::remove_file(&spec_path) {
+                Ok(()) => log(format!("{} removed", spec_path.display())),
+                Err(e) => log(format!("cannot remove {}: {e}", spec_path.display())),
+            }
+        }
+    }
+    result
 }
 
-/// Checks every GPU every `every`; a change is sent to every ListAndWatch stream.
-async fn poll_health(nvml: Nvml, gpus: Vec<crate::gpus::Gpu>, tx: watch::Sender<BTreeMap<u32, bool>>, every: Duration) {
+type Check = tokio::task::JoinHandle<Vec<(u32, Result<(), crate::gpus::Error>)>>;
+
+/// Checks every GPU every `every`; a change is sent to every ListAndWatch stream. A check not
+/// done within `deadline` (NVML blocked) makes every device Unhealthy; no second check is
+/// started while that one is blocked.
+async fn poll_health(nvml: Nvml, gpus: Vec<crate::gpus::Gpu>, tx: watch::Sender<BTreeMap<u32, bool>>, every: Duration, deadline: Duration) {
     let nvml = Arc::new(nvml);
+    let mut blocked: Option<Check> = None;
     loop {
         tokio::time::sleep(every).await;
-        let (n, list) = (nvml.clone(), gpus.clone());
-        let Ok(now) = tokio::task::spawn_blocking(move || list.iter().map(|g| (g.index, n.health(&g.uuid))).collect::<Vec<_>>()).await else {
-            continue;
+        let mut check = match blocked.take() {
+            Some(c) if !c.is_finished() => {
+                blocked = Some(c);
+                continue;
+            }
+            Some(c) => c,
+            None => {
+                let (n, list) = (nvml.clone(), gpus.clone());
+                tokio::task::spawn_blocking(move || list.iter().map(|g| (g.index, n.health(&g.uuid))).collect::<Vec<_>>())
+            }
+        };
+        let now = match tokio::time::timeout(deadline, &mut check).await {
+            Ok(Ok(now)) => now,
+            Ok(Err(_)) => continue,
+            Err(_) => {
+                blocked = Some(check);
+                tx.send_if_modified(|health| {
+                    let changed = health.values().any(|ok| *ok);
+                    if changed {
+                        log(format!("NVML did not answer a health check within {deadline:?}: every device is Unhealthy until it does"));
+                    }
+                    health.values_mut().for_each(|ok| *ok = false);
+                    changed
+                });
+                continue;
+            }
         };
         tx.send_if_modified(|health| {
             let mut changed = false;
@@ -299,12 +378,27 @@ async fn serve(plugin: Arc<Plugin>, dir: &Path) -> Result<(), Failure> {
     let mut int = signal(SignalKind::interrupt()).map_err(|e| Failure::setup(COMMAND, e.to_string()))?;
     let kubelet = dir.join("kubelet.sock");
     let socket = dir.join(SOCKET);
+    let mut restarts = 0u32;
     loop {
         // a session: our socket served, then registered; it ends when the kubelet's socket
         // is made again (a restart) or ours is removed (the kubelet removes it when it starts)
         let (stop_tx, stop_rx) = watch::channel(false);
         let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket).map_err(|e| Failure::setup(COMMAND, format!("cannot serve on {}: {e}", socket.display())))?;
+        let listener = match UnixListener::bind(&socket) {
+            Ok(l) => l,
+            // at start a failure is final; after a kubelet restart (its directory being made
+            // again) it is tried again
+            Err(e) if restarts == 0 => return Err(Failure::setup(COMMAND, format!("cannot serve on {}: {e}", socket.display()))),
+            Err(e) => {
+                log(format!("cannot serve on {}: {e}; trying again in {WATCH_EVERY:?}", socket.display()));
+                tokio::select! {
+                    _ = term.recv() => log("SIGTERM: stopped"),
+                    _ = int.recv() => log("SIGINT: stopped"),
+                    _ = tokio::time::sleep(WATCH_EVERY) => continue,
+                }
+                return Ok(());
+            }
+        };
         let ours = identity(&socket);
         let service = Service { plugin: plugin.clone(), stop: stop_rx.clone() };
         let mut stopped = stop_rx.clone();
@@ -349,7 +443,8 @@ async fn serve(plugin: Arc<Plugin>, dir: &Path) -> Result<(), Failure> {
                 _ = int.recv() => break "SIGINT",
                 _ = tokio::time::sleep(WATCH_EVERY) => {}
             }
-            if identity(&socket) != ours {
+            // None: removed between bind and stat (the kubelet starting): a restart too
+            if ours.is_none() || identity(&socket) != ours {
                 break "restart";
             }
             if let (Some(id), Some(now)) = (registered, identity(&kubelet)) {
@@ -371,6 +466,7 @@ async fn serve(plugin: Arc<Plugin>, dir: &Path) -> Result<(), Failure> {
             log(format!("{end}: stopped, {} removed", socket.display()));
             return Ok(());
         }
+        restarts += 1;
         log("the kubelet restarted: serving and registering again");
     }
 }

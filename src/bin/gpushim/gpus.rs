@@ -19,6 +19,22 @@ pub struct Gpu {
     pub memory: u64,
 }
 
+/// What `Nvml::list` found: the GPUs that answer, and those lost (index, why).
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub gpus: Vec<Gpu>,
+    pub lost: Vec<(u32, Error)>,
+}
+
+/// `GPU-` and 36 characters of lower-case hex digits and dashes in the 8-4-4-4-12 form (or the
+/// same after `MIG-`): what NVML reports, and what may go into an environment variable and a
+/// quota name unquoted.
+pub fn valid_uuid(uuid: &str) -> bool {
+    let Some(rest) = uuid.strip_prefix("GPU-").or_else(|| uuid.strip_prefix("MIG-")) else { return false };
+    rest.len() == 36
+        && rest.bytes().enumerate().all(|(i, b)| if [8, 13, 18, 23].contains(&i) { b == b'-' } else { b.is_ascii_digit() || (b'a'..=b'f').contains(&b) })
+}
+
 /// Why the GPUs cannot be listed, said so that a user knows what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -30,6 +46,8 @@ pub enum Error {
     Init { rc: i32 },
     /// A call about the devices failed.
     Call { call: &'static str, index: Option<u32>, rc: i32 },
+    /// NVML reported a UUID not of the form `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    BadUuid { index: u32, uuid: String },
 }
 
 impl fmt::Display for Error {
@@ -50,6 +68,9 @@ impl fmt::Display for Error {
             ),
             Error::Call { call, index: Some(i), rc } => write!(f, "{call} on GPU {i} failed ({}, code {rc})", return_name(*rc)),
             Error::Call { call, index: None, rc } => write!(f, "{call} failed ({}, code {rc})", return_name(*rc)),
+            Error::BadUuid { index, uuid } => {
+                write!(f, "GPU {index} reports the UUID {uuid:?}, not of the form GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx: refused")
+            }
         }
     }
 }
@@ -121,16 +142,25 @@ impl Nvml {
         Ok(nvml)
     }
 
-    /// Every GPU the driver shows, in NVML's order. One that fails to answer fails the list:
-    /// a spec or a plugin must not silently leave a GPU out.
-    pub fn list(&self) -> Result<Vec<Gpu>, Error> {
+    /// Every GPU the driver shows, in NVML's order. A GPU that answers
+    /// `NVML_ERROR_GPU_IS_LOST` is listed apart, in `lost` (its UUID and memory are unknown:
+    /// the caller leaves it out, loudly); any other failure fails the list.
+    pub fn list(&self) -> Result<Listing, Error> {
         let mut n: c_uint = 0;
         // SAFETY: `n` is a live local.
         let rc = unsafe { (self.count)(&mut n) };
         if rc != 0 {
             return Err(Error::Call { call: "nvmlDeviceGetCount_v2", index: None, rc });
         }
-        (0..n.min(64)).map(|i| self.gpu(i)).collect()
+        let mut out = Listing::default();
+        for i in 0..n.min(64) {
+            match self.gpu(i) {
+                Ok(g) => out.gpus.push(g),
+                Err(e @ Error::Call { rc: GPU_IS_LOST, .. }) => out.lost.push((i, e)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     fn gpu(&self, index: u32) -> Result<Gpu, Error> {
@@ -148,7 +178,10 @@ impl Nvml {
             if rc != 0 {
                 return Err(fail("nvmlDeviceGetUUID", rc));
             }
-            let uuid = probe::text(&buf).to_ascii_lowercase().replacen("gpu-", "GPU-", 1);
+            let uuid = probe::text(&buf).to_ascii_lowercase().replacen("gpu-", "GPU-", 1).replacen("mig-", "MIG-", 1);
+            if !valid_uuid(&uuid) {
+                return Err(Error::BadUuid { index, uuid });
+            }
             let mut buf = [0 as c_char; 96];
             let rc = (self.name)(h, buf.as_mut_ptr(), buf.len() as c_uint);
             if rc != 0 {
@@ -184,5 +217,29 @@ impl Nvml {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_uuid;
+
+    #[test]
+    fn uuid_forms() {
+        assert!(valid_uuid("GPU-12345678-9abc-def0-1234-56789abcdef0"));
+        assert!(valid_uuid("MIG-12345678-9abc-def0-1234-56789abcdef0"));
+        for bad in [
+            "",
+            "GPU-",
+            "gpu-12345678-9abc-def0-1234-56789abcdef0",
+            "GPU-12345678-9ABC-def0-1234-56789abcdef0",
+            "GPU-12345678-9abc-def0-1234-56789abcdef",
+            "GPU-12345678-9abc-def0-1234-56789abcdef0x",
+            "GPU-123456789-abc-def0-1234-56789abcdef0",
+            "GPU-12345678-9abc-def0-1234-56789abcde,0",
+            "GPU-12345678-9abc-def0-1234-56789abcd\nf0",
+        ] {
+            assert!(!valid_uuid(bad), "{bad:?}");
+        }
     }
 }

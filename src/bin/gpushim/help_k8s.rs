@@ -11,12 +11,13 @@ DESCRIPTION
     <UUID>-<K> (the container's processes share one budget), and with --compute
     GPUSHIM_COMPUTE_LIMIT=<100/N>%. It adds no device node and no driver library: combine it
     with NVIDIA's spec (nvidia.com/gpu=all), which brings those. cdiVersion 0.5.0 (podman 4.3
-    accepts nothing newer). Write it to /etc/cdi or /var/run/cdi, where runtimes look.";
+    accepts nothing newer). Write it to /etc/cdi or /var/run/cdi, where runtimes look. A GPU
+    that NVML reports lost is left out, with a warning naming it.";
 
 pub const CDI_AFTER: &str = "\
 EXIT STATUS
-    0; 1 when the GPUs cannot be listed, the library cannot be found or the file cannot be
-    written; 2 for a bad command line.
+    0 (also with a lost GPU left out); 1 when the GPUs cannot be listed (or every one is lost),
+    the library cannot be found or the file cannot be written; 2 for a bad command line.
 
 EXAMPLES
     gpushim cdi generate --slices 4 --output /etc/cdi/gpushim.json
@@ -27,18 +28,23 @@ DESCRIPTION
     A Kubernetes device plugin (kubelet device plugin API v1beta1) for the resource
     gpushim.dev/gpu. It registers at DIR/kubelet.sock, serves on DIR/gpushim.sock and offers one
     device per slice (IDs I-K; I when there are no slices), healthy while NVML answers for its GPU
-    (checked every 5 s; a GPU that is lost turns its devices Unhealthy). Allocate answers with the
-    CDI names (gpushim.dev/gpu=I-K, see gpushim cdi generate) and the same environment and
-    read-only library mount for runtimes without CDI, plus NVIDIA_VISIBLE_DEVICES=<the GPUs'
-    UUIDs>, with which NVIDIA's container runtime brings the device nodes and driver libraries.
-    When the kubelet restarts (kubelet.sock is made again) it serves and registers again.
-    SIGTERM or SIGINT: removes its socket and exits 0. Logs go to stderr.";
+    (checked every 5 s; a GPU that is lost turns its devices Unhealthy, and so does every device
+    when a check takes longer than --health-timeout). A GPU lost at start is left out, with a
+    warning. At start it writes the CDI spec of the devices it offers (the edits of gpushim cdi
+    generate) to CDI-DIR/gpushim-device-plugin.json. Allocate answers with the CDI names
+    (gpushim.dev/gpu=I-K; none with --no-cdi) and the same environment and read-only library
+    mount for runtimes without CDI, plus NVIDIA_VISIBLE_DEVICES=<the GPUs' UUIDs>, with which
+    NVIDIA's container runtime brings the device nodes and driver libraries; an Unhealthy device
+    is refused. When the kubelet restarts (kubelet.sock is made again) it serves and registers
+    again. SIGTERM or SIGINT: removes its socket and its spec and exits 0, without waiting for a
+    blocked NVML call. NVIDIA's own device plugin must be off on the node. Logs go to stderr.";
 
 pub const PLUGIN_AFTER: &str = "\
 EXIT STATUS
-    0 after SIGTERM or SIGINT; 1 when the GPUs cannot be listed, the library cannot be found or
-    the socket cannot be made; 2 for a bad command line.
+    0 after SIGTERM or SIGINT; 1 when the GPUs cannot be listed (or every one is lost), the
+    library cannot be found, the spec cannot be written or the socket cannot be made at start;
+    2 for a bad command line.
 
 EXAMPLES
     gpushim device-plugin --slices 4
-    gpushim device-plugin --slices 2 --compute --library /opt/gpushim/lib/libgpushim.so";
+    gpushim device-plugin --slices 2 --compute --library /var/lib/gpushim/lib/libgpushim.so";
