@@ -198,7 +198,11 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         // (Acquire: pairs with `resolve_real`'s Release; the driver's code and data, set up
         // by the `dlopen` of whichever thread opened it, are seen before it is called)
         let mut real = REAL[index].load(Acquire);
-        if real == 0 {
+        // (the pointers are published before the function table, `State::load`: a thread that
+        // finds them while another is between the two loads the driver too, harmlessly, so
+        // that the body never sees the table missing; under emulation the window was wide
+        // enough for `after_cuda_init` to find no devices)
+        if real == 0 || !st.opened(hook.lib()) {
             st.load(hook.lib(), None, true);
             real = REAL[index].load(Acquire);
             if real == 0 {
