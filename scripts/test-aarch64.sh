@@ -55,10 +55,14 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 # the programs the tests start: the same emulator, the cross compiler and nm (tests/common)
+# (programs a target program starts through binfmt_misc get qemu without -L: the prefix)
+export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 export GPUSHIM_TEST_RUNNER="$CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER"
 export GPUSHIM_TEST_CC=aarch64-linux-gnu-gcc
 export GPUSHIM_TEST_NM=aarch64-linux-gnu-nm
 export GPUSHIM_TEST_TARGET="$target"
+
+trap 'rc=$?; [ "$rc" = 0 ] || echo "aarch64: FAILED before the tests (exit $rc after $(( $(date +%s) - start )) s)"' EXIT
 
 # 2. the aarch64 runtime wheels and driver packages
 bash scripts/fetch-deps.sh --arch aarch64
@@ -68,22 +72,53 @@ bash scripts/fetch-drivers.sh --arch aarch64
 cargo build --release --workspace --all-targets --target "$target"
 built=$(date +%s)
 
-# 4. the tests. Not run here: tests/frameworks*.rs (x86-64 framework wheels, host python),
-# and, for time, those that mostly drive host tools or the command's services, each covered by
-# the x86-64 run and architecture-neutral (no assembly, no ABI): deploy (podman, Kubernetes
-# manifests, install.sh), secure (unshare, sh), observability (tmux), metrics_http
-# (prometheus), sim_command, stress and compute_load (long timing runs that emulation slows
-# past their bounds).
+# 4. the tests. Not run here (each named in AARCH64_LEFT_OUT with why; a test file in neither
+# list is named loudly below, so that a new one is not left out unseen): tests/frameworks*.rs
+# (x86-64 framework wheels, host python), and, for time, those that mostly drive host tools or
+# the command's services, each covered by the x86-64 run and architecture-neutral (no assembly,
+# no ABI): deploy (podman, Kubernetes manifests, install.sh), secure (unshare, sh),
+# observability (tmux), metrics_http (prometheus), sim_command, stress and compute_load (long
+# timing runs that emulation slows past their bounds), cdi (podman), device_plugin (the
+# command's gRPC server: Rust code only) and slurm (host daemons that would start target
+# programs).
 AARCH64_TESTS=(limits memory_modes runtime virtual_devices visibility nvml nvml_virtual
   nvidia_smi real_driver driver_paths device_view compute compute_modes placement passthrough
   config_errors shared_quota oom_wait hami race signal_handler state_dir_full report hardening
   cudarc cli)
+AARCH64_LEFT_OUT=(frameworks frameworks_jax frameworks_tf frameworks_view deploy secure observability
+  metrics_http sim_command stress compute_load cdi device_plugin slurm)
+for f in tests/*.rs; do
+  name=$(basename "$f" .rs)
+  case " ${AARCH64_TESTS[*]} ${AARCH64_LEFT_OUT[*]} " in
+    *" $name "*) ;;
+    *) echo "test-aarch64: WARNING: tests/$name.rs is in neither AARCH64_TESTS nor AARCH64_LEFT_OUT: not run under aarch64" >&2 ;;
+  esac
+done
 if [ -n "${GPUSHIM_AARCH64_TESTS:-}" ]; then read -r -a AARCH64_TESTS <<< "$GPUSHIM_AARCH64_TESTS"; fi
+trap - EXIT  # (from here on the verdict line below says it)
 tests=()
 for t in "${AARCH64_TESTS[@]}"; do tests+=(--test "$t"); done
 status=0
 cargo test --release --target "$target" --workspace --lib --no-fail-fast "$@" || status=1
-cargo test --release --target "$target" -p gpushim --no-fail-fast "${tests[@]}" "$@" || status=1
+# A test file that fails is run once more, loudly: qemu-user has hung a simulator process that
+# runs fine natively (tests/limits.rs pool::per_device_gpa without the shim, once, 120 s; not
+# reproduced in four runs). A failure that comes back fails the job; the retry is printed.
+log=$(mktemp)
+files_status=0
+cargo test --release --target "$target" -p gpushim --no-fail-fast "${tests[@]}" "$@" 2>&1 | tee "$log" || files_status=1
+if [ "$files_status" != 0 ]; then
+  failed=$(grep -o 'to rerun pass `-p gpushim --test [A-Za-z0-9_]*`' "$log" | sed 's/.*--test \([A-Za-z0-9_]*\)`/\1/' | sort -u || true)
+  if [ -n "$failed" ]; then
+    retry=()
+    for t in $failed; do retry+=(--test "$t"); done
+    echo "aarch64: RETRYING once under emulation, after a failure: $(echo $failed)" >&2
+    files_status=0
+    cargo test --release --target "$target" -p gpushim --no-fail-fast "${retry[@]}" "$@" || files_status=1
+    [ "$files_status" = 0 ] && echo "aarch64: the retry of $(echo $failed) passed (a failure under emulation that did not come back)" >&2
+  fi
+fi
+rm -f "$log"
+[ "$files_status" = 0 ] || status=1
 end=$(date +%s)
 verdict=PASSED
 [ "$status" = 0 ] || verdict=FAILED
