@@ -80,12 +80,14 @@ built=$(date +%s)
 # observability (tmux), metrics_http (prometheus), sim_command, stress and compute_load (long
 # timing runs that emulation slows past their bounds), cdi (podman), device_plugin (the
 # command's gRPC server: Rust code only) and slurm (host daemons that would start target
-# programs).
-AARCH64_TESTS=(limits memory_modes runtime virtual_devices visibility nvml nvml_virtual
+# programs), limits (its runs without the shim — the simulated driver alone — hang under
+# qemu-user now and then: 3 of 3 runs on 2026-11-27 had one, 120 s each, in different tests;
+# natively never; not understood).
+AARCH64_TESTS=(memory_modes runtime virtual_devices visibility nvml nvml_virtual
   nvidia_smi real_driver driver_paths device_view compute compute_modes placement passthrough
   config_errors shared_quota oom_wait hami race signal_handler state_dir_full report hardening
   cudarc cli)
-AARCH64_LEFT_OUT=(frameworks frameworks_jax frameworks_tf frameworks_view deploy secure observability
+AARCH64_LEFT_OUT=(limits frameworks frameworks_jax frameworks_tf frameworks_view deploy secure observability
   metrics_http sim_command stress compute_load cdi device_plugin slurm)
 for f in tests/*.rs; do
   name=$(basename "$f" .rs)
@@ -101,8 +103,7 @@ for t in "${AARCH64_TESTS[@]}"; do tests+=(--test "$t"); done
 status=0
 cargo test --release --target "$target" --workspace --lib --no-fail-fast "$@" || status=1
 # A test file that fails is run once more, loudly: qemu-user has hung a simulator process that
-# runs fine natively (tests/limits.rs pool::per_device_gpa without the shim, once, 120 s; not
-# reproduced in four runs). A failure that comes back fails the job; the retry is printed.
+# runs fine natively (see limits above). A failure that comes back fails the job; the retry is printed.
 log=$(mktemp)
 files_status=0
 cargo test --release --target "$target" -p gpushim --no-fail-fast "${tests[@]}" "$@" 2>&1 | tee "$log" || files_status=1

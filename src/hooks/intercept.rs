@@ -203,8 +203,7 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         // that the body never sees the table missing; under emulation the window was wide
         // enough for `after_cuda_init` to find no devices)
         if real == 0 || !st.opened(hook.lib()) {
-            // (with the pointer found as the hint: the same copy of the driver is opened)
-            st.load(hook.lib(), (real != 0).then_some(real as *const c_void), true);
+            st.load(hook.lib(), None, true);
             real = REAL[index].load(Acquire);
             if real == 0 {
                 // No driver on this machine: CUDA's own answer for that, quietly.
