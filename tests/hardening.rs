@@ -496,6 +496,9 @@ fn a_forked_child_never_changes_its_parents_figures() {
 /// then; `once::tests` checks that a child forked in the middle of one runs it itself.)
 #[test]
 fn a_fork_during_the_first_cuinit_leaves_a_child_that_can_init() {
+    if skip_emulated("qemu-user 7.2 itself deadlocks now and then in a child forked while another thread runs: the child waits on a lock in the emulator's own memory, after its last system call") {
+        return;
+    }
     for shim in [false, true] {
         let (mut children, mut during) = (0, 0);
         for round in 0..30 {

@@ -56,7 +56,12 @@ fn cuda_from_a_signal_handler_that_interrupted_the_shim_never_hangs() {
         assert_eq!(out.num("alloc.ok"), out.num("free.ok") + out.num("leftover"), "{mode:?}\n{}", out.dump());
         let handled = out.num("handled.shim") + out.num("handled.program");
         assert_eq!(out.num("info.ok"), handled, "{mode:?}: cuMemGetInfo from the handler\n{}", out.dump());
-        assert!(out.num("handled.program") > 0, "{mode:?}: no signal landed in the program\n{}", out.dump());
+        // (a sample, not the property: under qemu-user a signal is delivered where the
+        // emulator next looks, and in one CI run of 300 none was there while the worker ran
+        // the program's own code)
+        if !emulated() {
+            assert!(out.num("handled.program") > 0, "{mode:?}: no signal landed in the program\n{}", out.dump());
+        }
         if shim {
             // the case itself: signals landed inside gpushim, some of them while the worker
             // held the reserve's lock (refused at once)

@@ -74,6 +74,22 @@ pub fn register(take_locks: fn(), empty_child: fn()) {
     });
 }
 
+/// Held while the shim registers an exit handler, and by the prepare handler: glibc's `fork`
+/// does not take the lock of its list of exit handlers, so a child forked while another thread
+/// was inside `atexit` would find that lock taken for ever (its own `atexit`, or `exit`, would
+/// wait for good). The shim registers its handlers during the first `cuInit`, when a program's
+/// other threads may well be forking: with this lock, a fork waits for the registration.
+static AT_EXIT: Bounded<()> = Bounded::new("the exit handlers' registration", ());
+
+/// `atexit(f)`, never in the middle of a fork (see [`AT_EXIT`]). A registration that cannot
+/// take the lock (held for longer than the bound, or by this thread: a signal handler that
+/// interrupted one) is still made: an exit handler lost would leave the quota unreleased.
+pub fn at_exit(f: extern "C" fn()) {
+    let _guard = AT_EXIT.lock();
+    // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
+    unsafe { libc::atexit(f) };
+}
+
 /// Takes `m` for the fork (see the module documentation). Bounded (`bounded`): a lock this
 /// thread holds itself (a fork from a signal handler that interrupted the shim) or that is not
 /// free within the bound is not taken, with one line; the child resets it whatever its state.
@@ -106,7 +122,10 @@ fn release_all() {
 }
 
 extern "C" fn prepare() {
-    let _ = std::panic::catch_unwind(|| call(&PREPARE));
+    let _ = std::panic::catch_unwind(|| {
+        hold(&AT_EXIT);
+        call(&PREPARE)
+    });
 }
 
 extern "C" fn in_parent() {

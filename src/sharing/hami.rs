@@ -181,8 +181,5 @@ fn leave_at_exit() {
     extern "C" fn leave() {
         let _ = std::panic::catch_unwind(|| region().map(Mapped::leave));
     }
-    // SAFETY: registering a plain extern "C" function that never unwinds.
-    ONCE.call_once(|| unsafe {
-        libc::atexit(leave);
-    });
+    ONCE.call_once(|| crate::platform::fork::at_exit(leave));
 }

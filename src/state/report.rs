@@ -36,8 +36,7 @@ pub fn arm(target: Option<&ReportTarget>) {
     });
     if TARGET.set(target).is_ok() {
         ARMED_BY.store(gpushim_common::sys::getpid() as u32, std::sync::atomic::Ordering::Release);
-        // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
-        unsafe { libc::atexit(write_at_exit) };
+        crate::platform::fork::at_exit(write_at_exit);
     }
 }
 

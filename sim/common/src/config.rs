@@ -13,7 +13,7 @@
 //! An invalid value prints one warning (`<prefix>: …`) to stderr and the default is used.
 
 use crate::ffi::{guard_value, trace_line};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 pub const MAX_DEVICES: usize = 16;
@@ -136,10 +136,19 @@ macro_rules! settings {
 
 /// The one `Settings` whose report this copy of the crate writes at exit.
 static REPORTING: OnceLock<&'static Settings> = OnceLock::new();
+/// The process that registered the report: a forked child (which inherits the `atexit` entry
+/// but not the other threads) writes none. It would overwrite its parent's report, and making
+/// one takes the library's locks, which a thread of the parent may have held at the fork (the
+/// child would wait for ever on its way out).
+static REPORTING_PID: AtomicI32 = AtomicI32::new(0);
 
 fn register_report_at_exit(s: &'static Settings) {
     extern "C" fn at_exit() {
         guard_value((), || {
+            // SAFETY: getpid has no preconditions.
+            if REPORTING_PID.load(Ordering::Relaxed) != unsafe { libc::getpid() } {
+                return;
+            }
             let Some(s) = REPORTING.get() else { return };
             if let Some(path) = s.get().report.as_deref() {
                 if let Err(e) = std::fs::write(path, (s.report_json)()) {
@@ -152,8 +161,9 @@ fn register_report_at_exit(s: &'static Settings) {
         })
     }
     if REPORTING.set(s).is_ok() {
-        // SAFETY: registering a plain function with libc.
+        // SAFETY: getpid has no preconditions; registering a plain function with libc.
         unsafe {
+            REPORTING_PID.store(libc::getpid(), Ordering::Relaxed);
             libc::atexit(at_exit);
         }
     }
