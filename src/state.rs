@@ -155,8 +155,9 @@ fn init() -> Option<&'static State> {
         // a library's own start-up (NVML's, the driver's) looking functions up: not the program's
         return None;
     }
-    quiet_panics();
+    // (the fork handlers first: they make forks wait for the panic hook's registration)
     crate::platform::fork::register(hold_for_fork, in_forked_child);
+    quiet_panics();
     if BUILDING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return wait_for_start_up();
     }
@@ -187,12 +188,13 @@ fn init() -> Option<&'static State> {
 /// the library has its own copy of the standard library.
 fn quiet_panics() {
     static ONCE: ForkOnce<()> = ForkOnce::new();
-    ONCE.call_once(|| {
+    // (the standard library's lock of the hook, left held in a child forked in the middle)
+    ONCE.call_once(|| gpushim_common::unforked::unforked(|| {
         std::panic::set_hook(Box::new(|info| {
             let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
             log::emit_plain(&format!("gpushim: error: internal error{place} (a bug; please report it)"));
         }))
-    });
+    }));
 }
 
 /// The prepare handler of `fork`: takes every lock of the state, in nesting order.
@@ -450,7 +452,7 @@ impl State {
                 let error = |reason: String| {
                     let written = || selectors.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
                     let (setting, value) = match self.settings.source_of("visible_devices") {
-                        config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_else(|_| written())),
+                        config::Source::Env(var) => (var.clone(), gpushim_common::unforked::var(var).unwrap_or_else(|_| written())),
                         other => (format!("visible_devices ({other})"), written()),
                     };
                     config::ConfigError::new(setting, value, reason)
@@ -472,8 +474,8 @@ impl State {
         }
         let value = entries.join(",");
         log!(Level::Debug, "CUDA_VISIBLE_DEVICES={value} (was {cvd:?})");
-        std::env::set_var(view::CUDA_VISIBLE_DEVICES, &value);
-        std::env::set_var(view::APPLIED_MARKER, &value);
+        gpushim_common::unforked::set_var(view::CUDA_VISIBLE_DEVICES, &value);
+        gpushim_common::unforked::set_var(view::APPLIED_MARKER, &value);
         self.expected_devices = Some(entries.len());
         Ok(())
     }
@@ -600,7 +602,7 @@ impl State {
         let devices = self.api().devices();
         if let Some(expected) = self.expected_devices {
             let shown: Vec<String> = devices.iter().map(|(_, u)| driver::uuid_string(u)).collect();
-            let wanted = std::env::var(view::APPLIED_MARKER).unwrap_or_default();
+            let wanted = gpushim_common::unforked::var(view::APPLIED_MARKER).unwrap_or_default();
             let same_uuids = match self.view() {
                 Some(view) => self.inventory().is_some_and(|inv| view.devices.iter().map(|&p| &inv[p].uuid).eq(shown.iter())),
                 None => true,

@@ -10,6 +10,6 @@ pub mod platform;
 pub mod settings;
 pub mod state_files;
 
-pub use platform::{bounded, once, sys};
+pub use platform::{bounded, once, sys, unforked};
 pub use settings::{compute_mode, config, secure, units};
 pub use state_files::{hami, live, oom_wait, quota};

@@ -38,7 +38,7 @@ pub fn resolve(settings: &Settings) -> Mode {
 #[cold]
 #[inline(never)]
 fn resolve_first(settings: &Settings) -> Mode {
-    let pipe_dir = std::env::var_os(ENV_PIPE_DIRECTORY);
+    let pipe_dir = gpushim_common::unforked::var_os(ENV_PIPE_DIRECTORY);
     let r = compute_mode::resolve(settings, pipe_dir.as_deref(), gpushim_common::secure::secure_execution());
     if let Some(why) = &r.why {
         log!(Level::Info, "GPUSHIM_COMPUTE_MODE=auto: {} ({why})", r.mode.as_str());

@@ -99,8 +99,8 @@ pub fn apply(settings: &Settings, totals: Option<&[u64]>, split: bool) {
     if DONE.swap(true, std::sync::atomic::Ordering::AcqRel) {
         return;
     }
-    let existing_percentage = std::env::var(ENV_PERCENTAGE).ok();
-    let existing_mem = std::env::var(ENV_PINNED_MEM_LIMIT).ok();
+    let existing_percentage = gpushim_common::unforked::var(ENV_PERCENTAGE).ok();
+    let existing_mem = gpushim_common::unforked::var(ENV_PINNED_MEM_LIMIT).ok();
     let plan = plan(settings, totals, split, existing_percentage.as_deref(), existing_mem.as_deref());
     if !plan.unheld.is_empty() {
         let names: Vec<String> = plan.unheld.iter().map(|d| format!("device {d}")).collect();
@@ -113,7 +113,7 @@ pub fn apply(settings: &Settings, totals: Option<&[u64]>, split: bool) {
     for (name, value) in [(ENV_PERCENTAGE, &plan.percentage), (ENV_PINNED_MEM_LIMIT, &plan.pinned_mem_limit)] {
         if let Some(v) = value {
             log!(Level::Debug, "{name}={v}");
-            std::env::set_var(name, v);
+            gpushim_common::unforked::set_var(name, v);
         }
     }
 }

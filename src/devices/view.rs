@@ -402,15 +402,15 @@ fn rewrite_environment() {
 /// A variable as text; bytes that are not UTF-8 become U+FFFD, so that an entry holding them is
 /// malformed (the driver ends `CUDA_VISIBLE_DEVICES` there) rather than the variable unset.
 pub fn env_lossy(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    gpushim_common::unforked::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// Sets or removes each variable.
 pub fn apply_changes(changes: &[(&'static str, Option<String>)]) {
     for (name, value) in changes {
         match value {
-            Some(v) => std::env::set_var(name, v),
-            None => std::env::remove_var(name),
+            Some(v) => gpushim_common::unforked::set_var(name, v),
+            None => gpushim_common::unforked::remove_var(name),
         }
     }
 }

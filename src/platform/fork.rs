@@ -22,7 +22,9 @@
 //! of the shim's state, in the one order the shim ever nests them (each device's reserve before
 //! the live map's shards; no lock is held across a driver call, so this waits only for short
 //! critical sections), and the parent and child handlers let them go; the child then empties
-//! what it inherited. Registered when the shim first initialises (never in a process that does
+//! what it inherited. Before those it takes `gpushim_common::unforked::SCOPE`: the shim's calls
+//! whose C-library or standard-library locks a fork would leave held (exit handlers, the
+//! environment, the panic hook) wait for, or are waited for by, the fork. Registered when the shim first initialises (never in a process that does
 //! not touch CUDA).
 
 use std::any::Any;
@@ -74,20 +76,9 @@ pub fn register(take_locks: fn(), empty_child: fn()) {
     });
 }
 
-/// Held while the shim registers an exit handler, and by the prepare handler: glibc's `fork`
-/// does not take the lock of its list of exit handlers, so a child forked while another thread
-/// was inside `atexit` would find that lock taken for ever (its own `atexit`, or `exit`, would
-/// wait for good). The shim registers its handlers during the first `cuInit`, when a program's
-/// other threads may well be forking: with this lock, a fork waits for the registration.
-static AT_EXIT: Bounded<()> = Bounded::new("the exit handlers' registration", ());
-
-/// `atexit(f)`, never in the middle of a fork (see [`AT_EXIT`]). A registration that cannot
-/// take the lock (held for longer than the bound, or by this thread: a signal handler that
-/// interrupted one) is still made: an exit handler lost would leave the quota unreleased.
+/// `atexit(f)`, never in the middle of a fork (`gpushim_common::unforked`).
 pub fn at_exit(f: extern "C" fn()) {
-    let _guard = AT_EXIT.lock();
-    // SAFETY: registers a plain `extern "C" fn()`; atexit has no other preconditions.
-    unsafe { libc::atexit(f) };
+    gpushim_common::unforked::at_exit(f);
 }
 
 /// Takes `m` for the fork (see the module documentation). Bounded (`bounded`): a lock this
@@ -123,7 +114,8 @@ fn release_all() {
 
 extern "C" fn prepare() {
     let _ = std::panic::catch_unwind(|| {
-        hold(&AT_EXIT);
+        // (first: the scope of the shim's calls whose C-library locks a fork leaves held)
+        hold(&gpushim_common::unforked::SCOPE);
         call(&PREPARE)
     });
 }
@@ -135,6 +127,8 @@ extern "C" fn in_parent() {
 extern "C" fn in_child() {
     let _ = std::panic::catch_unwind(|| {
         release_all();
+        // (free even if the prepare handler could not take it)
+        gpushim_common::unforked::reset_after_fork();
         gpushim_common::quota::FORK_GENERATION.fetch_add(1, Release);
         // (inherited: registered, whatever the parent's registering thread had got to)
         let _ = REGISTERED.set(());
@@ -145,6 +139,58 @@ extern "C" fn in_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Forks while another thread reads and writes the environment through
+    /// `gpushim_common::unforked` (as the shim's first `cuInit` does): every child's own write
+    /// returns. (With `std::env` called directly in the loop below, children waited for ever
+    /// on the standard library's environment lock, or glibc's.)
+    #[test]
+    fn a_fork_never_lands_inside_the_shims_environment_calls() {
+        use gpushim_common::unforked;
+        fn no_locks() {}
+        register(no_locks, no_locks);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Acquire) {
+                    unforked::set_var("GPUSHIM_FORK_TEST_7c1d", n.to_string());
+                    let _ = unforked::var_os("GPUSHIM_FORK_TEST_7c1d");
+                    n += 1;
+                }
+            })
+        };
+        let mut hung = 0;
+        for _ in 0..100 {
+            // SAFETY: the child makes one call into the environment and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                unforked::set_var("GPUSHIM_FORK_TEST_CHILD_7c1d", "1");
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) };
+            }
+            assert!(pid > 0, "fork failed");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut status = 0;
+            // SAFETY: waiting for our own child, with a valid status pointer.
+            while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+                if std::time::Instant::now() > deadline {
+                    hung += 1;
+                    // SAFETY: our own child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Release);
+        busy.join().unwrap();
+        assert_eq!(hung, 0, "children left waiting on an environment lock");
+    }
 
     /// A `vfork` child that calls `exit` runs its parent's thread's thread-local destructors
     /// (glibc's `__call_tls_dtors`, in the parent's memory): the guards of the parent's next

@@ -71,7 +71,7 @@ fn init_of(s: &Settings) -> Init {
     }
     // (HAMi-core reads CUDA_TASK_PRIORITY with atoi; not in a secure-execution process)
     if !gpushim_common::secure::secure_execution() {
-        if let Some(p) = std::env::var_os("CUDA_TASK_PRIORITY") {
+        if let Some(p) = gpushim_common::unforked::var_os("CUDA_TASK_PRIORITY") {
             init.priority = p.to_string_lossy().trim().parse().unwrap_or(0);
         }
     }

@@ -81,7 +81,7 @@ impl State {
     /// The configuration error line for a `GPUSHIM_VIRTUAL_DEVICES` that cannot split the devices.
     fn virtual_devices_error(&self, reason: String) -> String {
         let (setting, value) = match self.settings.source_of("virtual_devices") {
-            config::Source::Env(var) => (var.clone(), std::env::var(var).unwrap_or_default()),
+            config::Source::Env(var) => (var.clone(), gpushim_common::unforked::var(var).unwrap_or_default()),
             other => (format!("virtual_devices ({other})"), String::new()),
         };
         config::ConfigError::new(setting, value, reason).to_string()

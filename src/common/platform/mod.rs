@@ -3,3 +3,4 @@
 pub mod bounded;
 pub mod once;
 pub mod sys;
+pub mod unforked;

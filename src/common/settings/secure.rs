@@ -55,8 +55,8 @@ pub fn scrub_environment() {
         crate::settings::config::ENV_ORIGINAL_CUDA_VISIBLE_DEVICES,
     ];
     for name in CALLERS {
-        if std::env::var_os(name).is_some() {
-            std::env::remove_var(name);
+        if crate::unforked::var_os(name).is_some() {
+            crate::unforked::remove_var(name);
         }
     }
 }

@@ -30,7 +30,7 @@ pub fn load() -> Result<Settings, ConfigError> {
         if PREFIXES.iter().any(|p| name.starts_with(p)) {
             vars.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
         } else {
-            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            crate::unforked::var_os(name).map(|v| v.to_string_lossy().into_owned())
         }
     };
     load_from(&env, &names)

@@ -15,7 +15,7 @@ pub fn state_dir(configured: Option<&Path>) -> PathBuf {
         if owner_uid() == 0 {
             return PathBuf::from(SECURE_ROOT_DIR);
         }
-    } else if let Some(d) = std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
+    } else if let Some(d) = crate::unforked::var("XDG_RUNTIME_DIR").ok().filter(|d| d.starts_with('/')) {
         return Path::new(&d).join("gpushim");
     }
     PathBuf::from(format!("/tmp/gpushim-{}", owner_uid()))
