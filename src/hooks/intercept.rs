@@ -203,7 +203,9 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
         // that the body never sees the table missing; under emulation the window was wide
         // enough for `after_cuda_init` to find no devices)
         if real == 0 || !st.opened(hook.lib()) {
-            st.load(hook.lib(), None, true);
+            // (with the pointer found as the hint: the copy of the driver the other thread
+            // opened, not another one the search would find)
+            st.load(hook.lib(), (real != 0).then_some(real as *const c_void), true);
             real = REAL[index].load(Acquire);
             if real == 0 {
                 // No driver on this machine: CUDA's own answer for that, quietly.
