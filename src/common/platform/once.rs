@@ -8,7 +8,9 @@
 //! thread that finds it run by another process, or by an earlier generation, is in a forked
 //! child and takes it over, running the initialisation itself, as a first use would. Nothing
 //! is held across `fork`, so no fork waits for an initialisation and no `pthread_atfork`
-//! handler (the program's own, which may call CUDA) can find a lock taken.
+//! handler (the program's own, which may call CUDA) can find a lock taken. (An initialisation
+//! may itself enter `unforked`'s scope for a C-library call: a fork waits for that call, not for
+//! the initialisation.)
 //!
 //! Only one value is ever published (a compare-and-swap of its box): a runner that was taken
 //! over (a thread that forked from inside the initialisation and goes on in the child) drops

@@ -12,9 +12,15 @@
 //! (`src/platform/fork.rs`), so a fork waits for them — microseconds — and never lands inside.
 //!
 //! A scope entered again by the thread inside it (a signal handler that interrupted it) runs
-//! without taking the lock: it is held already. A scope that waited out the bound runs anyway
-//! (a fork that holds the lock that long is stuck elsewhere). Code of other libraries (the
-//! driver's own exit handlers, a program's `setenv`) is not covered.
+//! without taking the lock, held already (the interrupted call's own C-library lock is another
+//! matter: a handler reaching the environment while its thread was inside `setenv` waits as it
+//! did before; only first-use paths get there). A scope that waited out the bound runs anyway
+//! (a fork that holds the lock that long is stuck elsewhere; so does a child made by `_Fork` or
+//! a raw `clone`, which runs no fork handler, while another thread was inside: it waits the
+//! bound once). Not covered: the environment rewrite of the library's load-time constructor
+//! (`devices::view`, before any fork handler is registered, in the single-threaded start of a
+//! preloaded program), and other libraries' calls (the driver's own exit handlers, a program's
+//! `setenv`).
 
 use std::ffi::{OsStr, OsString};
 
