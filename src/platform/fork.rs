@@ -76,11 +76,6 @@ pub fn register(take_locks: fn(), empty_child: fn()) {
     });
 }
 
-/// `atexit(f)`, never in the middle of a fork (`gpushim_common::unforked`).
-pub fn at_exit(f: extern "C" fn()) {
-    gpushim_common::unforked::at_exit(f);
-}
-
 /// Takes `m` for the fork (see the module documentation). Bounded (`bounded`): a lock this
 /// thread holds itself (a fork from a signal handler that interrupted the shim) or that is not
 /// free within the bound is not taken, with one line; the child resets it whatever its state.

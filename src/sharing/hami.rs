@@ -181,5 +181,5 @@ fn leave_at_exit() {
     extern "C" fn leave() {
         let _ = std::panic::catch_unwind(|| region().map(Mapped::leave));
     }
-    ONCE.call_once(|| crate::platform::fork::at_exit(leave));
+    ONCE.call_once(|| gpushim_common::unforked::at_exit(leave));
 }

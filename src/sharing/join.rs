@@ -48,7 +48,7 @@ pub fn publish(s: &Settings, view: &[ViewEntry]) -> Option<&'static Publisher> {
                     extern "C" fn remove() {
                         let _ = std::panic::catch_unwind(|| PUBLISHER.get().and_then(Option::as_ref).map(Publisher::remove));
                     }
-                    ONCE.call_once(|| crate::platform::fork::at_exit(remove));
+                    ONCE.call_once(|| gpushim_common::unforked::at_exit(remove));
                     Some(p)
                 }
                 Err(e) => {
@@ -88,7 +88,7 @@ fn leave_at_exit() {
             REGISTRY.get().and_then(Option::as_ref).map(Quota::leave);
         });
     }
-    ONCE.call_once(|| crate::platform::fork::at_exit(leave));
+    ONCE.call_once(|| gpushim_common::unforked::at_exit(leave));
 }
 
 /// Joins the shared quota the settings name. A quota that cannot be joined is a configuration

@@ -36,7 +36,7 @@ pub fn arm(target: Option<&ReportTarget>) {
     });
     if TARGET.set(target).is_ok() {
         ARMED_BY.store(gpushim_common::sys::getpid() as u32, std::sync::atomic::Ordering::Release);
-        crate::platform::fork::at_exit(write_at_exit);
+        gpushim_common::unforked::at_exit(write_at_exit);
     }
 }
 
