@@ -6,8 +6,7 @@
 //!
 //! | offset | what |
 //! |---|---|
-//! | 0 | `busy_until` (u64, CLOCK_MONOTONIC ns): when the device finishes what was submitted to it |
-//! | 8..64 | reserved |
+//! | 0..64 | reserved |
 //! | 64 + [`ENTRY_SIZE`]·e | process entry `e` (16 of them): pid (u64, 0 = free), last epoch written (u64), then [`NBUCKETS`] buckets (u64 each) |
 //!
 //! A bucket covers [`BUCKET_NS`] (100 ms) of CLOCK_MONOTONIC time: epoch `k` (stored `k + 1`,
@@ -15,8 +14,8 @@
 //! bucket word packs `(epoch + 1) << 32 | busy ns of that process in it` and is updated by
 //! compare-and-swap, so no lock is needed: a bucket holding an older epoch is replaced, one
 //! holding a newer epoch (the ring has wrapped) is left alone. A kernel's busy time is recorded
-//! when it is submitted (its start and end are known then), split across the buckets it spans;
-//! the part more than [`FUTURE_BUCKETS`] buckets (4.3 s) after the submission is not recorded.
+//! when it starts (its end is known then), split across the buckets it spans; the part more
+//! than [`FUTURE_BUCKETS`] buckets (4.3 s) ahead is not recorded.
 //!
 //! Readers take "the last second" as the 10 complete buckets before the current one.
 

@@ -3,7 +3,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`busy`] | the node state file's time region: per device `busy_until` and recent busy time per process (written by `sim/cuda`, read by `sim/nvml`) |
+//! | [`busy`] | the node state file's time region: per device recent busy time per process (written by `sim/cuda`, read by `sim/nvml`) |
 //! | [`config`] | the `GPUSIM_*` settings, size parsing, the once-read [`config::Settings`] of a library (and its exit report) |
 //! | [`identity`] | name, UUID, PCI address and serial of physical device `p` |
 //! | [`counters`] | `exports!` (entry-point ids and call counters), call-count lookups, the `"calls"` JSON |

@@ -13,6 +13,8 @@ use std::time::Duration;
 pub struct Job {
     pub key: Key,
     pub ctx: u64,
+    /// The physical device of its stream (whose solo clock `at` is on).
+    pub p: usize,
     pub run: Box<dyn FnOnce() + Send>,
 }
 
@@ -56,29 +58,45 @@ fn run_all_now() {
 }
 
 fn run(job: Job) {
-    let (key, ctx) = (job.key, job.ctx);
+    let (key, ctx, p) = (job.key, job.ctx, job.p);
     (job.run)();
-    timeline::host_done(key, ctx, timeline::now());
+    timeline::host_done(key, ctx, timeline::clock(p));
 }
 
 fn worker() {
     loop {
         let mut g = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-        let next = g.as_ref().and_then(|q| q.jobs.first_key_value().map(|(k, _)| k.0));
-        let now = timeline::now();
-        match next {
-            Some(at) if at <= now => {
-                let job = g.as_mut().and_then(|q| q.jobs.pop_first()).map(|(_, j)| j);
+        // (each job's time is on its device's solo clock: the first, in order, whose device
+        // has reached it runs; a stream's jobs are in order on one device)
+        let mut due = None;
+        let mut wait = 100_000_000u64;
+        if let Some(q) = g.as_ref() {
+            let mut clocks: Vec<(usize, u64)> = Vec::new();
+            for (&(at, seq), job) in &q.jobs {
+                let c = match clocks.iter().find(|(p, _)| *p == job.p) {
+                    Some(&(_, c)) => c,
+                    None => {
+                        let c = timeline::clock(job.p);
+                        clocks.push((job.p, c));
+                        c
+                    }
+                };
+                if at <= c {
+                    due = Some((at, seq));
+                    break;
+                }
+                wait = wait.min((at - c).min(2_000_000));
+            }
+        }
+        match due {
+            Some(k) => {
+                let job = g.as_mut().and_then(|q| q.jobs.remove(&k));
                 drop(g);
                 if let Some(job) = job {
                     run(job);
                 }
             }
-            Some(at) => {
-                let wait = Duration::from_nanos((at - now).min(2_000_000));
-                drop(WAKE.wait_timeout(g, wait).unwrap_or_else(|e| e.into_inner()));
-            }
-            None => drop(WAKE.wait_timeout(g, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner())),
+            None => drop(WAKE.wait_timeout(g, Duration::from_nanos(wait)).unwrap_or_else(|e| e.into_inner())),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 #[macro_use]
 mod ffi;
+mod arbiter;
 
 mod arrays;
 mod config;

@@ -13,7 +13,8 @@
 //! | 20 | `busy` (u32): 1 while the header lock's holder is updating (see below) |
 //! | 64 + 32·d | device `d` (up to 16): `total`, `used`, `peak` (u64 each), 8 bytes reserved |
 //! | 1024 + 256·i | slot `i` (256 of them): owner pid (u64), then per device the bytes that process has counted (16 × u64), rest reserved |
-//! | 66 560 | the time region (version 2): per device `busy_until` and recent busy time per process, updated lock-free (layout: `gpusim_common::busy`) |
+//! | 66 560 | the time region: per device recent busy time per process, updated lock-free (layout: `gpusim_common::busy`) |
+//! | 66 560 + `busy::TIME_SIZE` | the arbitration region (version 3): per device the processes' queued kernels and the device's time slices, under the device's arbitration lock (layout: `crate::arbiter`) |
 //!
 //! Locks are Linux open-file-description locks (`F_OFD_SETLK[W]`, one byte each), so they
 //! belong to one `open()` of the file and the kernel drops them when the process dies, however
@@ -49,13 +50,14 @@ use gpusim_common::busy;
 /// The variable naming the node state file.
 pub const ENV: &str = "GPUSIM_NODE_STATE";
 pub const MAGIC: u64 = u64::from_le_bytes(*b"gpusimND");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = gpusim_common::config::MAX_DEVICES;
 pub const NSLOTS: usize = 256;
 const DEVS_OFF: usize = 64;
 pub const SLOTS_OFF: usize = 1024;
 pub const SLOT_SIZE: usize = 256;
-pub const FILE_SIZE: usize = busy::TIME_OFF + busy::TIME_SIZE;
+pub const FILE_SIZE: usize = busy::TIME_OFF + busy::TIME_SIZE + crate::arbiter::SIZE;
+const _: () = assert!(crate::arbiter::OFF == busy::TIME_OFF + busy::TIME_SIZE);
 const _: () = assert!(SLOTS_OFF + NSLOTS * SLOT_SIZE == busy::TIME_OFF);
 /// Byte locked for the header lock.
 const HEADER_LOCK: u64 = 0;
@@ -402,6 +404,18 @@ fn close_lock_fd(fd: c_int, registered: Option<usize>) {
 }
 
 /// The header lock held: numbers may be changed. Dropping it releases the lock.
+/// A device's arbitration lock, held.
+pub struct ArbLocked<'a> {
+    word: &'a AtomicU64,
+    me: u64,
+}
+
+impl Drop for ArbLocked<'_> {
+    fn drop(&mut self) {
+        let _ = self.word.compare_exchange(self.me, 0, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
 struct Locked<'a> {
     node: &'a Node,
     _threads: MutexGuard<'a, ()>,
@@ -516,6 +530,60 @@ impl Node {
             // 8-aligned; shared memory accessed through atomics only.
             unsafe { &*(self.base.add(busy::dev_off(d) + 8 * i) as *const AtomicU64) }
         })
+    }
+
+    /// Word `i` of physical device `d`'s block of the arbitration region (`crate::arbiter`),
+    /// read and written under [`Node::arb_lock`].
+    pub fn arb_word(&self, d: usize, i: usize) -> Option<&AtomicU64> {
+        (d < self.ndev && d < busy::MAX_DEVICES && i < crate::arbiter::DEV_SIZE / 8).then(|| {
+            // SAFETY: the block lies within the mapping (FILE_SIZE covers the region), 8-aligned;
+            // shared memory accessed through atomics only.
+            unsafe { &*(self.base.add(crate::arbiter::OFF + crate::arbiter::DEV_SIZE * d + 8 * i) as *const AtomicU64) }
+        })
+    }
+
+    /// Device `d`'s arbitration lock: word `lock` of its arbitration block holds the holder
+    /// (pid << 32 | thread id), taken by compare-and-swap. A waiter spins, then yields; a holder
+    /// whose process is gone is replaced (its work was a few atomic writes of a schedule that
+    /// the next holder recomputes from the same record). `None` for a device without an
+    /// arbitration block, or after 10 s of waiting for a live holder (the call then runs on
+    /// its own clock).
+    pub fn arb_lock(&self, d: usize, lock: usize) -> Option<ArbLocked<'_>> {
+        let word = self.arb_word(d, lock)?;
+        thread_local!(static TID: u64 = unsafe { libc::gettid() } as u64);
+        let me = my_pid() << 32 | TID.with(|t| *t);
+        let mut spins = 0u64;
+        let mut since = 0u64;
+        loop {
+            let cur = word.load(Ordering::Relaxed);
+            if cur == 0 && word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return Some(ArbLocked { word, me });
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            if spins % 256 == 0 {
+                let n = crate::timeline::now();
+                if since == 0 {
+                    since = n;
+                }
+                // SAFETY: signal 0 only checks that the process exists.
+                let gone = cur != 0 && unsafe { libc::kill((cur >> 32) as libc::pid_t, 0) } != 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                if gone && word.compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    return Some(ArbLocked { word, me });
+                }
+                if n.saturating_sub(since) > 10_000_000_000 {
+                    return None;
+                }
+                if spins > 4096 {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+        }
     }
 
     fn header(&self) -> &Header {
@@ -759,6 +827,20 @@ extern "C" fn before_fork() {
 
 extern "C" fn after_fork_parent() {
     GATE.fetch_and(!FORKING, Ordering::AcqRel);
+}
+
+/// This process' pid, without a system call each time (refreshed in a child forked by
+/// `fork()`, whose handler counts `FORKS`).
+pub fn my_pid() -> u64 {
+    static CACHE: AtomicU64 = AtomicU64::new(0);
+    let tag = (FORKS.load(Ordering::Acquire).wrapping_add(1)) & 0xffff_ffff;
+    let c = CACHE.load(Ordering::Relaxed);
+    if c >> 32 == tag {
+        return c & 0xffff_ffff;
+    }
+    let pid = std::process::id() as u64;
+    CACHE.store(tag << 32 | pid, Ordering::Relaxed);
+    pid
 }
 
 fn watch_forks() {

@@ -18,9 +18,11 @@ pub struct Stream {
 
 pub struct Event {
     pub flags: u32,
-    /// When its stream reaches it (CLOCK_MONOTONIC ns); 0 until first recorded (see
+    /// When its stream reaches it (a `timeline::Stamp`); 0 until first recorded (see
     /// `timeline::submit_event`: it may still move to the start of its stream's next work).
     recorded: AtomicU64,
+    /// The solo start of the kernel submitted right after it on its stream (0: none yet).
+    with: AtomicU64,
 }
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
@@ -121,12 +123,13 @@ unsafe fn stream_ctx_v2(
 fn record(e: CUevent, s: CUstream, ptsz: bool) -> Res {
     let ev = event(e)?;
     let t = timeline::target(s, ptsz)?;
-    timeline::submit_event(&t, &ev.recorded);
+    timeline::submit_event(&t, &ev.recorded, &ev.with);
     Ok(())
 }
 
-fn stamp(ev: &Event) -> Option<u64> {
-    Some(ev.recorded.load(std::sync::atomic::Ordering::Acquire)).filter(|&t| t != 0)
+fn stamp(ev: &Event) -> Option<timeline::Stamp> {
+    use std::sync::atomic::Ordering::Acquire;
+    timeline::Stamp::unpack(ev.recorded.load(Acquire), ev.with.load(Acquire))
 }
 
 /// `cuStreamWaitEvent`: later work on the stream starts no earlier than the event's time (an
@@ -134,7 +137,7 @@ fn stamp(ev: &Event) -> Option<u64> {
 fn wait_event(s: CUstream, e: CUevent, flags: u32, ptsz: bool) -> Res {
     let _ = flags;
     let t = timeline::target(s, ptsz)?;
-    let after = stamp(event(e)?).unwrap_or(0);
+    let after = stamp(event(e)?).map_or(0, |st| st.on(t.ctx.physical));
     timeline::submit(&t, Op { after, ..Op::mark() });
     Ok(())
 }
@@ -143,14 +146,15 @@ fn wait_event(s: CUstream, e: CUevent, flags: u32, ptsz: bool) -> Res {
 /// recorded is complete (`CUDA_SUCCESS`, as the driver documents).
 fn query_event(e: CUevent) -> Res {
     match stamp(event(e)?) {
-        Some(t) if timeline::now() < t => Err(CUDA_ERROR_NOT_READY),
+        Some(st) if !st.reached() => Err(CUDA_ERROR_NOT_READY),
         _ => Ok(()),
     }
 }
 
 fn sync_event(e: CUevent) -> Res {
-    if let Some(t) = stamp(event(e)?) {
-        timeline::sleep_until(t, || true);
+    let ev = event(e)?;
+    if let Some(st) = stamp(ev) {
+        timeline::sleep_until(st.p, st.t, || stamp(ev).is_none_or(|st| st.reached()));
     }
     crate::pools::synchronised();
     Ok(())
@@ -167,10 +171,10 @@ unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
     }
     let ta = stamp(a).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let tb = stamp(b).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if timeline::now() < ta.max(tb) {
+    if !ta.reached() || !tb.reached() {
         return Err(CUDA_ERROR_NOT_READY);
     }
-    let d = (tb as i128 - ta as i128) as f64 / 1e6;
+    let d = (tb.real() as i128 - ta.real() as i128) as f64 / 1e6;
     put(ms, d as f32)
 }
 
@@ -196,7 +200,7 @@ unsafe impl Send for Raw {}
 fn submit_host(s: CUstream, ptsz: bool, run: Box<dyn FnOnce() + Send>) -> Res {
     let t = timeline::target(s, ptsz)?;
     let (at, _) = timeline::submit(&t, Op { host: true, ..Op::mark() });
-    crate::hostfn::push(at, crate::hostfn::Job { key: t.key, ctx: t.ctx.id, run });
+    crate::hostfn::push(at, crate::hostfn::Job { key: t.key, ctx: t.ctx.id, p: t.ctx.physical, run });
     Ok(())
 }
 
@@ -337,7 +341,7 @@ cu_api! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         context::current()?;
-        let e: &'static Event = Box::leak(Box::new(Event { flags, recorded: AtomicU64::new(0) }));
+        let e: &'static Event = Box::leak(Box::new(Event { flags, recorded: AtomicU64::new(0), with: AtomicU64::new(0) }));
         let h = e as *const Event as usize;
         insert(&EVENTS, h);
         put(ph, h as CUevent)

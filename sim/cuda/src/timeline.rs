@@ -1,13 +1,15 @@
 //! Simulated time: when each stream operation starts and ends, per stream and per physical
-//! device (a device executes work serially, in submission order), the queue-depth limit, the
-//! waits of synchronisation calls, and this process' busy record (README "Time").
+//! device (a device executes this process' work serially, in submission order), the
+//! queue-depth limit, the waits of synchronisation calls, and this process' busy record
+//! (README "Time").
 //!
-//! Times are CLOCK_MONOTONIC nanoseconds. An operation submitted at `now` on stream `s` of
-//! physical device `p` starts at `max(now, tail(s), busy_until(p), deps)` and ends at start +
-//! duration; then `tail(s) = end` and, for a kernel, `busy_until(p) = end`. `busy_until` lives
-//! in the node state file when `GPUSIM_NODE_STATE` is on (compare-and-swap, shared by every
-//! process), else in this process. All state is behind one mutex that is never held while
-//! sleeping.
+//! Times are this process' *solo* clock of the device (`clock(p)`): CLOCK_MONOTONIC
+//! nanoseconds, less the time the process has waited while other processes had the device
+//! (`arbiter`; without node state the two are the same). An operation submitted at solo time
+//! `now` on stream `s` of physical device `p` starts at `max(now, tail(s), busy_until(p), deps)`
+//! and ends at start + duration; then `tail(s) = end` and, for a kernel, `busy_until(p) = end`
+//! (this process' own lane of the device). All state is behind one mutex that is never held
+//! while sleeping.
 
 use crate::context::Ctx;
 use crate::types::*;
@@ -34,19 +36,88 @@ pub fn now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Sleeps until `now() >= t` and `done` says so (polled every `STEP_NS / 4` from `t` on), at
-/// most `MAX_WAIT_NS`.
-pub fn sleep_until(t: u64, mut done: impl FnMut() -> bool) {
+/// This process' solo clock of physical device `p`, and whether it is waiting for the device
+/// (another process has it while this one's next kernel is due): CLOCK_MONOTONIC less the
+/// time waited (`arbiter`), or CLOCK_MONOTONIC itself when the device is not arbitrated.
+pub fn clock_full(p: usize) -> (u64, bool) {
+    // (a device shared with others whose schedule cannot be read now, its lock held for 10 s
+    // or all its entries taken: the last known wait, so that the clock never jumps)
+    crate::arbiter::clock(p).unwrap_or_else(|| (now().saturating_sub(crate::arbiter::waited(p)), false))
+}
+
+/// This process' solo clock of physical device `p` (see `clock_full`).
+pub fn clock(p: usize) -> u64 {
+    clock_full(p).0
+}
+
+/// Sleeps until device `p`'s solo clock reaches `t` and `done` says so (polled every
+/// `STEP_NS / 4` from `t` on), at most `MAX_WAIT_NS`.
+pub fn sleep_until(p: usize, t: u64, mut done: impl FnMut() -> bool) {
     let deadline = now().saturating_add(MAX_WAIT_NS);
+    let arbitrated = crate::arbiter::on(p);
     loop {
-        let n = now();
-        if (n >= t && done()) || n >= deadline {
+        let (n, c) = (now(), clock(p));
+        if (c >= t && done()) || n >= deadline {
             return;
         }
         // (before `t` nothing can end the wait: one sleep to `t`, as the real driver's
-        // blocking wait wakes once the work completes; after it, `done` is polled)
-        let left = if n >= t { STEP_NS / 4 } else { (t - n).min(deadline - n) };
+        // blocking wait wakes once the work completes; after it, `done` is polled; a device
+        // shared with other processes may make this one wait longer: looked at every step)
+        let mut left = if c >= t { STEP_NS / 4 } else { (t - c).min(deadline - n) };
+        if arbitrated {
+            left = left.min(STEP_NS);
+        }
         std::thread::sleep(std::time::Duration::from_nanos(left));
+    }
+}
+
+/// An event's stamp: the physical device, the solo time the stream reached it, and, for an
+/// event submitted right before a kernel of its stream (nothing else between them), that
+/// kernel's solo start (0: none): such an event is reached when its context gets the device for
+/// that kernel, after any wait of the kernel's for the device (README "Time").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub p: usize,
+    pub t: u64,
+    pub with: u64,
+}
+
+const STAMP_TIME: u64 = (1 << 56) - 1;
+
+impl Stamp {
+    /// The word of device and time.
+    pub fn pack(self) -> u64 {
+        ((self.p.min(255) as u64) << 56) | (self.t.max(1) & STAMP_TIME)
+    }
+    pub fn unpack(w: u64, with: u64) -> Option<Stamp> {
+        (w != 0).then_some(Stamp { p: (w >> 56) as usize, t: w & STAMP_TIME, with })
+    }
+    /// Whether the device has reached it (one that goes with a kernel on a device shared with
+    /// other processes: once that kernel has started, its wait for the device over).
+    pub fn reached(self) -> bool {
+        let (c, waiting) = clock_full(self.p);
+        if self.with != 0 && crate::arbiter::on(self.p) {
+            c > self.with || (c == self.with && !waiting)
+        } else {
+            c >= self.t
+        }
+    }
+    /// Its real time (CLOCK_MONOTONIC ns).
+    pub fn real(self) -> u64 {
+        if crate::arbiter::on(self.p) {
+            crate::arbiter::real(self.p, self.t, self.with)
+        } else {
+            self.t
+        }
+    }
+    /// Its time on device `p`'s solo clock (approximate for another device's stamp not
+    /// reached yet).
+    pub fn on(self, p: usize) -> u64 {
+        if self.p == p {
+            self.t
+        } else {
+            self.real().saturating_sub(crate::arbiter::waited(p))
+        }
     }
 }
 
@@ -85,21 +156,6 @@ pub fn queue_depth() -> usize {
 pub fn timeslice_ns() -> u64 {
     static V: OnceLock<u64> = OnceLock::new();
     *V.get_or_init(|| env_u64("GPUSIM_TIMESLICE_NS", 2_000_000, MAX_KERNEL_NS).max(1))
-}
-
-/// Whether a process other than this one submitted kernels to physical device `p` in the last
-/// two 100 ms epochs of the node state (never without node state).
-fn others_active(p: usize, now: u64) -> bool {
-    let Some(node) = crate::node::active() else { return false };
-    let me = std::process::id() as u64;
-    let cur = busy::epoch(now);
-    (0..busy::NPIDS).any(|e| {
-        let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-        let (Some(pid), Some(last)) = (node.time_word(p, base), node.time_word(p, base + 1)) else { return false };
-        let pid = pid.load(Ordering::Acquire);
-        // (`last`: the latest epoch the process wrote busy time in)
-        pid != 0 && pid != me && last.load(Ordering::Acquire) + 2 > cur
-    })
 }
 
 /// `GPUSIM_QUEUE_DEPTH` once read (0: not yet); tests set it.
@@ -159,9 +215,9 @@ struct StreamTime {
     pending: VecDeque<u64>,
     /// Host functions submitted, not returned yet.
     host_pending: u32,
-    /// Events recorded while the device worked for others (their stamp provisional): the
-    /// stream's next work, if submitted before that time, moves them to its start.
-    floating: Vec<(&'static AtomicU64, u64)>,
+    /// Events recorded since the stream's last operation (their stamp word, its value, their
+    /// `with` word): if the next operation is a kernel, they go with it (`Stamp::with`).
+    floating: Vec<(&'static AtomicU64, u64, &'static AtomicU64)>,
 }
 
 #[derive(Default)]
@@ -185,20 +241,11 @@ fn state() -> MutexGuard<'static, State> {
     S.get_or_init(|| Mutex::new(State::default())).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// How soon after an event recorded on an idle stream the stream's next work must be submitted
-/// to run right behind it (the two submitted back to back).
-const FLOAT_GRACE_NS: u64 = 30_000;
 
-/// When this process' own kernels on each physical device end (for the time slice).
-static OWN_TAIL: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
-
-/// Process-local `busy_until` per physical device (without node state).
+/// `busy_until` per physical device: when this process' kernels on it end (solo time).
 static LOCAL_BUSY: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
 
 fn busy_cell(p: usize) -> &'static AtomicU64 {
-    if let Some(w) = crate::node::active().and_then(|n| n.time_word(p, 0)) {
-        return w;
-    }
     &LOCAL_BUSY[p.min(busy::MAX_DEVICES - 1)]
 }
 
@@ -241,8 +288,7 @@ impl Op {
     }
 }
 
-/// `called`: when the program made the call (before any wait of the queue or time slice).
-fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64, called: u64) -> (u64, u64) {
+fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64) -> (u64, u64) {
     let ct = st.ctxs.entry(t.ctx.id).or_default();
     let (legacy_tail, blocking_tail) = (ct.legacy_tail, ct.blocking_tail);
     let s = st.streams.entry(t.key).or_default();
@@ -257,12 +303,10 @@ fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64, called: u64) ->
     // A host function runs when its stream reaches it, whatever the device does for others.
     let start = if op.host { ready } else { device_start(t.ctx.physical, ready, op.dur, op.kernel) };
     let end = start + op.dur;
-    // Events recorded on an idle stream while the device worked for another process are
-    // written when this process' context next runs: right before its next work, if that comes
-    // before the device would have reached them.
-    for (cell, provisional) in std::mem::take(&mut s.floating) {
-        if provisional.saturating_add(FLOAT_GRACE_NS) > called && cell.load(Ordering::Acquire) == provisional {
-            cell.store(start.max(provisional), Ordering::Release);
+    // Events submitted right before a kernel of their stream go with it.
+    for (cell, was, with) in std::mem::take(&mut s.floating) {
+        if op.kernel && op.dur > 0 && cell.load(Ordering::Acquire) == was {
+            with.store(start.max(1), Ordering::Release);
         }
     }
     s.tail = s.tail.max(end);
@@ -285,84 +329,61 @@ fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64, called: u64) ->
     (start, end)
 }
 
-/// Submits `op` to `t`: returns its (start, end). A launch first waits (sleeping, no lock held)
-/// while the stream holds `GPUSIM_QUEUE_DEPTH` uncompleted operations.
+/// Submits `op` to `t`: returns its (start, end), solo times of the stream's device. A launch
+/// first waits (sleeping, no lock held) while the stream holds `GPUSIM_QUEUE_DEPTH`
+/// uncompleted operations, or while this process' queue of kernels on a device shared with
+/// other processes is full (`arbiter::RING`).
 pub fn submit(t: &Target, op: Op) -> (u64, u64) {
     let depth = queue_depth();
-    let called = now();
-    let deadline = called.saturating_add(MAX_WAIT_NS);
+    let p = t.ctx.physical;
+    let deadline = now().saturating_add(MAX_WAIT_NS);
+    let timed = op.kernel && op.dur > 0;
     loop {
-        let n = now();
+        let n = clock(p);
         let wait_for = {
             let mut st = state();
             let s = st.streams.entry(t.key).or_default();
             while s.pending.front().is_some_and(|&e| e <= n) {
                 s.pending.pop_front();
             }
-            // Time-slicing between processes: a GPU shared by several processes switches
-            // between their contexts every time slice, so one process' queued work never holds
-            // another's back for long. Modelled at submission (times are fixed then): while
-            // another process has work on the device, a launch waits until this process' own
-            // work queued on the device ends within one time slice (README "Time").
-            // ... and a context keeps the device for its time slice: the kernels one process
-            // submits back to back run back to back, the others' launches waiting meanwhile
-            // (without it, another process' kernel could slip between two of them).
-            if op.launch && op.kernel && n < deadline {
-                if let Some(until) = held_by_other(t.ctx.physical, n) {
+            let late = now() >= deadline;
+            if !op.launch || s.pending.len() < depth || late {
+                // (the room is looked at and the kernel published under the state lock: this
+                // process' other threads cannot take the room meanwhile)
+                if timed && !late && !crate::arbiter::room(p) {
                     drop(st);
-                    mark_active(t.ctx.physical, n);
-                    // (to the microsecond: the device idles until then; the last 100 µs yielding)
-                    sleep_until(until.saturating_sub(100_000).min(deadline), || true);
-                    while now() < until.min(deadline) {
-                        std::thread::yield_now();
-                    }
+                    std::thread::sleep(std::time::Duration::from_nanos(STEP_NS / 4));
                     continue;
                 }
-            }
-            let slice_wait = if op.launch && op.kernel && n < deadline {
-                let own = OWN_TAIL[t.ctx.physical.min(busy::MAX_DEVICES - 1)].load(Ordering::Acquire);
-                (own > n.saturating_add(timeslice_ns()) && others_active(t.ctx.physical, n)).then(|| own - timeslice_ns())
-            } else {
-                None
-            };
-            if let Some(at) = slice_wait {
-                drop(st);
-                mark_active(t.ctx.physical, n);
-                sleep_until(at.min(deadline), || true);
-                continue;
-            }
-            if !op.launch || s.pending.len() < depth || n >= deadline {
-                let r = schedule_locked(&mut st, t, op, n, called);
-                if op.kernel && op.dur > 0 {
-                    hold(t.ctx.physical, n, r.1);
-                    OWN_TAIL[t.ctx.physical.min(busy::MAX_DEVICES - 1)].fetch_max(r.1, Ordering::AcqRel);
-                    record_busy(t.ctx.physical, r.0, r.1, n);
+                let r = schedule_locked(&mut st, t, op, n);
+                if timed {
+                    if crate::arbiter::publish(p, r.0, r.1).is_none() {
+                        record_local(p, r.0, r.1);
+                    }
                 }
                 return r;
             }
             s.pending[s.pending.len() - depth]
         };
-        sleep_until(wait_for.min(deadline), || true);
+        sleep_until(p, wait_for, || true);
     }
 }
 
-/// `cuEventRecord`: stamps `cell` with the time the stream reaches the event. An event that
-/// follows the stream's own unfinished work is reached when that work ends (a time-sliced GPU
-/// runs a context's commands back to back, whatever other processes queued meanwhile). One
-/// recorded on an idle stream while another process' work occupies the device is written
-/// when this process' context gets the device: provisionally when the device is free, moved to
-/// the start of the stream's next work if that is submitted before then.
-pub fn submit_event(t: &Target, cell: &'static AtomicU64) {
-    let n = now();
+/// `cuEventRecord`: stamps `cell` with the time the stream reaches the event (when the
+/// stream's own earlier work ends; at once on an idle stream), and `with` with 0 until a kernel
+/// is submitted right after it on the stream (see `Stamp`).
+pub fn submit_event(t: &Target, cell: &'static AtomicU64, with: &'static AtomicU64) {
+    let p = t.ctx.physical;
+    let n = clock(p);
     let tail = state().streams.get(&t.key).map_or(0, |s| s.tail);
     let (at, _) = submit(t, Op::mark());
     let at = if tail > n { tail.max(n).min(at) } else { at };
-    cell.store(at.max(1), Ordering::Release);
-    if tail <= n {
-        let mut st = state();
-        if let Some(s) = st.streams.get_mut(&t.key) {
-            s.floating.push((cell, at));
-        }
+    let word = Stamp { p, t: at, with: 0 }.pack();
+    with.store(0, Ordering::Release);
+    cell.store(word, Ordering::Release);
+    let mut st = state();
+    if let Some(s) = st.streams.get_mut(&t.key) {
+        s.floating.push((cell, word, with));
     }
 }
 
@@ -405,15 +426,16 @@ fn stream_done_at(t: &Target) -> (u64, bool) {
 /// `cuStreamQuery`: done?
 pub fn stream_query(t: &Target) -> bool {
     let (tail, host) = stream_done_at(t);
-    !host && now() >= tail
+    !host && clock(t.ctx.physical) >= tail
 }
 
 /// `cuStreamSynchronize`: sleeps until the stream is done.
 pub fn stream_sync(t: &Target) {
     let (tail, _) = stream_done_at(t);
-    sleep_until(tail, || {
+    let p = t.ctx.physical;
+    sleep_until(p, tail, || {
         let (tail, host) = stream_done_at(t);
-        !host && now() >= tail
+        !host && clock(p) >= tail
     });
 }
 
@@ -430,11 +452,11 @@ fn ctx_done_at(ctx: u64, legacy_only: bool) -> (u64, bool) {
 
 /// `cuCtxSynchronize`: sleeps until every stream of the context is done.
 pub fn ctx_sync(ctx: &Ctx) {
-    let id = ctx.id;
+    let (id, p) = (ctx.id, ctx.physical);
     let (end, _) = ctx_done_at(id, false);
-    sleep_until(end, || {
+    sleep_until(p, end, || {
         let (end, host) = ctx_done_at(id, false);
-        !host && now() >= end
+        !host && clock(p) >= end
     });
 }
 
@@ -443,8 +465,8 @@ pub fn ctx_sync(ctx: &Ctx) {
 pub fn sync_copy() {
     let Ok(ctx) = crate::context::current() else { return };
     let (end, _) = ctx_done_at(ctx.id, true);
-    if end > now() {
-        sleep_until(end, || true);
+    if end > clock(ctx.physical) {
+        sleep_until(ctx.physical, end, || true);
     }
 }
 
@@ -479,31 +501,30 @@ pub fn origin() -> u64 {
     *ORIGIN.get_or_init(now)
 }
 
-/// Adds the kernel `[start, end)` to this process' record of device `p` and to the node's.
-fn record_busy(p: usize, start: u64, end: u64, now: u64) {
+/// Adds the kernel `[start, end)` (real times) to this process' record of device `p`: at
+/// submission on a device of its own, when it starts on one shared with other processes
+/// (`arbiter`, which also adds it to the node's record).
+pub fn record_local(p: usize, start: u64, end: u64) {
     let o = origin();
-    {
-        let mut r = busy_record();
-        if let Some(d) = r.get_mut(p) {
-            d.used = true;
-            d.busy_ns += end - start;
-            let mut t = start.max(o);
-            while t < end {
-                let i = ((t - o) / BUCKET_NS) as usize;
-                if i >= MAX_BUCKETS {
-                    break;
-                }
-                let b_end = o + (i as u64 + 1) * BUCKET_NS;
-                let piece = end.min(b_end) - t;
-                if d.buckets.len() <= i {
-                    d.buckets.resize(i + 1, 0);
-                }
-                d.buckets[i] += piece;
-                t += piece;
+    let mut r = busy_record();
+    if let Some(d) = r.get_mut(p) {
+        d.used = true;
+        d.busy_ns += end - start;
+        let mut t = start.max(o);
+        while t < end {
+            let i = ((t - o) / BUCKET_NS) as usize;
+            if i >= MAX_BUCKETS {
+                break;
             }
+            let b_end = o + (i as u64 + 1) * BUCKET_NS;
+            let piece = end.min(b_end) - t;
+            if d.buckets.len() <= i {
+                d.buckets.resize(i + 1, 0);
+            }
+            d.buckets[i] += piece;
+            t += piece;
         }
     }
-    node_record(p, start, end, now);
 }
 
 /// Marks device `p` used by this process (a kernel of zero duration).
@@ -513,93 +534,34 @@ pub fn mark_used(p: usize) {
     }
 }
 
-/// The node's entry of this process on device `p` (claimed at first use): word index of its
-/// pid. Entries of processes idle for the ring's whole span are taken over.
-fn node_entry(node: &crate::node::Node, p: usize, now: u64) -> Option<usize> {
-    let pid = std::process::id() as u64;
-    let cur = busy::epoch(now);
-    for e in 0..busy::NPIDS {
-        let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-        if node.time_word(p, base)?.load(Ordering::Acquire) == pid {
-            return Some(base);
-        }
-    }
-    for e in 0..busy::NPIDS {
-        let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-        let (w, last) = (node.time_word(p, base)?, node.time_word(p, base + 1)?);
-        let old = w.load(Ordering::Acquire);
-        let stale = old == 0 || last.load(Ordering::Acquire) + (busy::NBUCKETS as u64) < cur;
-        if stale && w.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            return Some(base);
-        }
-    }
-    None
-}
-
-/// The time slice's hold of device `p` in the node state: (holder pid, held until, held since).
-fn hold_words(p: usize) -> Option<(&'static AtomicU64, &'static AtomicU64, &'static AtomicU64)> {
-    let node = crate::node::active()?;
-    Some((node.time_word(p, 2)?, node.time_word(p, 3)?, node.time_word(p, 4)?))
-}
-
-/// Until when another process holds device `p` (its time slice), if it does.
-fn held_by_other(p: usize, now: u64) -> Option<u64> {
-    let (holder, until, _) = hold_words(p)?;
-    let until = until.load(Ordering::Acquire);
-    (holder.load(Ordering::Acquire) != std::process::id() as u64 && until > now).then_some(until)
-}
-
-/// A kernel of this process on device `p` ends at `end`: it holds the device until then (and
-/// a moment more, for its next launch), for at most one time slice in a row while another
-/// process waits; then it lets the others have the device. (Three words written one after the
-/// other: two processes taking the hold at the same instant may both run; a simulation's
-/// approximation.)
-fn hold(p: usize, now: u64, end: u64) {
-    let Some((holder, until, since)) = hold_words(p) else { return };
-    let me = std::process::id() as u64;
-    if holder.load(Ordering::Acquire) == me {
-        if now.saturating_sub(since.load(Ordering::Acquire)) >= timeslice_ns() && others_active(p, now) {
-            until.store(0, Ordering::Release);
-            return;
-        }
-    } else {
-        holder.store(me, Ordering::Release);
-        since.store(now, Ordering::Release);
-    }
-    until.store(end.saturating_add(FLOAT_GRACE_NS), Ordering::Release);
-}
-
-/// This process has work for device `p` now (a launch waiting for its turn): other processes
-/// see it active (`others_active`) before its first kernel is recorded.
-fn mark_active(p: usize, now: u64) {
-    let Some(node) = crate::node::active() else { return };
-    if let Some(last) = node_entry(node, p, now).and_then(|base| node.time_word(p, base + 1)) {
-        last.fetch_max(busy::epoch(now), Ordering::AcqRel);
-    }
-}
-
-/// Adds `[start, end)` to this process' entry of device `p` in the node state.
-fn node_record(p: usize, start: u64, end: u64, now: u64) {
-    let Some(node) = crate::node::active() else { return };
-    let entry = node_entry(node, p, now);
-    let Some(base) = entry else { return };
-    for (e, ns) in busy::split(start, end, now) {
-        let Some(cell) = node.time_word(p, base + 2 + (e as usize % busy::NBUCKETS)) else { return };
+/// Adds the kernel `[start, end)` (real times) to entry `e` of device `p` in the node state
+/// (the arbiter, when the kernel starts).
+pub fn node_record(node: &crate::node::Node, p: usize, e: usize, start: u64, end: u64, now: u64) {
+    let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
+    for (ep, ns) in busy::split(start, end, now) {
+        let Some(cell) = node.time_word(p, base + 2 + (ep as usize % busy::NBUCKETS)) else { return };
         let mut w = cell.load(Ordering::Acquire);
-        while let Some(new) = busy::add(w, e, ns) {
+        while let Some(new) = busy::add(w, ep, ns) {
             match cell.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(x) => w = x,
             }
         }
         if let Some(last) = node.time_word(p, base + 1) {
-            last.fetch_max(e, Ordering::AcqRel);
+            last.fetch_max(ep, Ordering::AcqRel);
         }
     }
 }
 
 /// The report's `"busy"` array: devices this process launched kernels on.
 pub fn busy_json() -> String {
+    // (the starts of kernels on shared devices not read back yet)
+    let used: Vec<usize> = busy_record().iter().enumerate().filter(|(_, d)| d.used).map(|(p, _)| p).collect();
+    for p in used {
+        if crate::arbiter::on(p) {
+            crate::arbiter::clock(p);
+        }
+    }
     let o = ORIGIN.get().copied().unwrap_or(0);
     let r = busy_record();
     let items: Vec<String> = r

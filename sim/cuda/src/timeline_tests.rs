@@ -1,5 +1,6 @@
 //! Tests of simulated time: serial execution, events, stream synchronisation, host functions,
-//! the queue depth, graphs, the busy record, `busy_until` shared across processes, utilisation.
+//! the queue depth, graphs, the busy record, the device's time slices between the processes of
+//! a node, utilisation.
 //! Lower bounds are exact (the model guarantees them); upper bounds are loose (2 loaded cores).
 
 use super::*;
@@ -277,8 +278,8 @@ fn busy_time_is_recorded_in_10ms_buckets() {
     unsafe { assert_eq!(cuStreamSynchronize(s), CUDA_SUCCESS) };
 }
 
-/// Forks a child running `f`, which writes a u64 to the pipe; returns it.
-fn in_child(f: impl FnOnce() -> u64) -> u64 {
+/// Forks a child running `f`, which writes a u64 to a pipe: (its pid, the pipe's read end).
+fn fork_child(f: impl FnOnce() -> u64) -> (i32, i32) {
     let mut fds = [0i32; 2];
     unsafe {
         assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
@@ -291,28 +292,50 @@ fn in_child(f: impl FnOnce() -> u64) -> u64 {
             libc::_exit(0);
         }
         libc::close(fds[1]);
-        let mut v = 0u64;
-        let n = libc::read(fds[0], (&mut v as *mut u64).cast(), 8);
-        libc::close(fds[0]);
+        (pid, fds[0])
+    }
+}
+
+/// What the child of `fork_child` wrote, once it has exited.
+fn join_child((pid, fd): (i32, i32)) -> u64 {
+    let mut v = 0u64;
+    unsafe {
+        let n = libc::read(fd, (&mut v as *mut u64).cast(), 8);
+        libc::close(fd);
         libc::waitpid(pid, std::ptr::null_mut(), 0);
         assert_eq!(n, 8);
-        v
+    }
+    v
+}
+
+/// Forks a child running `f`, which writes a u64 to the pipe; returns it.
+fn in_child(f: impl FnOnce() -> u64) -> u64 {
+    join_child(fork_child(f))
+}
+
+/// Node state on for the test (a file of its own), off again when dropped.
+struct NodeOn(String);
+
+impl NodeOn {
+    fn new(name: &str) -> NodeOn {
+        let path = crate::node::tests::temp_path(name);
+        let totals = vec![16u64 << 30; crate::devices::physical().len()];
+        crate::node::install_for_test(Some(crate::node::Node::attach(&path, &totals).unwrap()));
+        NodeOn(path)
+    }
+}
+
+impl Drop for NodeOn {
+    fn drop(&mut self) {
+        crate::node::install_for_test(None);
+        let _ = std::fs::remove_dir_all(std::path::Path::new(&self.0).parent().unwrap());
     }
 }
 
 #[test]
-fn processes_of_a_node_share_busy_until_and_utilisation() {
+fn processes_of_a_node_take_turns_on_the_device_and_share_utilisation() {
     let t = setup();
-    let path = crate::node::tests::temp_path("time");
-    let totals = vec![16u64 << 30; crate::devices::physical().len()];
-    crate::node::install_for_test(Some(crate::node::Node::attach(&path, &totals).unwrap()));
-    struct Uninstall;
-    impl Drop for Uninstall {
-        fn drop(&mut self) {
-            crate::node::install_for_test(None);
-        }
-    }
-    let _u = Uninstall;
+    let _node = NodeOn::new("time");
     let s = stream();
     unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
     // a child submits 300 ms of work on device 0 and exits at once (its kernel "runs" on)
@@ -326,25 +349,75 @@ fn processes_of_a_node_share_busy_until_and_utilisation() {
         if rc == CUDA_SUCCESS { before } else { 0 }
     });
     assert_ne!(sent, 0, "the child launched");
-    // our own work starts after the child's: the device is shared
-    let e = event(0);
+    // our own kernel starts after the child's (a kernel runs to its end once started): the
+    // device is shared; the events around it measure our kernel alone
+    let (e0, e1) = (event(0), event(0));
     unsafe {
-        assert_eq!(cuEventRecord(e, s), CUDA_SUCCESS);
-        assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY);
-        assert_eq!(cuEventSynchronize(e), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(e0, s), CUDA_SUCCESS);
+        assert_eq!(launch(busy, s, 10 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(e1, s), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuEventSynchronize(e1), CUDA_SUCCESS);
     }
-    assert!(now() >= sent + 300 * MS);
+    assert!(now() >= sent + 310 * MS);
+    let ms = elapsed_ms(e0, e1);
+    assert!((9.9..11.0).contains(&ms), "{ms} ms");
     // utilisation: the child's 300 ms lie in the last second once its buckets are complete
-    let end = sent + 300 * MS;
-    sleep_until((busy::epoch(end) + 1) * busy::BUCKET_NS + MS, || true);
+    let end = sent + 310 * MS;
+    sleep_until(0, (busy::epoch(end) + 1) * busy::BUCKET_NS + MS, || true);
     let node = crate::node::active().unwrap();
     let block: Vec<u8> = (0..busy::DEV_SIZE / 8).flat_map(|i| node.time_word(0, i).unwrap().load(Ordering::Acquire).to_le_bytes()).collect();
     let (gpu, procs) = busy::utilisation(&block, now());
-    assert_eq!(procs.len(), 1, "{procs:?}");
-    assert_ne!(procs[0].0, std::process::id());
-    assert!((29..=31).contains(&procs[0].1), "{procs:?}");
-    assert_eq!(gpu, procs[0].1);
-    let _ = std::fs::remove_dir_all(std::path::Path::new(&path).parent().unwrap());
+    // (the child's 300 ms and our 10 ms)
+    assert_eq!(procs.len(), 2, "{procs:?}");
+    let child = procs.iter().find(|p| p.0 != std::process::id()).expect("the child's entry");
+    let ours = procs.iter().find(|p| p.0 == std::process::id()).expect("our entry");
+    assert!((29..=31).contains(&child.1), "{procs:?}");
+    assert!(ours.1 <= 2, "{procs:?}");
+    assert!((30..=32).contains(&gpu), "{gpu} {procs:?}");
+}
+
+/// Queues 40 kernels of 1 ms on the NULL stream, with events around the first and around all,
+/// and waits for them: (ms of the first, ms of all).
+fn forty(busy: CUfunction) -> (f32, f32) {
+    let s: CUstream = std::ptr::null_mut();
+    let (a, b, c) = (event(0), event(0), event(0));
+    unsafe {
+        assert_eq!(cuEventRecord(a, s), CUDA_SUCCESS);
+        assert_eq!(launch(busy, s, MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(b, s), CUDA_SUCCESS);
+        for _ in 1..40 {
+            assert_eq!(launch(busy, s, MS), CUDA_SUCCESS);
+        }
+        assert_eq!(cuEventRecord(c, s), CUDA_SUCCESS);
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+    }
+    (elapsed_ms(a, b), elapsed_ms(a, c))
+}
+
+#[test]
+fn two_processes_with_work_queued_share_the_device_by_time_slices() {
+    let t = setup();
+    let _node = NodeOn::new("slices");
+    let busy = t.busy;
+    let s: CUstream = std::ptr::null_mut();
+    unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
+    // a 150 ms kernel of ours holds the device while a child and we queue 40 ms of work each;
+    // when it ends, the device alternates between the two every 2 ms slice: each one's 40
+    // kernels take about 80 ms (on devices of their own: 40; one after the other: 40 and 80),
+    // and each kernel alone still measures 1 ms
+    assert_eq!(launch(busy, s, 150 * MS), CUDA_SUCCESS);
+    let child = fork_child(move || {
+        let (first, all) = forty(busy);
+        ((first * 1000.0) as u64) << 32 | (all * 1000.0) as u64
+    });
+    let ours = forty(busy);
+    let w = join_child(child);
+    let theirs = ((w >> 32) as f32 / 1000.0, (w & 0xffff_ffff) as f32 / 1000.0);
+    for (who, (first, all)) in [("ours", ours), ("the child's", theirs)] {
+        assert!((0.99..1.05).contains(&first), "{who}: the first kernel took {first} ms ({ours:?} {theirs:?})");
+        assert!((74.0..=84.0).contains(&all), "{who}: 40 ms of work took {all} ms ({ours:?} {theirs:?})");
+    }
 }
 
 static WHEN: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
