@@ -10,6 +10,7 @@ mod ffi;
 mod arrays;
 mod config;
 mod context;
+mod cubin;
 mod devices;
 mod errors;
 mod export_tables;
@@ -31,6 +32,7 @@ mod streams;
 mod timeline;
 mod types;
 mod vmm;
+mod zstd;
 
 // Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
 // report written at exit) for every process that loads the driver, even one that never calls it.
