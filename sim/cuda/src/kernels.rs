@@ -1,9 +1,11 @@
 //! Modules, libraries and kernel launches: no code runs here, launches only take simulated time.
 //!
-//! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names) or from a
-//! fat binary (`0xBA55ED50` container, or the `0x466243B1` wrapper the CUDA runtime registers)
-//! whose PTX entries are read the same way; compressed entries and machine code (cubin) are
-//! `CUDA_ERROR_NOT_SUPPORTED`, as is anything else. Functions belong to a module (made in the
+//! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names), from a
+//! cubin (ELF: its entry symbols, `cubin`), or from a fat binary (`0xBA55ED50` container, or
+//! the `0x466243B1` wrapper the CUDA runtime registers): its cubins for the simulated GPUs'
+//! architecture if it has any, else its PTX entries, compressed ones (LZ4 blocks, zstd frames:
+//! `cubin`, `zstd`) decompressed first; a bad image is `CUDA_ERROR_INVALID_IMAGE`, anything
+//! else `CUDA_ERROR_NOT_SUPPORTED`. Functions belong to a module (made in the
 //! current context); library kernels belong to a library (any context) and give a function per
 //! context (`cuKernelGetFunction`). Names are answered by `cuFuncGetName`/`cuKernelGetName`.
 //!
