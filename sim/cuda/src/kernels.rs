@@ -378,6 +378,21 @@ fn launchable(f: *mut c_void) -> Res<(&'static CStr, Option<usize>)> {
     Err(CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// The number of parameters of a launchable handle (a function or a library kernel), for the
+/// queries that accept either.
+pub fn launchable_handle(f: *mut c_void) -> Res<usize> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if !f.is_null() && r.functions.contains(&(f as usize)) {
+        // SAFETY: registered functions are leaked, never freed.
+        return Ok(unsafe { &*(f as *const Function) }.params.len());
+    }
+    if !f.is_null() && r.kernels.contains(&(f as usize)) {
+        // SAFETY: registered kernels are leaked, never freed.
+        return Ok(unsafe { &*(f as *const Kernel) }.params.len());
+    }
+    Err(CUDA_ERROR_INVALID_HANDLE)
+}
+
 /// The duration of a launch of handle `f` with these parameters ([`duration`]).
 ///
 /// # Safety

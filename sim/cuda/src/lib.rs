@@ -24,6 +24,7 @@ mod kernels;
 mod md2;
 mod memory;
 mod node;
+mod occupancy;
 mod pools;
 mod procaddr;
 mod registry;
