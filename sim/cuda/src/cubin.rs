@@ -175,6 +175,8 @@ fn kparams(info: &[u8]) -> R<Vec<(usize, usize)>> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::kernels::{bytes_entries, fatbin_entries, FATBIN_MAGIC};
+    use crate::types::*;
 
     #[test]
     fn lz4_blocks_decode_exactly_and_refuse_bad_ones() {
@@ -267,6 +269,69 @@ pub(crate) mod tests {
             let mut bad = b.clone();
             bad[at] ^= 0xA5;
             let _ = elf_kernels(&bad);
+        }
+    }
+
+    /// A fat binary container of `(kind, arch, flags, uncompressed size, payload)` entries.
+    fn fatbin(entries: &[(u16, u32, u64, usize, Vec<u8>)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (kind, arch, flags, size, payload) in entries {
+            let mut h = vec![0u8; 64];
+            h[0..2].copy_from_slice(&kind.to_le_bytes());
+            h[4..8].copy_from_slice(&64u32.to_le_bytes());
+            h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            h[28..32].copy_from_slice(&arch.to_le_bytes());
+            h[40..48].copy_from_slice(&flags.to_le_bytes());
+            h[56..64].copy_from_slice(&(*size as u64).to_le_bytes());
+            body.extend(h);
+            body.extend(payload);
+        }
+        let mut b = Vec::new();
+        b.extend(FATBIN_MAGIC.to_le_bytes());
+        b.extend([1, 0, 16, 0]);
+        b.extend((body.len() as u64).to_le_bytes());
+        b.extend(body);
+        b
+    }
+
+    #[test]
+    fn cubins_are_read_from_fat_binaries_compressed_or_not() {
+        let cubin = tiny_cubin();
+        let k = vec![Entry { name: "k".into(), params: vec![(0, 8), (8, 4)] }];
+        // a zstd frame of one raw block; an LZ4 block of literals only
+        let mut zstd = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x00];
+        zstd.extend((((cubin.len() as u32) << 3) | 1).to_le_bytes()[..3].iter());
+        zstd.extend(&cubin);
+        let mut lz4 = vec![0xF0];
+        let mut n = cubin.len() - 15;
+        while n >= 255 {
+            lz4.push(255);
+            n -= 255;
+        }
+        lz4.push(n as u8);
+        lz4.extend(&cubin);
+        let len = cubin.len();
+        assert_eq!(fatbin_entries(&fatbin(&[(2, 90, 0x11, len, cubin.clone())])), Ok(k.clone()));
+        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (2, 90, 0x8011, len, zstd.clone())])), Ok(k.clone()));
+        assert_eq!(fatbin_entries(&fatbin(&[(2, 90, 0x2011, len, lz4.clone())])), Ok(k.clone()));
+        assert_eq!(bytes_entries(&cubin), Ok(k.clone()));
+        // machine code for other GPUs only: none for this one (sm_80 is older, sm_100 newer)
+        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (2, 100, 0x11, len, cubin.clone())])), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        // a PTX entry is the fallback
+        let ptx = b".version 8.0\n.target sm_80\n.visible .entry p()\n{ ret; }\n\0".to_vec();
+        let plen = ptx.len();
+        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (1, 80, 0x11, plen, ptx)])).map(|e| e[0].name.clone()), Ok("p".into()));
+        // a wrong uncompressed size, a corrupted stream, a cut cubin: an invalid image
+        for entry in [(2u16, 90u32, 0x8011u64, len - 1, zstd.clone()), (2, 90, 0x2011, len + 1, lz4.clone()), (2, 90, 0x8011, len, zstd[..zstd.len() / 2].to_vec()), (2, 90, 0x11, 40, cubin[..40].to_vec())] {
+            assert_eq!(fatbin_entries(&fatbin(&[entry])), Err(CUDA_ERROR_INVALID_IMAGE));
+        }
+        // every byte corrupted in turn: never a panic
+        let whole = fatbin(&[(2, 90, 0x8011, len, zstd.clone()), (2, 90, 0x2011, len, lz4.clone())]);
+        for at in 0..whole.len() {
+            let mut bad = whole.clone();
+            bad[at] ^= 0xA5;
+            let _ = fatbin_entries(&bad);
         }
     }
 }

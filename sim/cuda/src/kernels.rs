@@ -78,7 +78,7 @@ pub fn launches_json() -> String {
     format!("{{{}}}", items.join(","))
 }
 
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+pub(crate) const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 const FATBIN_KIND_PTX: u16 = 1;
 const FATBIN_KIND_ELF: u16 = 2;
@@ -157,7 +157,7 @@ fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
 /// GPUs' architecture ([`DEVICE_ARCH`]: the same major version, not newer) are read when there
 /// are any, as the driver picks a cubin it can run; otherwise the PTX entries. Compressed
 /// entries are decompressed first (LZ4 blocks or zstd frames).
-fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+pub(crate) fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
     // header { magic: u32, version: u16, header_size: u16, fat_size: u64 }, then entries
     // { kind: u16, _: u16, header_size: u32, payload_size: u64, compressed_size: u32, _: u32,
     //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64,
@@ -236,7 +236,7 @@ fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
 
 /// The kernels of an image held in `bytes`: a fat binary, a cubin or PTX text (see the module
 /// documentation); anything else is `CUDA_ERROR_NOT_SUPPORTED`.
-fn bytes_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+pub(crate) fn bytes_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
     if le::<4>(bytes, 0).map(u32::from_le_bytes) == Some(FATBIN_MAGIC) {
         return fatbin_entries(bytes);
     }
@@ -819,68 +819,5 @@ mod tests {
         let e = &ptx_entries(".entry k(.param .u32 n, .param .u64 p, .param .align 16 .b8 s[20], .param .f32 x)\n{}")[0];
         assert_eq!(e.params, vec![(0, 4), (8, 8), (16, 20), (36, 4)]);
         assert!(ptx_entries(".version 8.0\n.target sm_80\n.func f()\n").is_empty());
-    }
-
-    /// A fat binary container of `(kind, arch, flags, uncompressed size, payload)` entries.
-    fn fatbin(entries: &[(u16, u32, u64, usize, Vec<u8>)]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (kind, arch, flags, size, payload) in entries {
-            let mut h = vec![0u8; 64];
-            h[0..2].copy_from_slice(&kind.to_le_bytes());
-            h[4..8].copy_from_slice(&64u32.to_le_bytes());
-            h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-            h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-            h[28..32].copy_from_slice(&arch.to_le_bytes());
-            h[40..48].copy_from_slice(&flags.to_le_bytes());
-            h[56..64].copy_from_slice(&(*size as u64).to_le_bytes());
-            body.extend(h);
-            body.extend(payload);
-        }
-        let mut b = Vec::new();
-        b.extend(FATBIN_MAGIC.to_le_bytes());
-        b.extend([1, 0, 16, 0]);
-        b.extend((body.len() as u64).to_le_bytes());
-        b.extend(body);
-        b
-    }
-
-    #[test]
-    fn cubins_are_read_from_fat_binaries_compressed_or_not() {
-        let cubin = crate::cubin::tests::tiny_cubin();
-        let k = vec![Entry { name: "k".into(), params: vec![(0, 8), (8, 4)] }];
-        // a zstd frame of one raw block; an LZ4 block of literals only
-        let mut zstd = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x00];
-        zstd.extend((((cubin.len() as u32) << 3) | 1).to_le_bytes()[..3].iter());
-        zstd.extend(&cubin);
-        let mut lz4 = vec![0xF0];
-        let mut n = cubin.len() - 15;
-        while n >= 255 {
-            lz4.push(255);
-            n -= 255;
-        }
-        lz4.push(n as u8);
-        lz4.extend(&cubin);
-        let len = cubin.len();
-        assert_eq!(fatbin_entries(&fatbin(&[(2, 90, 0x11, len, cubin.clone())])), Ok(k.clone()));
-        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (2, 90, 0x8011, len, zstd.clone())])), Ok(k.clone()));
-        assert_eq!(fatbin_entries(&fatbin(&[(2, 90, 0x2011, len, lz4.clone())])), Ok(k.clone()));
-        assert_eq!(bytes_entries(&cubin), Ok(k.clone()));
-        // machine code for other GPUs only: none for this one (sm_80 is older, sm_100 newer)
-        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (2, 100, 0x11, len, cubin.clone())])), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
-        // a PTX entry is the fallback
-        let ptx = b".version 8.0\n.target sm_80\n.visible .entry p()\n{ ret; }\n\0".to_vec();
-        let plen = ptx.len();
-        assert_eq!(fatbin_entries(&fatbin(&[(2, 80, 0x11, len, cubin.clone()), (1, 80, 0x11, plen, ptx)])).map(|e| e[0].name.clone()), Ok("p".into()));
-        // a wrong uncompressed size, a corrupted stream, a cut cubin: an invalid image
-        for entry in [(2u16, 90u32, 0x8011u64, len - 1, zstd.clone()), (2, 90, 0x2011, len + 1, lz4.clone()), (2, 90, 0x8011, len, zstd[..zstd.len() / 2].to_vec()), (2, 90, 0x11, 40, cubin[..40].to_vec())] {
-            assert_eq!(fatbin_entries(&fatbin(&[entry])), Err(CUDA_ERROR_INVALID_IMAGE));
-        }
-        // every byte corrupted in turn: never a panic
-        let whole = fatbin(&[(2, 90, 0x8011, len, zstd.clone()), (2, 90, 0x2011, len, lz4.clone())]);
-        for at in 0..whole.len() {
-            let mut bad = whole.clone();
-            bad[at] ^= 0xA5;
-            let _ = fatbin_entries(&bad);
-        }
     }
 }
