@@ -262,6 +262,49 @@ fn the_cuda_runtime_is_paced() {
     }
 }
 
+/// PyTorch's `at::native` multiplication kernel launches of a run (the simulator's report).
+fn torch_mul_launches(out: &RunOutput) -> u64 {
+    let launches = out.report().raw["launches"].as_object().unwrap_or_else(|| panic!("no launches\n{}", out.dump()));
+    launches.iter().filter(|(k, _)| k.contains("MulFunctor")).map(|(_, n)| n.as_u64().unwrap_or(0)).sum()
+}
+
+/// Real PyTorch ops on the simulator (its kernels read from PyTorch's zstd-compressed cubins):
+/// at 30 % the loop gets 30 % of the device per window; without the shim it runs flat out.
+/// (PyTorch's virtual environment is made by `scripts/fetch-frameworks.sh`, which the quick
+/// suite does not run: skipped without it, and under emulation, as that environment is the
+/// host's.)
+#[test]
+fn real_pytorch_ops_are_paced() {
+    if skip_emulated("PyTorch's virtual environment is the host's") {
+        return;
+    }
+    let python = workspace_root().join(".deps/frameworks/venv/bin/python");
+    if !python.is_file() {
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), b"SKIPPED: PyTorch is not installed (bash scripts/fetch-frameworks.sh)\n");
+        return;
+    }
+    let _serial = serial();
+    // (`tests/py/torch_compute.py`: `x = x * 1.0001` back to back for SECONDS, PyTorch's own
+    // elementwise kernel, each taking 1 ms; unpaced, the driver's bounded launch queue holds
+    // the loop back)
+    let torch_loop = || {
+        Run::new(&python)
+            .arg(workspace_root().join("tests/py/torch_compute.py"))
+            .env("LOAD_SECONDS", SECONDS)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("GPUSIM_KERNEL_NS", "1000000")
+    };
+    let out = limited(torch_loop(), "30%");
+    assert_share(&out, 0, 0.3, "PyTorch ops at 30%");
+    // every op launched PyTorch's own kernel
+    assert_eq!(torch_mul_launches(&out), Load::of(&out).on(0), "{}", out.dump());
+    let out = torch_loop().env("GPUSHIM_COMPUTE_LIMIT", "30%").run();
+    for s in shares(&out, 0) {
+        assert!(s > 0.95, "PyTorch ops without the shim: {s:.3}\n{}", out.dump());
+    }
+    assert_eq!(torch_mul_launches(&out), Load::of(&out).on(0), "{}", out.dump());
+}
+
 #[test]
 fn bad_values_fail_cuda_initialisation_naming_the_variable() {
     let _serial = serial();

@@ -1,9 +1,11 @@
 //! Modules, libraries and kernel launches: no code runs here, launches only take simulated time.
 //!
-//! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names) or from a
-//! fat binary (`0xBA55ED50` container, or the `0x466243B1` wrapper the CUDA runtime registers)
-//! whose PTX entries are read the same way; compressed entries and machine code (cubin) are
-//! `CUDA_ERROR_NOT_SUPPORTED`, as is anything else. Functions belong to a module (made in the
+//! Code is loaded from PTX text (`.entry NAME` declarations give the kernels' names), from a
+//! cubin (ELF: its entry symbols, `cubin`), or from a fat binary (`0xBA55ED50` container, or
+//! the `0x466243B1` wrapper the CUDA runtime registers): its cubins for the simulated GPUs'
+//! architecture if it has any, else its PTX entries, compressed ones (LZ4 blocks, zstd frames:
+//! `cubin`, `zstd`) decompressed first; a bad image is `CUDA_ERROR_INVALID_IMAGE`, anything
+//! else `CUDA_ERROR_NOT_SUPPORTED`. Functions belong to a module (made in the
 //! current context); library kernels belong to a library (any context) and give a function per
 //! context (`cuKernelGetFunction`). Names are answered by `cuFuncGetName`/`cuKernelGetName`.
 //!
@@ -76,10 +78,15 @@ pub fn launches_json() -> String {
     format!("{{{}}}", items.join(","))
 }
 
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+pub(crate) const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 const FATBIN_KIND_PTX: u16 = 1;
-const FATBIN_FLAG_COMPRESSED: u64 = 0x2000;
+const FATBIN_KIND_ELF: u16 = 2;
+/// Entry flags: compressed as an LZ4 block; compressed as a zstd frame (CUDA 12.8 and later).
+const FATBIN_FLAG_LZ4: u64 = 0x2000;
+const FATBIN_FLAG_ZSTD: u64 = 0x8000;
+/// The simulated GPUs' architecture (compute capability 9.0, as `devices` reports).
+const DEVICE_ARCH: u32 = 90;
 
 /// The size and alignment of one `.param` declaration (`.param .u64 a`, `.param .align 8 .b8 s[24]`).
 fn param_layout(decl: &str) -> Option<(usize, usize)> {
@@ -146,51 +153,95 @@ fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
 }
 
 /// The kernels of a fat binary container held in `bytes` (all of it, as its header says):
-/// every read is checked against its length.
-fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+/// every read is checked against its length. Machine code (ELF) entries for the simulated
+/// GPUs' architecture ([`DEVICE_ARCH`]: the same major version, not newer) are read when there
+/// are any, as the driver picks a cubin it can run; otherwise the PTX entries. Compressed
+/// entries are decompressed first (LZ4 blocks or zstd frames).
+pub(crate) fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
     // header { magic: u32, version: u16, header_size: u16, fat_size: u64 }, then entries
     // { kind: u16, _: u16, header_size: u32, payload_size: u64, compressed_size: u32, _: u32,
-    //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64, … }
-    // each followed by its payload
+    //   minor: u16, major: u16, arch: u32, name_offset: u32, name_len: u32, flags: u64,
+    //   _: u64, uncompressed_size: u64, … } each followed by its payload
     let bad = CUDA_ERROR_INVALID_IMAGE;
     let header_size = u16::from_le_bytes(le::<2>(bytes, 6).ok_or(bad)?) as usize;
     let fat_size = usize::try_from(u64::from_le_bytes(le::<8>(bytes, 8).ok_or(bad)?)).map_err(|_| bad)?;
     let end = header_size.checked_add(fat_size).filter(|&e| e <= bytes.len()).ok_or(bad)?;
-    let mut entries = Vec::new();
+    let mut ptx = Vec::new();
+    let mut elf = Vec::new();
+    let mut other_arch = false;
     let mut at = header_size;
     while at < end {
         let field = |off: usize| at.checked_add(off).ok_or(bad);
         let kind = u16::from_le_bytes(le::<2>(bytes, at).ok_or(bad)?);
         let entry_header = u32::from_le_bytes(le::<4>(bytes, field(4)?).ok_or(bad)?) as usize;
         let payload = usize::try_from(u64::from_le_bytes(le::<8>(bytes, field(8)?).ok_or(bad)?)).map_err(|_| bad)?;
+        let arch = u32::from_le_bytes(le::<4>(bytes, field(28)?).ok_or(bad)?);
         let flags = u64::from_le_bytes(le::<8>(bytes, field(40)?).ok_or(bad)?);
         let start = at.checked_add(entry_header).ok_or(bad)?;
         let next = start.checked_add(payload).filter(|&n| n <= end).ok_or(bad)?;
         if entry_header < 48 {
             return Err(bad);
         }
-        if kind == FATBIN_KIND_PTX {
-            if flags & FATBIN_FLAG_COMPRESSED != 0 {
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
+        let usable = match kind {
+            FATBIN_KIND_PTX => true,
+            FATBIN_KIND_ELF => {
+                let fits = arch / 10 == DEVICE_ARCH / 10 && arch <= DEVICE_ARCH;
+                other_arch |= !fits;
+                fits
             }
-            let text = &bytes[start..next];
-            let text = String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]));
-            entries.extend(ptx_entries(&text));
+            _ => false,
+        };
+        if usable {
+            let mut data = std::borrow::Cow::Borrowed(&bytes[start..next]);
+            if flags & (FATBIN_FLAG_LZ4 | FATBIN_FLAG_ZSTD) != 0 {
+                // compressed_size at +16, uncompressed_size at +56 (a 64-byte entry header at least)
+                if entry_header < 64 {
+                    return Err(bad);
+                }
+                let packed = u32::from_le_bytes(le::<4>(bytes, field(16)?).ok_or(bad)?) as usize;
+                let size = usize::try_from(u64::from_le_bytes(le::<8>(bytes, field(56)?).ok_or(bad)?)).map_err(|_| bad)?;
+                let packed = data.get(..packed).ok_or(bad)?;
+                if size > MAX_FATBIN {
+                    return Err(bad);
+                }
+                data = std::borrow::Cow::Owned(if flags & FATBIN_FLAG_ZSTD != 0 {
+                    crate::zstd::decompress(packed, size).map_err(|_| bad)?
+                } else {
+                    crate::cubin::lz4_block(packed, size).map_err(|_| bad)?
+                });
+            }
+            if kind == FATBIN_KIND_PTX {
+                let text = String::from_utf8_lossy(data.split(|&b| b == 0).next().unwrap_or(&[]));
+                ptx.extend(ptx_entries(&text));
+            } else {
+                for e in crate::cubin::elf_kernels(&data).map_err(|_| bad)? {
+                    if !elf.iter().any(|k: &Entry| k.name == e.name) {
+                        elf.push(e);
+                    }
+                }
+            }
         }
         at = next;
     }
-    if entries.is_empty() {
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+    if !elf.is_empty() {
+        Ok(elf)
+    } else if !ptx.is_empty() {
+        Ok(ptx)
+    } else if other_arch {
+        Err(CUDA_ERROR_NO_BINARY_FOR_GPU)
     } else {
-        Ok(entries)
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 }
 
-/// The kernels of an image held in `bytes`: a fat binary or PTX text (see the module
-/// documentation); anything else (machine code) is `CUDA_ERROR_NOT_SUPPORTED`.
-fn bytes_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
+/// The kernels of an image held in `bytes`: a fat binary, a cubin or PTX text (see the module
+/// documentation); anything else is `CUDA_ERROR_NOT_SUPPORTED`.
+pub(crate) fn bytes_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
     if le::<4>(bytes, 0).map(u32::from_le_bytes) == Some(FATBIN_MAGIC) {
         return fatbin_entries(bytes);
+    }
+    if crate::cubin::is_elf(bytes) {
+        return crate::cubin::elf_kernels(bytes).map_err(|_| CUDA_ERROR_INVALID_IMAGE);
     }
     let text = String::from_utf8_lossy(bytes.split(|&b| b == 0).next().unwrap_or(&[]));
     if !text.contains(".version") || !text.contains(".target") {
@@ -246,6 +297,21 @@ unsafe fn image_entries_at(image: *const c_void, wrapper_allowed: bool) -> Res<V
         let total = usize::try_from(fat_size).ok().and_then(|f| f.checked_add(header_size)).filter(|&t| t <= MAX_FATBIN).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
         // SAFETY: the caller's image is as long as its header says.
         return fatbin_entries(unsafe { std::slice::from_raw_parts(p, total) });
+    }
+    if head == *b"\x7fELF" {
+        // SAFETY: an ELF header is 64 bytes; its section and program header tables end the
+        // image (bounded, then every section is checked against that length).
+        let header = unsafe { std::slice::from_raw_parts(p, 64) };
+        let field = |at: usize, n: usize| header[at..at + n].iter().rev().fold(0u64, |v, &b| v << 8 | u64::from(b));
+        let table_end = |off: u64, num: u64, size: u64| num.checked_mul(size).and_then(|t| t.checked_add(off));
+        let total = table_end(field(0x28, 8), field(0x3c, 2), field(0x3a, 2))
+            .zip(table_end(field(0x20, 8), field(0x38, 2), field(0x36, 2)))
+            .map(|(a, b)| a.max(b).max(64))
+            .and_then(|t| usize::try_from(t).ok())
+            .filter(|&t| t <= MAX_FATBIN)
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        // SAFETY: the caller's cubin is as long as its header tables say.
+        return crate::cubin::elf_kernels(unsafe { std::slice::from_raw_parts(p, total) }).map_err(|_| CUDA_ERROR_INVALID_IMAGE);
     }
     // SAFETY: per the contract, otherwise a NUL-terminated text.
     bytes_entries(unsafe { CStr::from_ptr(image as *const c_char) }.to_bytes())
@@ -308,6 +374,21 @@ fn launchable(f: *mut c_void) -> Res<(&'static CStr, Option<usize>)> {
         // SAFETY: registered kernels are leaked, never freed.
         let k = unsafe { &*(f as *const Kernel) };
         return Ok((&k.name, k.params.first().map(|p| p.0)));
+    }
+    Err(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// The number of parameters of a launchable handle (a function or a library kernel), for the
+/// queries that accept either.
+pub fn launchable_handle(f: *mut c_void) -> Res<usize> {
+    let r = registry().read().unwrap_or_else(|e| e.into_inner());
+    if !f.is_null() && r.functions.contains(&(f as usize)) {
+        // SAFETY: registered functions are leaked, never freed.
+        return Ok(unsafe { &*(f as *const Function) }.params.len());
+    }
+    if !f.is_null() && r.kernels.contains(&(f as usize)) {
+        // SAFETY: registered kernels are leaked, never freed.
+        return Ok(unsafe { &*(f as *const Kernel) }.params.len());
     }
     Err(CUDA_ERROR_INVALID_HANDLE)
 }

@@ -11,6 +11,7 @@ mod arbiter;
 mod arrays;
 mod config;
 mod context;
+mod cubin;
 mod devices;
 mod errors;
 mod export_tables;
@@ -24,6 +25,7 @@ mod kernels;
 mod md2;
 mod memory;
 mod node;
+mod occupancy;
 mod pools;
 mod procaddr;
 mod registry;
@@ -32,6 +34,7 @@ mod streams;
 mod timeline;
 mod types;
 mod vmm;
+mod zstd;
 
 // Load-time constructor: reads the configuration, so that `GPUSIM_REPORT` is registered (and a
 // report written at exit) for every process that loads the driver, even one that never calls it.

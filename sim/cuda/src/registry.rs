@@ -17,6 +17,7 @@ use crate::green::*;
 use crate::ipc::*;
 use crate::kernels::*;
 use crate::memory::*;
+use crate::occupancy::*;
 use crate::pools::*;
 use crate::procaddr::*;
 use crate::streams::*;
@@ -92,6 +93,10 @@ gpusim_common::exports! {
     cuFuncGetAttribute, cuKernelGetAttribute, cuFuncSetAttribute, cuKernelSetAttribute, cuFuncSetCacheConfig,
     cuKernelSetCacheConfig, cuFuncGetParamInfo, cuKernelGetParamInfo, cuFuncIsLoaded, cuFuncLoad,
     cuLibraryGetKernelCount, cuLibraryEnumerateKernels, cuKernelGetLibrary, cuLibraryGetModule,
+    // occupancy
+    cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyAvailableDynamicSMemPerBlock,
+    cuFuncGetParamCount, cuKernelGetParamCount,
     // export_tables
     cuGetExportTable,
     // graphs
