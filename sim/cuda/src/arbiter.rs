@@ -173,51 +173,50 @@ impl Dev<'_> {
         crate::timeline::node_record(self.node, self.p, e, tau, tau + (end - s), tau);
     }
 
-    /// This process' entry: found, or claimed (one drained and free, stale or dead).
+    /// This process' entry: found, or claimed (one drained whose attachment is gone; its
+    /// buckets of the time region cleared, so that the new owner is not shown the old one's
+    /// utilisation).
     fn entry(&self, now: u64) -> Option<usize> {
-        let me = crate::node::my_pid();
+        let pid = crate::node::my_pid();
+        let me = self.node.arb_id() << 32 | pid;
         if let Some(e) = (0..busy::NPIDS).find(|&e| self.eget(e, PID) == me) {
             return Some(e);
         }
-        let cur = busy::epoch(now);
         for e in 0..busy::NPIDS {
-            if self.pending(e) {
+            let owner = self.eget(e, PID);
+            let free = owner == 0 || !self.node.arb_alive(owner >> 32, Some(owner & 0xffff_ffff));
+            if !free || self.pending(e) {
                 continue;
             }
             let base = (busy::DEV_HEADER + e * busy::ENTRY_SIZE) / 8;
-            let (Some(pid), Some(last)) = (self.node.time_word(self.p, base), self.node.time_word(self.p, base + 1)) else {
-                return None;
-            };
-            let owner = pid.load(Acquire);
-            // (a live process keeps its entry while it runs, or its solo clock would start
-            // again; one idle for ten times the ring's span may have been replaced by another
-            // process with its pid)
-            let free = owner == 0
-                || owner == me
-                || !alive(owner)
-                || last.load(Acquire) + 10 * (busy::NBUCKETS as u64) < cur;
-            if free {
-                pid.store(me, Release);
-                last.store(cur, Release);
-                self.eset(e, PID, me);
-                self.eset(e, D, 0);
-                let tail = self.eget(e, TAIL);
-                self.eset(e, HEAD, tail);
-                self.eset(e, COLLECTED, tail);
-                if self.get(HOLDER) == e as u64 + 1 {
-                    self.set(HOLDER, 0);
+            for i in 0..2 + busy::NBUCKETS {
+                if let Some(w) = self.node.time_word(self.p, base + i) {
+                    w.store(0, Release);
                 }
-                return Some(e);
             }
+            if let (Some(w), Some(last)) = (self.node.time_word(self.p, base), self.node.time_word(self.p, base + 1)) {
+                last.store(busy::epoch(now), Release);
+                w.store(pid, Release);
+            }
+            self.eset(e, PID, me);
+            self.eset(e, D, 0);
+            let tail = self.eget(e, TAIL);
+            self.eset(e, HEAD, tail);
+            self.eset(e, COLLECTED, tail);
+            if self.get(HOLDER) == e as u64 + 1 {
+                self.set(HOLDER, 0);
+            }
+            return Some(e);
         }
         None
     }
-}
 
-fn alive(pid: u64) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    /// Whether entry `e` has room for another kernel: its ring holds the kernels from the
+    /// first not finished or not read back (whichever is older) to the last published.
+    fn room(&self, e: usize) -> bool {
+        let oldest = self.eget(e, HEAD).min(self.eget(e, COLLECTED));
+        self.eget(e, TAIL) - oldest < RING as u64
+    }
 }
 
 /// What this process knows of its own entry on one device.
@@ -234,17 +233,31 @@ struct Own {
 /// The most steps of `d` kept per device (older event stamps map with the oldest kept).
 const MAX_STEPS: usize = 1 << 16;
 
-/// This process' `Own` per device (a forked child starts afresh: its entries are its own).
+/// This process' `Own` per device. A forked child starts afresh (its entries are its own),
+/// with a mutex of its own: one a parent's thread held at the fork would never be released.
 fn own() -> std::sync::MutexGuard<'static, Vec<Own>> {
-    static O: Mutex<Vec<Own>> = Mutex::new(Vec::new());
-    static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let mut g = O.lock().unwrap_or_else(|e| e.into_inner());
-    let me = crate::node::my_pid() as u32;
-    if g.is_empty() || PID.swap(me, std::sync::atomic::Ordering::Relaxed) != me {
-        g.clear();
-        g.resize_with(busy::MAX_DEVICES, Own::default);
+    struct Mine {
+        pid: u64,
+        own: Mutex<Vec<Own>>,
     }
-    g
+    static MINE: std::sync::atomic::AtomicPtr<Mine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    let pid = crate::node::my_pid();
+    let mut cur = MINE.load(Acquire);
+    // SAFETY: a published `Mine` is leaked, never freed.
+    if cur.is_null() || unsafe { (*cur).pid } != pid {
+        let fresh = Box::into_raw(Box::new(Mine { pid, own: Mutex::new((0..busy::MAX_DEVICES).map(|_| Own::default()).collect()) }));
+        match MINE.compare_exchange(cur, fresh, std::sync::atomic::Ordering::AcqRel, Acquire) {
+            Ok(_) => cur = fresh,
+            Err(other) => {
+                // SAFETY: ours, never published.
+                drop(unsafe { Box::from_raw(fresh) });
+                cur = other;
+            }
+        }
+    }
+    // SAFETY: as above; leaked, so 'static.
+    let mine: &'static Mine = unsafe { &*cur };
+    mine.own.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `f` on device `p`'s block, locked and advanced to now, with this process' entry
@@ -293,59 +306,60 @@ pub fn on(p: usize) -> bool {
     crate::node::active().is_some_and(|n| n.arb_word(p, 0).is_some())
 }
 
+/// Entry `e`'s solo clock at `now`, and whether it waits for the device (its head kernel due
+/// and not started: the clock stands still at its start).
+fn solo(dev: &Dev, e: usize, now: u64) -> (u64, bool) {
+    let solo = now.saturating_sub(dev.eget(e, D));
+    if dev.pending(e) {
+        let head = dev.eget(e, HEAD);
+        let s = dev.iget(e, head, 0);
+        if dev.iget(e, head, 2) == 0 && solo > s {
+            return (s, true);
+        }
+    }
+    (solo, false)
+}
+
 /// This process' solo clock on device `p`, and whether it waits for the device (its head
 /// kernel due and not started); `None` when `p` is not arbitrated.
 pub fn clock(p: usize) -> Option<(u64, bool)> {
-    with(p, |dev, e, now| {
-        let d = dev.eget(e, D);
-        let solo = now.saturating_sub(d);
-        if dev.pending(e) {
-            let head = dev.eget(e, HEAD);
-            let s = dev.iget(e, head, 0);
-            if dev.iget(e, head, 2) == 0 && solo > s {
-                return (s, true);
-            }
-        }
-        (solo, false)
-    })
+    with(p, |dev, e, now| solo(dev, e, now))
 }
 
-/// Publishes this process' kernel `[s, e)` (solo times, after its earlier ones) on device `p`:
-/// `Some(true)` done, `Some(false)` no room (its queue is full: wait and try again), `None`
-/// not arbitrated.
-pub fn publish(p: usize, s: u64, end: u64) -> Option<bool> {
-    with(p, |dev, e, _| {
-        let tail = dev.eget(e, TAIL);
-        if tail - dev.eget(e, COLLECTED) >= RING as u64 {
-            return false;
+/// Times and publishes one kernel of this process on device `p`, with the clock read and the
+/// kernel published under one hold of the lock (so that it is never due before the schedule
+/// has been decided past it): `time(solo now)` gives its solo `[s, e)`. `Some(Some(r))` done;
+/// `Some(None)` no room (its queue is full: `time` was not called; wait and try again);
+/// `None` not arbitrated.
+pub fn publish_with(p: usize, time: impl FnOnce(u64) -> (u64, u64)) -> Option<Option<(u64, u64)>> {
+    with(p, |dev, e, now| {
+        if !dev.room(e) {
+            return None;
         }
+        let (s, end) = time(solo(dev, e, now).0);
+        let tail = dev.eget(e, TAIL);
         dev.set(dev.item(e, tail, 0), s);
         dev.set(dev.item(e, tail, 1), end.max(s));
         dev.set(dev.item(e, tail, 2), 0);
         dev.eset(e, TAIL, tail + 1);
-        true
+        Some((s, end))
     })
-}
-
-/// Whether this process' queue on `p` has room for another kernel (`true` when not arbitrated).
-pub fn room(p: usize) -> bool {
-    with(p, |dev, e, _| dev.eget(e, TAIL) - dev.eget(e, COLLECTED) < RING as u64).unwrap_or(true)
 }
 
 /// The real time of solo time `t` on device `p`: `t` plus what this process had waited for
 /// the device by then; `with` (not 0): the solo start of the kernel the time goes with, whose
-/// own wait counts too.
+/// real start it is.
 pub fn real(p: usize, t: u64, with: u64) -> u64 {
     let own = own();
     let Some(o) = own.get(p) else { return t };
-    let i = if with != 0 { o.steps.partition_point(|&(s, _)| s <= with) } else { o.steps.partition_point(|&(s, _)| s < t) };
+    let (at, i) = if with != 0 { (with, o.steps.partition_point(|&(s, _)| s <= with)) } else { (t, o.steps.partition_point(|&(s, _)| s < t)) };
     let d = match i.checked_sub(1) {
         Some(j) => o.steps[j].1,
         // (before the first step kept: 0, or the oldest kept once older ones were dropped)
         None if o.dropped => o.steps.front().map_or(0, |s| s.1),
         None => 0,
     };
-    t + d
+    at + d
 }
 
 /// What this process has waited for device `p` so far (0 when not arbitrated).

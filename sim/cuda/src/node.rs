@@ -183,6 +183,20 @@ fn try_lock(fd: c_int, start: u64) -> io::Result<bool> {
     }
 }
 
+/// Whether another open file description holds a lock on byte `start` (`F_OFD_GETLK`); an
+/// error counts as held.
+fn held_elsewhere(fd: c_int, start: u64) -> bool {
+    // SAFETY: a zeroed `flock` is valid; OFD commands require l_pid = 0.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = 1;
+    // SAFETY: `fl` is a valid flock for the duration of the call.
+    let r = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl as *mut libc::flock) };
+    r != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
 fn unlock(fd: c_int, start: u64) {
     let _ = ofd(fd, libc::F_OFD_SETLK, libc::F_UNLCK, start);
 }
@@ -542,16 +556,36 @@ impl Node {
         })
     }
 
+    /// This attachment's identity in the arbitration region: its slot + 1 (never 0).
+    pub fn arb_id(&self) -> u64 {
+        self.slot as u64 + 1
+    }
+
+    /// Whether the attachment `id` (an `arb_id`) still lives: its slot's lock is held (the
+    /// kernel drops it when its process exits, zombie or not, whatever its pid namespace) and,
+    /// when `pid` is given, the slot is still that process'.
+    pub fn arb_alive(&self, id: u64, pid: Option<u64>) -> bool {
+        let Some(i) = (id as usize).checked_sub(1).filter(|&i| i < NSLOTS) else { return false };
+        if i == self.slot {
+            return true;
+        }
+        if pid.is_some_and(|pid| self.slot_at(i).pid.load(Ordering::Acquire) != pid) {
+            return false;
+        }
+        held_elsewhere(self.fd, slot_lock_byte(i))
+    }
+
     /// Device `d`'s arbitration lock: word `lock` of its arbitration block holds the holder
-    /// (pid << 32 | thread id), taken by compare-and-swap. A waiter spins, then yields; a holder
-    /// whose process is gone is replaced (its work was a few atomic writes of a schedule that
-    /// the next holder recomputes from the same record). `None` for a device without an
-    /// arbitration block, or after 10 s of waiting for a live holder (the call then runs on
-    /// its own clock).
+    /// (`arb_id` << 32 | thread id), taken by compare-and-swap. A waiter spins, then yields,
+    /// then sleeps 50 µs at a time; a holder whose attachment is gone is replaced (its work
+    /// was a few writes of a schedule that the next holder goes on computing from the same
+    /// record). `None` for a device without an arbitration block, or after 10 s of waiting for
+    /// a live holder (the call then runs on its last known clock).
     pub fn arb_lock(&self, d: usize, lock: usize) -> Option<ArbLocked<'_>> {
         let word = self.arb_word(d, lock)?;
-        thread_local!(static TID: u64 = unsafe { libc::gettid() } as u64);
-        let me = my_pid() << 32 | TID.with(|t| *t);
+        // SAFETY: gettid has no preconditions.
+        thread_local!(static TID: u64 = unsafe { libc::gettid() } as u64 & 0xffff_ffff);
+        let me = self.arb_id() << 32 | TID.with(|t| *t);
         let mut spins = 0u64;
         let mut since = 0u64;
         loop {
@@ -564,23 +598,20 @@ impl Node {
                 std::hint::spin_loop();
                 continue;
             }
-            std::thread::yield_now();
-            if spins % 256 == 0 {
+            if spins < 4096 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            if spins % 64 == 0 {
+                if cur != 0 && !self.arb_alive(cur >> 32, None) && word.compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    return Some(ArbLocked { word, me });
+                }
                 let n = crate::timeline::now();
                 if since == 0 {
                     since = n;
-                }
-                // SAFETY: signal 0 only checks that the process exists.
-                let gone = cur != 0 && unsafe { libc::kill((cur >> 32) as libc::pid_t, 0) } != 0
-                    && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-                if gone && word.compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                    return Some(ArbLocked { word, me });
-                }
-                if n.saturating_sub(since) > 10_000_000_000 {
+                } else if n.saturating_sub(since) > 10_000_000_000 {
                     return None;
-                }
-                if spins > 4096 {
-                    std::thread::sleep(std::time::Duration::from_micros(50));
                 }
             }
         }

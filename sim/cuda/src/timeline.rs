@@ -217,7 +217,7 @@ struct StreamTime {
     host_pending: u32,
     /// Events recorded since the stream's last operation (their stamp word, its value, their
     /// `with` word): if the next operation is a kernel, they go with it (`Stamp::with`).
-    floating: Vec<(&'static AtomicU64, u64, &'static AtomicU64)>,
+    floating: Vec<(&'static AtomicU64, u64, &'static AtomicU64, u64)>,
 }
 
 #[derive(Default)]
@@ -241,6 +241,10 @@ fn state() -> MutexGuard<'static, State> {
     S.get_or_init(|| Mutex::new(State::default())).lock().unwrap_or_else(|e| e.into_inner())
 }
 
+
+/// Operations this process submitted per physical device (events go with a kernel only when
+/// nothing else was submitted between them).
+static OPS: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
 
 /// `busy_until` per physical device: when this process' kernels on it end (solo time).
 static LOCAL_BUSY: [AtomicU64; busy::MAX_DEVICES] = [const { AtomicU64::new(0) }; busy::MAX_DEVICES];
@@ -304,8 +308,11 @@ fn schedule_locked(st: &mut State, t: &Target, op: Op, now: u64) -> (u64, u64) {
     let start = if op.host { ready } else { device_start(t.ctx.physical, ready, op.dur, op.kernel) };
     let end = start + op.dur;
     // Events submitted right before a kernel of their stream go with it.
-    for (cell, was, with) in std::mem::take(&mut s.floating) {
-        if op.kernel && op.dur > 0 && cell.load(Ordering::Acquire) == was {
+    // (only with nothing else submitted to the device in between: the kernel then starts
+    // where the device reached the event, give or take the time between the two calls)
+    let ops = OPS[t.ctx.physical.min(busy::MAX_DEVICES - 1)].fetch_add(1, Ordering::Relaxed);
+    for (cell, was, with, after) in std::mem::take(&mut s.floating) {
+        if op.kernel && op.dur > 0 && ops == after && cell.load(Ordering::Acquire) == was {
             with.store(start.max(1), Ordering::Release);
         }
     }
@@ -348,20 +355,24 @@ pub fn submit(t: &Target, op: Op) -> (u64, u64) {
             }
             let late = now() >= deadline;
             if !op.launch || s.pending.len() < depth || late {
-                // (the room is looked at and the kernel published under the state lock: this
-                // process' other threads cannot take the room meanwhile)
-                if timed && !late && !crate::arbiter::room(p) {
-                    drop(st);
-                    std::thread::sleep(std::time::Duration::from_nanos(STEP_NS / 4));
-                    continue;
-                }
-                let r = schedule_locked(&mut st, t, op, n);
                 if timed {
-                    if crate::arbiter::publish(p, r.0, r.1).is_none() {
-                        record_local(p, r.0, r.1);
+                    // (on a device shared with other processes: timed from the solo clock read
+                    // under the arbitration lock, and published under the same hold)
+                    match crate::arbiter::publish_with(p, |solo| schedule_locked(&mut st, t, op, solo)) {
+                        Some(Some(r)) => return r,
+                        Some(None) if !late => {
+                            // (this process' queue of kernels on the device is full)
+                            drop(st);
+                            std::thread::sleep(std::time::Duration::from_nanos(STEP_NS / 4));
+                            continue;
+                        }
+                        _ => {}
                     }
+                    let r = schedule_locked(&mut st, t, op, n);
+                    record_local(p, r.0, r.1);
+                    return r;
                 }
-                return r;
+                return schedule_locked(&mut st, t, op, n);
             }
             s.pending[s.pending.len() - depth]
         };
@@ -383,7 +394,7 @@ pub fn submit_event(t: &Target, cell: &'static AtomicU64, with: &'static AtomicU
     cell.store(word, Ordering::Release);
     let mut st = state();
     if let Some(s) = st.streams.get_mut(&t.key) {
-        s.floating.push((cell, word, with));
+        s.floating.push((cell, word, with, OPS[p.min(busy::MAX_DEVICES - 1)].load(Ordering::Relaxed)));
     }
 }
 

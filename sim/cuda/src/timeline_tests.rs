@@ -453,3 +453,113 @@ fn blocking_streams_wait_for_the_legacy_stream_non_blocking_ones_do_not() {
     assert!(at(2) >= t0 + 200 * MS);
     assert!(at(3) >= t0 + 200 * MS);
 }
+
+
+#[test]
+fn a_full_queue_of_kernels_never_overwrites_the_running_one() {
+    let t = setup();
+    let _node = NodeOn::new("ring");
+    unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
+    let (s1, s2) = (stream(), stream());
+    let start = now();
+    assert_eq!(launch(t.busy, s1, 1000 * MS), CUDA_SUCCESS);
+    let _ = clock(0); // the 1 s head starts and is collected (collected = head + 1)
+    for i in 0..1024 {
+        assert_eq!(launch(t.busy, if i % 2 == 0 { s1 } else { s2 }, MS), CUDA_SUCCESS);
+    }
+    let launched = now() - start;
+    let (mut last, mut back, mut done) = (clock(0), 0u64, 0u64);
+    while now() < start + 6000 * MS {
+        let c = clock(0);
+        if c < last {
+            back = back.max(last - c);
+        }
+        last = c;
+        if unsafe { cuStreamQuery(s1) == CUDA_SUCCESS && cuStreamQuery(s2) == CUDA_SUCCESS } {
+            done = now() - start;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("ring: launched in {} ms, done after {} ms (expected ~2025), clock went back by {} ms", launched / MS, done / MS, back / MS);
+    assert!(back == 0 && done > 0 && done < 2300 * MS);
+}
+
+#[test]
+fn a_lock_holder_that_exited_is_replaced_at_once_even_unreaped() {
+    let _t = setup();
+    let _node = NodeOn::new("zombie");
+    let (pid, fd) = fork_child(|| {
+        std::mem::forget(crate::node::active().unwrap().arb_lock(0, 3));
+        1
+    });
+    let mut v = 0u64;
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    std::thread::sleep(Duration::from_millis(50)); // the child has exited; not reaped yet
+    let t0 = Instant::now();
+    let _ = clock(0);
+    let took = t0.elapsed();
+    unsafe {
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        libc::close(fd);
+    }
+    let t1 = Instant::now();
+    let _ = clock(0);
+    eprintln!("zombie: clock(0) took {took:?} while the holder is a zombie, {:?} once reaped", t1.elapsed());
+    assert!(took < Duration::from_secs(1));
+}
+
+#[test]
+fn an_event_right_before_a_kernel_waits_with_it_for_another_process_turn() {
+    let t = setup();
+    let _node = NodeOn::new("with");
+    unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
+    let busy = t.busy;
+    let (s1, s2) = (stream(), stream());
+    let (a, b) = (event(0), event(0));
+    unsafe {
+        // our 300 ms kernel; meanwhile another process queues 500 ms of work, which gets the
+        // device when ours ends (our slice is over); the event `a`, submitted on s2 right
+        // before our next kernel, is reached when that kernel gets the device: 500 ms after
+        // `b` (the end of the first kernel), in the order they were submitted
+        assert_eq!(launch(busy, s1, 300 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(b, s1), CUDA_SUCCESS);
+        let child = fork_child(move || {
+            let s: CUstream = std::ptr::null_mut();
+            let rc = launch(busy, s, 500 * MS);
+            cuCtxSynchronize();
+            rc as u64
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(cuEventRecord(a, s2), CUDA_SUCCESS);
+        assert_eq!(launch(busy, s2, 10 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(a), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+        assert_eq!(join_child(child), 0);
+        let ba = elapsed_ms(b, a);
+        assert!((499.0..=505.0).contains(&ba), "elapsed(b, a) = {ba} ms");
+    }
+}
+
+#[test]
+fn an_event_not_reached_yet_is_never_stamped_before_one_reached() {
+    let t = setup();
+    let _node = NodeOn::new("with2");
+    unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
+    let (s1, s2) = (stream(), stream());
+    let (a, x) = (event(0), event(0));
+    unsafe {
+        assert_eq!(cuEventRecord(a, s2), CUDA_SUCCESS); // s2 idle, device idle
+        assert_eq!(launch(t.busy, s1, 50 * MS), CUDA_SUCCESS);
+        assert_eq!(launch(t.busy, s2, 10 * MS), CUDA_SUCCESS);
+        assert_eq!(cuEventRecord(x, s1), CUDA_SUCCESS); // end of the 50 ms kernel
+        std::thread::sleep(Duration::from_millis(10));
+        let c0 = clock(0); let n0 = now();
+        let qa = cuEventQuery(a);
+        let qx = cuEventQuery(x);
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+        let xa = elapsed_ms(x, a);
+        eprintln!("with2: at 10 ms query(a) = {qa}, query(x) = {qx}; elapsed(x, a) = {xa} ms");
+        assert!(!(qa == CUDA_ERROR_NOT_READY && xa < 0.0));
+    }
+}
