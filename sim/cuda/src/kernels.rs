@@ -204,11 +204,16 @@ pub(crate) fn fatbin_entries(bytes: &[u8]) -> Res<Vec<Entry>> {
                 if size > MAX_FATBIN {
                     return Err(bad);
                 }
-                data = std::borrow::Cow::Owned(if flags & FATBIN_FLAG_ZSTD != 0 {
+                let plain = if flags & FATBIN_FLAG_ZSTD != 0 {
                     crate::zstd::decompress(packed, size).map_err(|_| bad)?
                 } else {
                     crate::cubin::lz4_block(packed, size).map_err(|_| bad)?
-                });
+                };
+                // (the entry says how large it is: anything else is a corrupt stream)
+                if plain.len() != size {
+                    return Err(bad);
+                }
+                data = std::borrow::Cow::Owned(plain);
             }
             if kind == FATBIN_KIND_PTX {
                 let text = String::from_utf8_lossy(data.split(|&b| b == 0).next().unwrap_or(&[]));

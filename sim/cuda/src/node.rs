@@ -50,7 +50,7 @@ use gpusim_common::busy;
 /// The variable naming the node state file.
 pub const ENV: &str = "GPUSIM_NODE_STATE";
 pub const MAGIC: u64 = u64::from_le_bytes(*b"gpusimND");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = gpusim_common::config::MAX_DEVICES;
 pub const NSLOTS: usize = 256;
 const DEVS_OFF: usize = 64;
@@ -86,7 +86,10 @@ struct DevEntry {
 struct Slot {
     pid: AtomicU64,
     usage: [AtomicU64; MAX_DEVICES],
-    _reserved: [u64; 15],
+    /// How many times the slot was claimed (the arbitration region names an attachment by its
+    /// slot and this generation: a slot claimed again is another attachment).
+    generation: AtomicU64,
+    _reserved: [u64; 14],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == DEVS_OFF + 32 * MAX_DEVICES);
@@ -515,6 +518,7 @@ impl Node {
                     for u in &s.usage {
                         u.store(0, Ordering::Relaxed);
                     }
+                    s.generation.fetch_add(1, Ordering::AcqRel);
                     s.pid.store(std::process::id() as u64, Ordering::Release);
                     claimed = i;
                     break;
@@ -556,16 +560,21 @@ impl Node {
         })
     }
 
-    /// This attachment's identity in the arbitration region: its slot + 1 (never 0).
+    /// This attachment's identity in the arbitration region (32 bits, never 0): its slot + 1
+    /// (9 bits) and the slot's generation when it was claimed (23 bits).
     pub fn arb_id(&self) -> u64 {
-        self.slot as u64 + 1
+        let generation = self.slot_at(self.slot).generation.load(Ordering::Acquire) & 0x7f_ffff;
+        generation << 9 | (self.slot as u64 + 1)
     }
 
     /// Whether the attachment `id` (an `arb_id`) still lives: its slot's lock is held (the
     /// kernel drops it when its process exits, zombie or not, whatever its pid namespace) and,
     /// when `pid` is given, the slot is still that process'.
     pub fn arb_alive(&self, id: u64, pid: Option<u64>) -> bool {
-        let Some(i) = (id as usize).checked_sub(1).filter(|&i| i < NSLOTS) else { return false };
+        let Some(i) = ((id & 0x1ff) as usize).checked_sub(1).filter(|&i| i < NSLOTS) else { return false };
+        if self.slot_at(i).generation.load(Ordering::Acquire) & 0x7f_ffff != id >> 9 {
+            return false; // the slot was claimed again since: that attachment is gone
+        }
         if i == self.slot {
             return true;
         }

@@ -563,3 +563,22 @@ fn an_event_not_reached_yet_is_never_stamped_before_one_reached() {
         assert!(!(qa == CUDA_ERROR_NOT_READY && xa < 0.0));
     }
 }
+
+#[test]
+fn a_lock_left_by_an_attachment_whose_slot_was_claimed_again_is_replaced_at_once() {
+    let _t = setup();
+    let path = crate::node::tests::temp_path("reuse");
+    let totals = vec![16u64 << 30; crate::devices::physical().len()];
+    let gone = crate::node::Node::attach(&path, &totals).unwrap();
+    let slot = gone.slot();
+    // it dies holding device 0's lock (its slot lock goes with its descriptor)
+    std::mem::forget(gone.arb_lock(0, 3));
+    drop(gone);
+    let next = crate::node::Node::attach(&path, &totals).unwrap();
+    assert_eq!(next.slot(), slot, "the slot is claimed again");
+    let t0 = Instant::now();
+    assert!(next.arb_lock(0, 3).is_some());
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(next);
+    let _ = std::fs::remove_dir_all(std::path::Path::new(&path).parent().unwrap());
+}

@@ -90,7 +90,12 @@ fn frame(src: &[u8], mut at: usize, out: &mut Vec<u8>, max_out: usize) -> R<usiz
                     return Err(());
                 }
                 let b = src.get(at..at.checked_add(size).ok_or(())?).ok_or(())?;
+                let before = out.len();
                 block(b, &mut st, out, start, max_out)?;
+                // (a block decompresses to at most Block_Maximum_Size, RFC 8878 3.1.1.2.3)
+                if out.len() - before > MAX_BLOCK {
+                    return Err(());
+                }
                 at += size;
             }
             _ => return Err(()),
