@@ -454,7 +454,6 @@ fn blocking_streams_wait_for_the_legacy_stream_non_blocking_ones_do_not() {
     assert!(at(3) >= t0 + 200 * MS);
 }
 
-
 #[test]
 fn a_full_queue_of_kernels_never_overwrites_the_running_one() {
     let t = setup();
@@ -481,8 +480,9 @@ fn a_full_queue_of_kernels_never_overwrites_the_running_one() {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    eprintln!("ring: launched in {} ms, done after {} ms (expected ~2025), clock went back by {} ms", launched / MS, done / MS, back / MS);
-    assert!(back == 0 && done > 0 && done < 2300 * MS);
+    // (1 s, then 1 024 ms of 1 ms kernels on two streams: about 2 025 ms; the solo clock never
+    // goes back)
+    assert!(back == 0 && done > 0 && done < 2300 * MS, "launched in {} ms, done after {} ms, clock back by {} ms", launched / MS, done / MS, back / MS);
 }
 
 #[test]
@@ -505,8 +505,7 @@ fn a_lock_holder_that_exited_is_replaced_at_once_even_unreaped() {
     }
     let t1 = Instant::now();
     let _ = clock(0);
-    eprintln!("zombie: clock(0) took {took:?} while the holder is a zombie, {:?} once reaped", t1.elapsed());
-    assert!(took < Duration::from_secs(1));
+    assert!(took < Duration::from_secs(1) && t1.elapsed() < Duration::from_secs(1), "{took:?} while the holder is a zombie, {:?} once reaped", t1.elapsed());
 }
 
 #[test]
@@ -554,13 +553,12 @@ fn an_event_not_reached_yet_is_never_stamped_before_one_reached() {
         assert_eq!(launch(t.busy, s2, 10 * MS), CUDA_SUCCESS);
         assert_eq!(cuEventRecord(x, s1), CUDA_SUCCESS); // end of the 50 ms kernel
         std::thread::sleep(Duration::from_millis(10));
-        let c0 = clock(0); let n0 = now();
-        let qa = cuEventQuery(a);
-        let qx = cuEventQuery(x);
+        // (`a` does not go with the s2 kernel: the s1 kernel was submitted between them)
+        assert_eq!(cuEventQuery(a), CUDA_SUCCESS);
+        assert_eq!(cuEventQuery(x), CUDA_ERROR_NOT_READY);
         assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
         let xa = elapsed_ms(x, a);
-        eprintln!("with2: at 10 ms query(a) = {qa}, query(x) = {qx}; elapsed(x, a) = {xa} ms");
-        assert!(!(qa == CUDA_ERROR_NOT_READY && xa < 0.0));
+        assert!((-50.5..=-49.5).contains(&xa), "elapsed(x, a) = {xa} ms");
     }
 }
 
