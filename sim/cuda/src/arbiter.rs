@@ -21,7 +21,8 @@
 //! A kernel runs to its end once started (the switch happens between kernels, as a context
 //! switch between kernels would). Nothing is decided ahead of the present: every call advances
 //! the schedule from where it was left (`t`) to now, under the device's arbitration lock, and
-//! a kernel published at `n` is never due before `n`, so what was decided stays right.
+//! a kernel is timed from the solo clock read under the same hold of the lock that publishes
+//! it, so it is never due before the schedule was decided: what was decided stays right.
 //!
 //! # Layout (per physical device, up to 16, at [`OFF`] + [`DEV_SIZE`]·d)
 //!
@@ -30,8 +31,8 @@
 //! | 0 | `t`: the schedule is decided up to this time (0: never advanced) |
 //! | 1 | the holder: entry + 1 (0: none) |
 //! | 2 | since when it holds the device |
-//! | 3 | the lock: its holder (pid << 32 \| thread id), 0 when free (`Node::arb_lock`) |
-//! | 8 + [`ENTRY_WORDS`]·e | entry `e` (16, the same index as the process' entry of the time region): pid, `d`, head, tail, collected, 3 reserved, then [`RING`] kernels of 3 words: `s`, `e`, real start (0: not started) |
+//! | 3 | the lock: its holder (`Node::arb_id` << 32 \| thread id), 0 when free (`Node::arb_lock`) |
+//! | 8 + [`ENTRY_WORDS`]·e | entry `e` (16, the same index as the process' entry of the time region): its owner (`Node::arb_id` << 32 \| pid), `d`, head, tail, collected, 3 reserved, then [`RING`] kernels of 3 words: `s`, `e`, real start (0: not started) |
 //!
 //! `head`, `tail` and `collected` count kernels since the entry was claimed: `head` is the
 //! first not finished, `tail` the next to publish, `collected` the first whose start the owner
@@ -42,7 +43,8 @@ use gpusim_common::busy;
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Release};
 use std::sync::Mutex;
 
-/// Kernels queued per process and device (a launch that finds them all unstarted waits).
+/// Kernels a process holds per device, from the oldest not finished or not read back to the
+/// newest (a launch that finds them waits).
 pub const RING: usize = 1024;
 const ENTRY_HEADER: usize = 8;
 pub const ENTRY_WORDS: usize = ENTRY_HEADER + 3 * RING;
