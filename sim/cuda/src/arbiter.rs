@@ -237,12 +237,20 @@ const MAX_STEPS: usize = 1 << 16;
 
 /// This process' `Own` per device. A forked child starts afresh (its entries are its own),
 /// with a mutex of its own: one a parent's thread held at the fork would never be released.
+struct Mine {
+    pid: u64,
+    own: Mutex<Vec<Own>>,
+}
+
+static MINE: std::sync::atomic::AtomicPtr<Mine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Forgets this process' `Own` (a test installs another node state: its entries are new).
+#[cfg(test)]
+pub fn forget() {
+    MINE.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
+}
+
 fn own() -> std::sync::MutexGuard<'static, Vec<Own>> {
-    struct Mine {
-        pid: u64,
-        own: Mutex<Vec<Own>>,
-    }
-    static MINE: std::sync::atomic::AtomicPtr<Mine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
     let pid = crate::node::my_pid();
     let mut cur = MINE.load(Acquire);
     // SAFETY: a published `Mine` is leaked, never freed.

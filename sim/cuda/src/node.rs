@@ -978,6 +978,7 @@ pub fn install_for_test(n: Option<Node>) {
     watch_forks();
     let p = n.map_or(std::ptr::null_mut(), |n| Box::into_raw(Box::new(n)));
     let old = ACTIVE.swap(p, Ordering::AcqRel);
+    crate::arbiter::forget();
     if !old.is_null() {
         // SAFETY: installed by us; no driver call is running (DRIVER_TESTS is held).
         drop(unsafe { Box::from_raw(old) });

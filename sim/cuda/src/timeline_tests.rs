@@ -557,8 +557,10 @@ fn an_event_not_reached_yet_is_never_stamped_before_one_reached() {
         assert_eq!(cuEventQuery(a), CUDA_SUCCESS);
         assert_eq!(cuEventQuery(x), CUDA_ERROR_NOT_READY);
         assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+        // (`x` is 50 ms after the s1 kernel was submitted, which came after `a`: exactly 50 ms
+        // or more; the upper bound is loose, for loaded cores and emulation)
         let xa = elapsed_ms(x, a);
-        assert!((-50.5..=-49.5).contains(&xa), "elapsed(x, a) = {xa} ms");
+        assert!((-60.0..=-49.99).contains(&xa), "elapsed(x, a) = {xa} ms");
     }
 }
 
