@@ -126,11 +126,24 @@ macro_rules! hook_table {
             [const { std::sync::atomic::AtomicUsize::new(0) }; HOOK_COUNT];
 
         $(
-            $crate::hooks::intercept::hook_table!(@export $sym { $body } [$($lane)?] ($($arg: $ty),*));
+            $crate::hooks::intercept::hook_table!(@export $sym { $body } [$($lane)?] [$($flag)*] ($($arg: $ty),*));
         )*
     };
+    // A `first` hook: the shim starts, then the body runs with the driver's function only.
+    (@export $sym:ident { $body:path } [] [first] ($($arg:ident : $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
+            type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
+            $crate::hooks::intercept::enter_first(Hook::$sym as usize, |real| {
+                // SAFETY: `real` is the driver's own `$sym` (looked up by that exact name),
+                // whose C signature is the one declared in this table; the arguments are the
+                // program's, passed on unchanged.
+                unsafe { $body(std::mem::transmute::<usize, Real>(real), $($arg),*) }
+            })
+        }
+    };
     // A hook without a fast lane: the general path.
-    (@export $sym:ident { $body:path } [] ($($arg:ident : $ty:ty),*)) => {
+    (@export $sym:ident { $body:path } [] [$($flag:ident)*] ($($arg:ident : $ty:ty),*)) => {
         #[no_mangle]
         pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
             type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
@@ -139,7 +152,7 @@ macro_rules! hook_table {
     };
     // A hook with a fast lane (`lane`): tried first; the general path is a function of its
     // own, so that the lane's registers and frame stay small.
-    (@export $sym:ident { $body:path } [$lane:path] ($($arg:ident : $ty:ty),*)) => {
+    (@export $sym:ident { $body:path } [$lane:path] [$($flag:ident)*] ($($arg:ident : $ty:ty),*)) => {
         #[no_mangle]
         pub unsafe extern "C" fn $sym($($arg: $ty),*) -> std::ffi::c_int {
             type Real = unsafe extern "C" fn($($ty),*) -> std::ffi::c_int;
@@ -181,6 +194,7 @@ macro_rules! hook_table {
     (@needs compute) => { $crate::hooks::intercept::NEEDS_COMPUTE };
     (@needs green) => { $crate::hooks::intercept::NEEDS_GREEN };
     (@needs ptsz) => { 0 };
+    (@needs first) => { 0 };
 }
 pub(crate) use hook_table;
 
@@ -222,6 +236,39 @@ pub fn enter(index: usize, body: impl FnOnce(&'static State, usize) -> c_int) ->
             return uninitialised;
         }
         body(st, real)
+    }))
+    .unwrap_or_else(|payload| unwound(index, payload))
+}
+
+/// A `first` hook (NVML's initialisation): starts the shim, then calls the driver's own
+/// function (`call`) whatever the shim's state: being built on this thread, broken, disabled.
+///
+/// Why: the real NVML initialises under a lock and, under it, loads the CUDA driver and looks
+/// up `cuGetExportTable` through the process' `dlsym`, the shim's. Were the shim to start
+/// there, its start-up, which initialises NVML to learn the devices, would wait for that lock
+/// on the thread that holds it: `nvidia-smi` and pynvml hung under `GPUSHIM_VISIBLE_DEVICES`
+/// on an H100 (driver 580). Started here, before NVML takes its lock, it never does. The real
+/// `nvmlInit_v2` also calls `nvmlInitWithFlags` through its PLT, which reaches this again.
+pub fn enter_first(index: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
+    let hook = &HOOKS[index];
+    catch_unwind(AssertUnwindSafe(|| {
+        let st = crate::hooks::state();
+        // (Acquire: pairs with `resolve_real`'s Release)
+        let mut real = REAL[index].load(Acquire);
+        if real == 0 {
+            if let Some(st) = st {
+                st.load(hook.lib(), None, true);
+                real = REAL[index].load(Acquire);
+            }
+        }
+        if real == 0 {
+            // (inside the shim's own start-up before it opened the library, or no state)
+            real = driver::lookup(libc::RTLD_NEXT, hook.symbol()) as usize;
+        }
+        if real == 0 || real == hook.hook.0 as usize {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        call(real)
     }))
     .unwrap_or_else(|payload| unwound(index, payload))
 }

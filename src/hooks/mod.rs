@@ -190,7 +190,11 @@ hook_table! {
     cuModuleUnload            = "cuModuleUnload"        @ 2000 place (module: *mut c_void)                                                    => launch::unload;
     cuLibraryUnload           = "cuLibraryUnload"       @ 12000 place (library: *mut c_void)                                                  => launch::unload;
 
-    // NVML (the base and version columns only matter for cuGetProcAddress).
+    // NVML (the base and version columns only matter for cuGetProcAddress). Its initialisation
+    // starts the shim first (`first`: `intercept::enter_first` says why) and is NVML's own.
+    nvmlInit                  = "nvmlInit"              @ 0 first ()                                                                         => nvml::init;
+    nvmlInit_v2               = "nvmlInit"              @ 0 first ()                                                                         => nvml::init;
+    nvmlInitWithFlags         = "nvmlInitWithFlags"     @ 0 first (flags: c_uint)                                                            => nvml::init_with_flags;
     nvmlDeviceGetCount        = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;
     nvmlDeviceGetCount_v2     = "nvmlDeviceGetCount"    @ 0 (count: *mut c_uint)                                                             => nvml::get_count;
     nvmlDeviceGetHandleByIndex = "nvmlDeviceGetHandleByIndex" @ 0 (index: c_uint, dev: *mut NvmlDevice)                                  => nvml::handle_by_index;

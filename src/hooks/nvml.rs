@@ -22,6 +22,16 @@ const NVML_ERROR_INVALID_ARGUMENT: c_int = 2;
 const NVML_ERROR_NOT_FOUND: c_int = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
 
+/// `nvmlInit`, `nvmlInit_v2` (`first` in the table: the shim has started): NVML's own.
+pub unsafe fn init(real: unsafe extern "C" fn() -> c_int) -> c_int {
+    real()
+}
+
+/// `nvmlInitWithFlags`, likewise.
+pub unsafe fn init_with_flags(real: unsafe extern "C" fn(c_uint) -> c_int, flags: c_uint) -> c_int {
+    real(flags)
+}
+
 /// `nvmlMemory_t`.
 #[repr(C)]
 pub struct NvmlMemory {

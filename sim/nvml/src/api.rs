@@ -106,14 +106,19 @@ fn two_devices(a: nvmlDevice_t, b: nvmlDevice_t) -> Res<(&'static Device, &'stat
 nvml_api! {
     // ---- init and system -------------------------------------------------------------------
 
+    /// Both call `nvmlInitWithFlags(0)` through the dynamic linker, as the real ones do.
     fn nvmlInit() {
-        init();
-        Ok(())
+        match crate::ffi::init_through_export() {
+            NVML_SUCCESS => Ok(()),
+            e => Err(e),
+        }
     }
 
     fn nvmlInit_v2() {
-        init();
-        Ok(())
+        match crate::ffi::init_through_export() {
+            NVML_SUCCESS => Ok(()),
+            e => Err(e),
+        }
     }
 
     /// Any flags (`NVML_INIT_FLAG_NO_GPUS`, `NVML_INIT_FLAG_NO_ATTACH`) are accepted.

@@ -19,6 +19,7 @@
 use crate::types::*;
 pub use gpusim_common::ffi::{guard_value, trace_line};
 use std::ffi::{c_char, c_uint, CStr};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 macro_rules! nvml_api {
@@ -47,8 +48,61 @@ fn init_count() -> std::sync::MutexGuard<'static, u64> {
     INIT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Serialises initialisations, as the real NVML's lock does.
+static INIT_WORK: Mutex<()> = Mutex::new(());
+/// The thread (`gettid`) inside an initialisation, 0 when none.
+static INIT_OWNER: AtomicI64 = AtomicI64::new(0);
+
+/// One `nvmlInit*`, as the real NVML does it (driver 580, seen on an H100): under a lock, it
+/// loads the CUDA driver (`dlopen("libcuda.so.1")`) and looks `cuGetExportTable` up with the
+/// process' `dlsym` (whatever interposes it). Whatever that look-up reaches runs under the
+/// lock: another `nvmlInit*` there, on the same thread, deadlocks the real NVML. The simulator
+/// says so and aborts rather than hang the test; another thread waits, as with the real one.
 pub fn init() {
+    // SAFETY: a plain system call.
+    let me = unsafe { libc::gettid() } as i64;
+    if INIT_OWNER.load(Ordering::Acquire) == me {
+        eprintln!("gpusim-nvml: nvmlInit called again while this thread initialises NVML: the real NVML deadlocks here");
+        std::process::abort();
+    }
+    let _work = INIT_WORK.lock().unwrap_or_else(|e| e.into_inner());
+    INIT_OWNER.store(me, Ordering::Release);
+    load_cuda();
+    INIT_OWNER.store(0, Ordering::Release);
     *init_count() += 1;
+}
+
+/// The CUDA driver's `cuGetExportTable`, looked up as the real NVML does at initialisation; the
+/// library stays loaded. No `libcuda.so.1` on the search path: nothing.
+fn load_cuda() {
+    // SAFETY: plain libdl calls with NUL-terminated names; the handle is kept, never closed.
+    unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
+        if !h.is_null() {
+            libc::dlsym(h, c"cuGetExportTable".as_ptr());
+        }
+    }
+}
+
+/// `nvmlInitWithFlags` as the real `nvmlInit` and `nvmlInit_v2` call it: through the dynamic
+/// linker (the real library calls its own export through its PLT), so a preloaded library
+/// exporting the name gets the call. Looked up once (`RTLD_DEFAULT`: the scope a PLT entry of
+/// this library is bound in).
+pub fn init_through_export() -> nvmlReturn_t {
+    type InitWithFlags = unsafe extern "C" fn(c_uint) -> nvmlReturn_t;
+    static FOUND: AtomicUsize = AtomicUsize::new(0);
+    let mut f = FOUND.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: a plain look-up of a NUL-terminated name.
+        f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"nvmlInitWithFlags".as_ptr()) } as usize;
+        if f == 0 {
+            f = crate::api::nvmlInitWithFlags as InitWithFlags as usize;
+        }
+        FOUND.store(f, Ordering::Release);
+    }
+    // SAFETY: `f` is an `nvmlInitWithFlags`: this library's own, or an interposer's with its
+    // signature (nvml.h).
+    unsafe { std::mem::transmute::<usize, InitWithFlags>(f)(0) }
 }
 
 /// `Err(NVML_ERROR_UNINITIALIZED)` when the count is already 0.
