@@ -25,6 +25,7 @@ use crate::state::{self, State};
 /// NVML's codes for the failures `enter` reports.
 const NVML_ERROR_UNINITIALIZED: c_int = 1;
 const NVML_ERROR_FUNCTION_NOT_FOUND: c_int = 13;
+const NVML_ERROR_LIBRARY_NOT_FOUND: c_int = 12;
 const NVML_ERROR_UNKNOWN: c_int = 999;
 
 /// A function address that may sit in a `static`.
@@ -266,7 +267,8 @@ pub fn enter_first(index: usize, call: impl FnOnce(usize) -> c_int) -> c_int {
             real = driver::lookup(libc::RTLD_NEXT, hook.symbol()) as usize;
         }
         if real == 0 || real == hook.hook.0 as usize {
-            return NVML_ERROR_FUNCTION_NOT_FOUND;
+            // no NVML in the process (the program found the shim's export by name)
+            return NVML_ERROR_LIBRARY_NOT_FOUND;
         }
         call(real)
     }))

@@ -359,8 +359,14 @@ fn nvml_library() -> Option<*mut std::ffi::c_void> {
     if h != 0 {
         return Some(h as *mut std::ffi::c_void);
     }
-    crate::hooks::state()?.nvml_api()?;
-    let anchor = crate::hooks::REAL[crate::hooks::Hook::nvmlDeviceGetIndex as usize].load(Ordering::Relaxed);
+    let resolved = || crate::hooks::REAL[crate::hooks::Hook::nvmlDeviceGetIndex as usize].load(Ordering::Acquire);
+    // (the shim's start-up fills REAL before it initialises NVML: a call made by NVML's own
+    // initialisation, while this thread builds the state, finds the library without the state)
+    let mut anchor = resolved();
+    if anchor == 0 {
+        crate::hooks::state()?.nvml_api()?;
+        anchor = resolved();
+    }
     if anchor == 0 {
         return None;
     }

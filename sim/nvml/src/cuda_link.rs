@@ -5,7 +5,8 @@
 //! magic `gpusimND` at 0, device `d`'s `used` at 64 + 32·d + 8), `used(p)` is what every process
 //! of the node holds on physical device `p`, as NVML shows of a real GPU; otherwise:
 //!
-//! If `libcuda.so.1` is already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`: never loads it) and
+//! If `libcuda.so.1` is already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`: this module never loads
+//! it; `nvmlInit*` does, as the real NVML does, when it is on the search path) and
 //! exports the simulator's hook `int gpusim_stats(int physical, uint64_t *used, uint64_t *peak,
 //! uint64_t *total)`, `used(p)` is what it reports for physical device `p`; otherwise 0. Once
 //! found, the hook's address is kept, and so is the `dlopen` reference that keeps the driver
@@ -70,7 +71,8 @@ pub fn used(p: usize) -> u64 {
 mod tests {
     #[test]
     fn no_driver_means_nothing_used() {
-        // The unit-test binary never loads libcuda.so.1.
+        // This module never loads libcuda.so.1; if another test's nvmlInit did, it is the
+        // simulated driver, which holds nothing in this process.
         assert_eq!(super::used(0), 0);
         assert_eq!(super::used(99), 0);
     }

@@ -3,7 +3,8 @@
 //!
 //! The real NVML lists every process of the machine that has a context on the device. The
 //! simulated NVML sees only the simulated driver of its own process: if `libcuda.so.1` is
-//! already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`, never loading it) and exports the
+//! already loaded (`dlopen(RTLD_NOW | RTLD_NOLOAD)`, never loading it here; `nvmlInit*` loads it when it
+//! is on the search path) and exports the
 //! simulator's hooks `int gpusim_has_context(int physical)` and `gpusim_stats`, the process is
 //! listed with its pid and, as `usedGpuMemory`, the bytes that driver has allocated on the
 //! device (the real figure also counts the context's own reservation, which the simulator does
