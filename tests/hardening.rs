@@ -823,8 +823,10 @@ fn lookups_and_calls_fit_a_small_stack() {
     };
     let (with, without) = (run(64, "calls", true, &[]), run(64, "calls", false, &[]));
     // (aarch64 frames hold more: x19–x28 and d8–d15 saved, 16-byte pairs; measured under qemu:
-    // init 2,128 bytes more than the driver's own, so 2.5 KiB there)
-    let step_most = if TARGET_ARCH == "aarch64" { 2560 } else { 2048 };
+    // init 2,128 bytes more than the driver's own, so 2.5 KiB there. On x86-64 the same build
+    // adds 1,968 bytes at init in most runs and 2,096 in some (a path of the start-up that is
+    // taken or not: seen with and without the NVML hooks of 2026-11-27), so 2 KiB + 128 there.)
+    let step_most = if TARGET_ARCH == "aarch64" { 2560 } else { 2048 + 128 };
     for (step, most) in [("lookup1", 4096), ("init", step_most), ("alloc", step_most)] {
         let (n, what) = added(&with, &without, step);
         assert!(n <= most, "the shim adds {n} > {most}: {what}");
