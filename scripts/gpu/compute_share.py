@@ -145,6 +145,10 @@ class NvmlProcessUtilisation:
         seconds); None without at least 4 of them."""
         return device_share(self.device, t0, t1)
 
+    def busy_text(self, busy):
+        """A busy share from `device_share` as a note says it, or why there is none."""
+        return "%.1f%%" % (100 * busy) if busy is not None else self.device_reason or "not sampled"
+
 
 def device_share(samples, t0, t1):
     """Mean of NVML's `gpu` utilisation samples [(epoch seconds, percent)] inside [t0, t1], as a
@@ -189,7 +193,7 @@ def compute_pair(t):
             busy = nvml.device_share(*window)
             c.note("shares %.1f%% and %.1f%% of the baseline, split %.1f:%.1f; NVML: %s; device busy %s; %s" % (
                 100 * sa, 100 * sb, 100 * ra / (ra + rb), 100 * rb / (ra + rb), nvml.reason or ", ".join(util),
-                "%.1f%%" % (100 * busy) if busy is not None else (nvml.device_reason or "not sampled"),
+                nvml.busy_text(busy),
                 "; ".join(pacer_note(d) for d in (a, b))))
             if want:
                 c.expect("first process' share (limit 30%)", abs(sa - want[0]) <= TOLERANCE, "%.1f%%" % (100 * sa))
@@ -215,8 +219,7 @@ def compute_graph(t):
             c.fail("graph alone: no throughput measured")
             return
         busy = nvml.device_share(*window_of(d))
-        c.note("%.1f matmuls/s, device busy %s" % (base, "%.1f%%" % (100 * busy) if busy is not None
-                                                     else nvml.device_reason or "not sampled"))
+        c.note("%.1f matmuls/s, device busy %s" % (base, nvml.busy_text(busy)))
     paced_alone(t, "graph", 0.5, base)
 
 
@@ -234,8 +237,7 @@ def paced_alone(t, kind, limit, base):
             return
         busy = nvml.device_share(*window_of(d))
         c.note("%.1f matmuls/s: %.1f%% of the baseline; device busy %s; %s" % (
-            r, 100 * r / base, "%.1f%%" % (100 * busy) if busy is not None else nvml.device_reason or "not sampled",
-            pacer_note(d)))
+            r, 100 * r / base, nvml.busy_text(busy), pacer_note(d)))
         if busy is not None:
             c.expect("device busy (limit %s)" % pct, abs(busy - limit) <= TOLERANCE, "%.1f%%" % (100 * busy))
         else:

@@ -108,17 +108,11 @@ nvml_api! {
 
     /// Both call `nvmlInitWithFlags(0)` through the dynamic linker, as the real ones do.
     fn nvmlInit() {
-        match crate::ffi::init_through_export() {
-            NVML_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        crate::ffi::init_through_export()
     }
 
     fn nvmlInit_v2() {
-        match crate::ffi::init_through_export() {
-            NVML_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        crate::ffi::init_through_export()
     }
 
     /// Any flags (`NVML_INIT_FLAG_NO_GPUS`, `NVML_INIT_FLAG_NO_ATTACH`) are accepted.

@@ -88,7 +88,7 @@ fn load_cuda() {
 /// linker (the real library calls its own export through its PLT), so a preloaded library
 /// exporting the name gets the call. Looked up once (`RTLD_DEFAULT`: the scope a PLT entry of
 /// this library is bound in).
-pub fn init_through_export() -> nvmlReturn_t {
+pub fn init_through_export() -> Res {
     type InitWithFlags = unsafe extern "C" fn(c_uint) -> nvmlReturn_t;
     static FOUND: AtomicUsize = AtomicUsize::new(0);
     let mut f = FOUND.load(Ordering::Acquire);
@@ -102,7 +102,10 @@ pub fn init_through_export() -> nvmlReturn_t {
     }
     // SAFETY: `f` is an `nvmlInitWithFlags`: this library's own, or an interposer's with its
     // signature (nvml.h).
-    unsafe { std::mem::transmute::<usize, InitWithFlags>(f)(0) }
+    match unsafe { std::mem::transmute::<usize, InitWithFlags>(f)(0) } {
+        NVML_SUCCESS => Ok(()),
+        e => Err(e),
+    }
 }
 
 /// `Err(NVML_ERROR_UNINITIALIZED)` when the count is already 0.
