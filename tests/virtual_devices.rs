@@ -595,7 +595,8 @@ fn concurrent(programs: &[Program]) {
 /// Driver API: cuCtxGetDevice (and CUDA 13's cuCtxGetDevice_v2, of the current and of each
 /// retained primary context) names the part whose primary context is current;
 /// CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (cuPointerGetAttribute and cuPointerGetAttributes) of an
-/// allocation is the part it was made on; cuDeviceCanAccessPeer between the parts is 1.
+/// allocation is the part it was made on; cuDeviceCanAccessPeer between the parts is 0 (as for
+/// a GPU and itself: contexts of one GPU cannot enable peer access to each other).
 #[test]
 fn contexts_pointers_and_peers_driver_api() {
     // 1 dev=1, 2 ctxdev, 3 alloc, 4 ptrdev=3, 5 dev=0, 6 ctxdev, 7 alloc, 8 ptrdev=7,
@@ -636,11 +637,12 @@ fn contexts_pointers_and_peers_driver_api() {
             let mut ctx_checks = vec![(2, 1, vec![0, 1]), (6, 0, vec![0, 1])];
             // (ptrdev op, device of the allocation)
             let mut ptr_checks = vec![(4, 1), (8, 0), (11, 1)];
-            let mut peer_checks = vec![9, 10];
+            // (peer op, can: parts of one GPU cannot be peers, as a GPU and itself cannot)
+            let mut peer_checks = vec![(9, 1), (10, 1)];
             if shim {
                 ctx_checks.push((13, 2, vec![0, 1, 2]));
                 ptr_checks.extend([(15, 2), (18, 1)]);
-                peer_checks.extend([16, 17]);
+                peer_checks = vec![(9, 0), (10, 0), (16, 1), (17, 1)];
             } else {
                 assert_num(&out, "op12.rc", INVALID_DEVICE, &w);
             }
@@ -658,7 +660,7 @@ fn contexts_pointers_and_peers_driver_api() {
                 assert_num(&out, &format!("op{op}.rcs"), 0, &w);
                 assert_num(&out, &format!("op{op}.devs"), dev, &w);
             }
-            assert_ok_with(&out, "can", peer_checks.into_iter().map(|op| (op, 1)), &w);
+            assert_ok_with(&out, "can", peer_checks, &w);
             assert_clean_end(&out, shim, &w);
         }
     }
@@ -747,7 +749,7 @@ fn created_contexts_belong_to_their_part() {
 }
 
 /// The runtime: cudaPointerGetAttributes().device of an allocation is the part it was made
-/// on, cudaGetDevice follows cudaSetDevice, cudaDeviceCanAccessPeer between the parts is 1.
+/// on, cudaGetDevice follows cudaSetDevice, cudaDeviceCanAccessPeer between the parts is 0.
 #[test]
 fn pointers_and_peers_runtime() {
     // 1 dev=1, 2 getdev, 3 alloc, 4 ptrdev=3, 5 dev=0, 6 getdev, 7 alloc, 8 ptrdev=7,
@@ -779,17 +781,17 @@ fn pointers_and_peers_runtime() {
             assert_started(&out, if shim { 3 } else { 2 }, &w);
             let mut dev_checks = vec![(2, 1), (6, 0)];
             let mut ptr_checks = vec![(4, 1), (8, 0), (11, 1)];
-            let mut peer_checks = vec![9, 10];
+            let mut peer_checks = vec![(9, 1), (10, 1)];
             if shim {
                 dev_checks.push((13, 2));
                 ptr_checks.push((15, 2));
-                peer_checks.extend([16, 17]);
+                peer_checks = vec![(9, 0), (10, 0), (16, 1), (17, 1)];
             } else {
                 assert_num(&out, "op12.rc", INVALID_DEVICE, &w);
             }
             assert_ok_with(&out, "dev", dev_checks, &w);
             assert_ok_with(&out, "dev", ptr_checks, &w);
-            assert_ok_with(&out, "can", peer_checks.into_iter().map(|op| (op, 1)), &w);
+            assert_ok_with(&out, "can", peer_checks, &w);
             assert_clean_end(&out, shim, &w);
         }
     }

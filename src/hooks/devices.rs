@@ -4,9 +4,12 @@
 //! through unchanged until the driver initialised (it then answers `CUDA_ERROR_NOT_INITIALIZED`).
 //!
 //! Parts of one GPU share its attributes, name and PCI bus id; each has its own UUID, memory
-//! size and contexts. `cuDeviceCanAccessPeer` between parts of one GPU is 1: they are the same
-//! memory, and copies between their contexts (`cuMemcpyPeer`, `cudaMemcpyPeer`) are copies
-//! within one GPU.
+//! size and contexts. `cuDeviceCanAccessPeer` between parts of one GPU is 0, as between a GPU and
+//! itself: their contexts are contexts of one GPU, between which the driver refuses peer access
+//! (`cuCtxEnablePeerAccess`: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, seen on an H100), so a program
+//! that asked and was told 1 (PyTorch's `.to()`) failed. Copies between their contexts
+//! (`cuMemcpyPeer`, `cudaMemcpyPeer`, `cudaMemcpyAsync` of device memory) are copies within one
+//! GPU and work.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -85,7 +88,7 @@ pub unsafe fn can_access_peer(st: &State, real: unsafe extern "C" fn(*mut c_int,
         if can.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        *can = 1;
+        *can = 0;
         CUDA_SUCCESS
     };
     pair(st, dev, peer, same, |x, y| real(can, x, y))
@@ -96,9 +99,9 @@ pub unsafe fn get_p2p_attribute(st: &State, real: unsafe extern "C" fn(*mut c_in
         if value.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // PERFORMANCE_RANK (1) is 0, the best; access (2), native atomics (3) and array
-        // access (4) are all supported within one GPU.
-        *value = if attr == 1 { 0 } else { 1 };
+        // PERFORMANCE_RANK (1) is 0; access (2), native atomics (3) and array access (4) are
+        // not supported (no peer access between contexts of one GPU)
+        *value = 0;
         CUDA_SUCCESS
     };
     pair(st, src, dst, same, |x, y| real(value, attr, x, y))

@@ -453,8 +453,13 @@ cu_api! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if p.ordinal == c.ordinal {
+        // (two contexts of one GPU: the real driver refuses, as an H100 with driver 580 did for
+        // PyTorch's cudaDeviceEnablePeerAccess between them; a context and itself: invalid)
+        if peer == c.handle() {
             return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        if p.ordinal == c.ordinal {
+            return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
         }
         let mut peers = c.peers.lock().unwrap_or_else(|e| e.into_inner());
         if peers.contains(&(peer as usize)) {
