@@ -221,22 +221,29 @@ fn common_windows(a: &RunOutput, b: &RunOutput) -> Vec<(f64, f64)> {
 fn two_processes_at_30_and_70_percent_each_get_theirs() {
     let _serial = serial();
     // (2 ms kernels: the device changes hands between them; with the simulator's default 2 ms
-    // time slice and an 8 ms one, `nvidia-smi compute-policy --set-timeslice`'s longer setting)
+    // time slice and an 8 ms one, `nvidia-smi compute-policy --set-timeslice`'s longer setting.
+    // One state directory, as for two processes of one user: they take turns on the GPU; the
+    // simulator's 0.2 ms switches would otherwise cost the 70 % one about 3 points)
+    let state = fresh_dir("compute-pair-state");
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     for slice in ["2000000", "8000000"] {
-        let at_slice = |pct| at(load("continuous", 2_000_000, "0"), pct).env("GPUSIM_TIMESLICE_NS", slice);
+        let at_slice = |pct| at(load("continuous", 2_000_000, "0"), pct).env("GPUSIM_TIMESLICE_NS", slice).env("GPUSHIM_STATE_DIR", &state);
         let outs = together(vec![at_slice("30%"), at_slice("70%")]);
         for (a, b) in common_windows(&outs[0], &outs[1]) {
             assert!((a - 0.3).abs() <= TOLERANCE && (b - 0.7).abs() <= TOLERANCE, "30/70, {slice} ns slice: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
         }
     }
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 #[test]
 fn a_process_at_30_percent_leaves_the_rest_to_an_unlimited_one() {
     let _serial = serial();
     let outs = together(vec![at(load("continuous", 1_000_000, "0"), "30%"), load("continuous", 1_000_000, "0").shim(true)]);
+    // (the rest, less the switches between them: the unlimited one takes no turns, and each
+    // burst of the paced one begins with a 0.2 ms switch, about 4 points)
     for (a, b) in common_windows(&outs[0], &outs[1]) {
-        assert!((a - 0.3).abs() <= TOLERANCE && b >= 0.7 - TOLERANCE && a + b > 0.95, "30/unlimited: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
+        assert!((a - 0.3).abs() <= TOLERANCE && b >= 0.7 - TOLERANCE && a + b > 0.92, "30/unlimited: {a:.3} {b:.3}\n{}\n{}", outs[0].dump(), outs[1].dump());
     }
 }
 

@@ -67,6 +67,7 @@ use gpushim_common::state_files::live;
 
 use crate::driver::ffi::*;
 use crate::driver::Api;
+use crate::compute::turns::{self, Turns};
 use crate::platform::log::{log, Level};
 
 /// How far past now the clock may be when a launch goes.
@@ -179,6 +180,8 @@ pub struct Pacer {
     published: AtomicPtr<live::Compute>,
     own: live::Compute,
     warned: AtomicBool,
+    /// Turns with the other paced processes on the GPU (`None`: none to take).
+    turns: Option<Turns>,
 }
 
 /// What [`Pacer::before_launch`] hands to [`Pacer::after_launch`].
@@ -191,7 +194,8 @@ pub struct Ticket {
 impl Pacer {
     /// A pacer for `share` of the device (0 < share < 1), with `clock` (the group's, or a fresh
     /// one) and its figures' published entry (`None`: its own).
-    pub fn new(share: f64, clock: &'static AtomicU64, published: Option<&'static live::Compute>) -> Pacer {
+    /// `turn`: the GPU's claim word shared with the other paced processes on it, if any.
+    pub fn new(share: f64, clock: &'static AtomicU64, published: Option<&'static live::Compute>, turn: Option<&'static AtomicU64>) -> Pacer {
         let own = live::Compute::new();
         for f in [Some(&own), published].into_iter().flatten() {
             f.limit_ppm.store(ppm(share), Relaxed);
@@ -211,6 +215,7 @@ impl Pacer {
             published: AtomicPtr::new(published.map_or(std::ptr::null_mut(), |p| p as *const live::Compute as *mut live::Compute)),
             own,
             warned: AtomicBool::new(false),
+            turns: turn.map(Turns::new),
         }
     }
 
@@ -400,20 +405,30 @@ impl Pacer {
             let room = self.in_flight.load(Relaxed) < cap;
             let due = self.clock.load(Relaxed).saturating_add(self.pay(self.outstanding.load(Relaxed)));
             let paid = due <= now.saturating_add(AHEAD);
-            if room && paid && now >= resume {
-                // admitted if the room and the clock still hold once counted
+            // (another paced process' work in the GPU: this one waits for its end, at most
+            // `turns::MAX_WAIT` in all)
+            let turns = self.turns.as_ref().filter(|_| now.saturating_sub(first) < turns::MAX_WAIT);
+            let others = turns.and_then(|t| t.others_until(now));
+            if room && paid && now >= resume && others.is_none() {
+                // admitted if the room and the clock still hold once counted, and the GPU is
+                // still this process' turn
                 if self.in_flight.fetch_update(Relaxed, Relaxed, |n| (n < cap).then_some(n + 1)).is_ok() {
                     let clock = self.clock.load(Relaxed);
                     let counted = self.outstanding.fetch_update(Relaxed, Relaxed, |o| {
                         (clock.saturating_add(self.pay(o)) <= now.saturating_add(AHEAD)).then_some(o.saturating_add(estimate))
                     });
                     if counted.is_ok() {
-                        self.count_wait(now - first);
-                        return estimate;
+                        if turns.is_none_or(|t| t.claim(now, estimate)) {
+                            self.count_wait(now - first);
+                            return estimate;
+                        }
+                        let _ = self.outstanding.fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(estimate)));
                     }
                     let _ = self.in_flight.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
                 }
-                continue;
+                if others.is_none() {
+                    continue;
+                }
             }
             if !room && now.saturating_sub(first) >= MAX_WAIT.as_nanos() as u64 {
                 if !self.warned.swap(true, Relaxed) {
@@ -434,11 +449,18 @@ impl Pacer {
                 let sleep = half.clamp(10_000, ROOM_SLEEP).saturating_mul(1 << room_waits.min(5)).min(ROOM_SLEEP);
                 room_waits += 1;
                 sleep
-            } else {
+            } else if !paid || now < resume {
                 if !paid {
                     resume = due.saturating_sub(AHEAD).saturating_add(BURST);
                 }
+                if let (Some(t), 0) = (turns, self.in_flight.load(Relaxed)) {
+                    // (all this process' work has completed: the GPU is free for the others)
+                    t.release();
+                }
                 resume.saturating_sub(now).min(STEP)
+            } else {
+                // another process' turn: until its claim ends
+                others.map_or(0, |until| until.saturating_sub(now)).min(STEP)
             };
             if let Some((before, after)) = reuse.take() {
                 // (not held across a sleep: a context forgotten meanwhile finds them in the pool)
@@ -551,5 +573,8 @@ impl Pacer {
         self.in_flight.store(0, Relaxed);
         self.queued.store(0, Relaxed);
         self.measuring.store(0, Relaxed);
+        if let Some(t) = &self.turns {
+            t.reset_after_fork();
+        }
     }
 }

@@ -80,7 +80,7 @@ fn busy(kernels: &[(u64, u64)], from: u64, to: u64) -> f64 {
 /// Returns the kernels run, the start and the figures.
 fn run(share: f64, d: u64, seconds: f64, sync: bool) -> (Vec<(u64, u64)>, u64, &'static live::Compute) {
     let (figures, clock) = fresh();
-    let pacer = Pacer::new(share, clock, Some(figures));
+    let pacer = Pacer::new(share, clock, Some(figures), None);
     let start = now_ns();
     let end = start + (seconds * 1e9) as u64;
     while now_ns() < end {
@@ -133,7 +133,7 @@ fn tiny_and_huge_kernels_get_their_share() {
 /// for `seconds`; returns the share of the device over the window [from_s, to_s).
 fn run_threads(share: f64, threads: usize, d: u64, d_after: u64, switch_s: f64, seconds: f64, from_s: f64, to_s: f64) -> f64 {
     let (figures, clock) = fresh();
-    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, Some(figures))));
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(share, clock, Some(figures), None)));
     let start = now_ns();
     let s = move |x: f64| start + (x * 1e9) as u64;
     let handles: Vec<_> = (0..threads)
@@ -174,7 +174,7 @@ fn kernels_that_grow_at_once_queue_little_ahead() {
 fn a_forked_child_counts_its_own_figures() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (published, clock) = fresh();
-    let pacer = Pacer::new(0.5, clock, Some(published));
+    let pacer = Pacer::new(0.5, clock, Some(published), None);
     for _ in 0..3 {
         let ticket = pacer.before_launch(&API, std::ptr::null_mut());
         launch(1_000);
@@ -226,7 +226,7 @@ fn a_waiting_launch_never_records_a_forgotten_contexts_events() {
     let (figures, clock) = fresh();
     FORGOTTEN_UP_TO.store(0, SeqCst);
     STALE_RECORDS.store(0, SeqCst);
-    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.01, clock, Some(figures))));
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.01, clock, Some(figures), None)));
     let t = pacer.before_launch(&api, std::ptr::null_mut());
     launch(1_000_000);
     pacer.after_launch(&api, std::ptr::null_mut(), t, true);
@@ -250,7 +250,7 @@ fn a_waiting_launch_never_records_a_forgotten_contexts_events() {
 fn a_debt_of_days_is_kept_not_reset() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (figures, clock) = fresh();
-    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.00001, clock, Some(figures))));
+    let pacer: &'static Pacer = Box::leak(Box::new(Pacer::new(0.00001, clock, Some(figures), None)));
     let t = pacer.before_launch(&API, std::ptr::null_mut());
     launch(1_000_000_000);
     pacer.after_launch(&API, std::ptr::null_mut(), t, true);
@@ -266,4 +266,55 @@ fn a_debt_of_days_is_kept_not_reset() {
     assert!(!done.load(std::sync::atomic::Ordering::SeqCst), "a launch went 0.5 s after a 1 s kernel at 0.001 %");
     let ahead = clock.load(std::sync::atomic::Ordering::SeqCst).saturating_sub(now_ns());
     assert!(ahead > 3_600_000_000_000 && ahead <= MAX_LEAD / 2, "the debt: {} s ahead", ahead / 1_000_000_000);
+}
+
+/// Two pacers (two processes, 30 % and 70 %) launching 500 µs kernels flat out on one fake GPU
+/// for 1.5 s: the fraction of launches made while the other's work was still in the device.
+fn overlapped_launches(turns: bool) -> f64 {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let _ = fresh();
+    let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let ends: &'static [AtomicU64; 2] = Box::leak(Box::new([AtomicU64::new(0), AtomicU64::new(0)]));
+    let counts: &'static [AtomicUsize; 2] = Box::leak(Box::new([AtomicUsize::new(0), AtomicUsize::new(0)]));
+    let stop = now_ns() + 1_500_000_000;
+    let handles: Vec<_> = [0.3, 0.7]
+        .into_iter()
+        .enumerate()
+        .map(|(me, share)| {
+            std::thread::spawn(move || {
+                let (figures, clock) = (Box::leak(Box::new(live::Compute::new())), Box::leak(Box::new(AtomicU64::new(0))));
+                let pacer = Pacer::new(share, clock, Some(figures), turns.then_some(word));
+                while now_ns() < stop {
+                    let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+                    let now = now_ns();
+                    {
+                        let mut f = fake();
+                        // (20 µs: the claim's end is kept in 4 µs units, and estimates are means)
+                        if ends[1 - me].load(Relaxed) > now + 20_000 {
+                            counts[1].fetch_add(1, Relaxed);
+                        }
+                        counts[0].fetch_add(1, Relaxed);
+                        let start = f.tail.max(now);
+                        f.tail = start + 500_000;
+                        ends[me].store(start + 500_000, Relaxed);
+                    }
+                    pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    counts[1].load(Relaxed) as f64 / counts[0].load(Relaxed).max(1) as f64
+}
+
+#[test]
+fn two_pacers_on_one_gpu_take_turns() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let with = overlapped_launches(true);
+    let without = overlapped_launches(false);
+    eprintln!("launches while the other's work was in the device: {with:.3} with turns, {without:.3} without");
+    assert!(with < 0.05, "{with:.3} of the launches went while the other pacer's work was in the device");
+    assert!(without > 0.2, "without turns the two overlap ({without:.3}): the test would not see turns missing");
 }

@@ -1,9 +1,11 @@
-//! Compute share (`GPUSHIM_COMPUTE_LIMIT`): which mode enforces it, and the `duty` pacer.
+//! Compute share (`GPUSHIM_COMPUTE_LIMIT`): which mode enforces it, the `duty` pacer and its
+//! turns with other paced processes on a GPU.
 
 pub mod duty;
 pub mod green;
 pub mod mode;
 pub mod mps;
+pub mod turns;
 #[cfg(test)]
 mod duty_tests;
 

@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | `shared_quota` set | the quota's file | at start-up ([`join_quota`]) | configuration error (closed) |
 //! | a limit, no quota | the registry | when a device's limit is first resolved | `info` line, no warning (open) |
+//! | a compute limit (`duty`) | the registry, for the GPU's turns | at the device's first paced launch | no turns (open) |
 //! | neither | nothing | – | – |
 //!
 //! Both are left at exit (`atexit`); a process that dies otherwise is reclaimed by the others
@@ -141,6 +142,19 @@ fn registry(s: &Settings) -> Option<&'static Quota> {
             }
         })
         .as_ref()
+}
+
+/// The turn word of the GPU `uuid` (`size` its bytes) among the user's paced processes, in the
+/// registry (joined here if not yet): `None` when there is no registry (the pacer then takes no
+/// turns, its share still holds).
+pub fn gpu_turn(s: &Settings, uuid: &str, size: u64) -> Option<&'static std::sync::atomic::AtomicU64> {
+    match registry(s)?.turn(uuid, size) {
+        Ok(turn) => turn,
+        Err(e) => {
+            log!(Level::Debug, "no turns on {uuid} with other paced processes: {e}");
+            None
+        }
+    }
 }
 
 /// Records this process' `limit` on the device `uuid` (`size` its bytes: a part's when split):

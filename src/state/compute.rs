@@ -103,8 +103,23 @@ impl State {
         let publisher = crate::sharing::publisher();
         let figures: Option<&'static live::Compute> = publisher.and_then(|p| p.device(dev)).map(|entry| &entry.compute);
         let clock = self.group_clock(dev).unwrap_or_else(|| Box::leak(Box::new(AtomicU64::new(0))));
-        log!(Level::Debug, "device {dev}: compute limit {:.1}% (duty)", share * 100.0);
-        Some(Pacer::new(share, clock, figures))
+        let turn = self.gpu_turn(dev);
+        log!(Level::Debug, "device {dev}: compute limit {:.1}% (duty){}", share * 100.0, if turn.is_some() { ", turns with other paced processes" } else { "" });
+        Some(Pacer::new(share, clock, figures, turn))
+    }
+
+    /// The turn word of the physical GPU under program device `dev` (parts of one GPU share it),
+    /// shared with the user's other paced processes on that GPU.
+    fn gpu_turn(&self, dev: usize) -> Option<&'static AtomicU64> {
+        let d = self.driver_of(dev as CUdevice)?;
+        let mut id = [0u8; 16];
+        let get = self.api().device_get_uuid?;
+        // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
+        if unsafe { get(&mut id, d) } != CUDA_SUCCESS {
+            return None;
+        }
+        let size = self.api().physical_total(d).unwrap_or(0);
+        crate::sharing::gpu_turn(&self.settings, &driver::uuid_string(&id), size)
     }
 
     /// With a shared quota: the group's clock for device `dev` (keyed, like its memory, by the

@@ -13,7 +13,8 @@
 //! later work, its events, its host functions wait with it). The device runs one kernel at a
 //! time. When it is free at `τ`:
 //! - the process holding it goes on with its next kernel if that is due, unless it has held
-//!   the device for a time slice (`GPUSIM_TIMESLICE_NS`) and another process' kernel is due;
+//!   the device for a time slice (`GPUSIM_TIMESLICE_NS`) and another process' kernel is due
+//!   (then the switch costs `GPUSIM_SWITCH_NS`, the device idle meanwhile);
 //! - otherwise the due kernel that has waited longest starts (its process now holds the device,
 //!   `d_X` grows by what it waited);
 //! - otherwise the device idles until the next kernel falls due.
@@ -102,7 +103,7 @@ impl Dev<'_> {
     }
 
     /// Decides the device's use from `t` to `now`.
-    fn advance(&self, now: u64, slice: u64) {
+    fn advance(&self, now: u64, slice: u64, switch: u64) {
         let t = self.get(T);
         if t >= now {
             return;
@@ -148,8 +149,11 @@ impl Dev<'_> {
                 (Some(h), None) if holder_due => h,
                 (Some(h), Some(_)) if holder_due && tau.saturating_sub(since) < slice => h,
                 (_, Some((e, _))) => {
+                    // (a switch away from a holder whose work is still due, at the end of its
+                    // slice, costs `switch`: the device does nothing meanwhile)
+                    let cost = if holder.is_some() && holder_due { switch } else { 0 };
                     self.set(HOLDER, e as u64 + 1);
-                    self.set(SINCE, tau);
+                    self.set(SINCE, tau.saturating_add(cost));
                     e
                 }
                 _ => {
@@ -160,7 +164,13 @@ impl Dev<'_> {
                     continue;
                 }
             };
-            self.start(go, tau);
+            // (a switch under way: the holder's kernel starts once it is done, decided only
+            // when that is not ahead of the present)
+            let at = tau.max(self.get(SINCE));
+            if at > now {
+                break;
+            }
+            self.start(go, at);
         }
         self.set(T, now);
     }
@@ -279,7 +289,7 @@ fn with<R>(p: usize, f: impl FnOnce(&Dev, usize, u64) -> R) -> Option<R> {
     let _lock = node.arb_lock(p, LOCK)?;
     let dev = Dev { node, p };
     let now = crate::timeline::now();
-    dev.advance(now, crate::timeline::timeslice_ns());
+    dev.advance(now, crate::timeline::timeslice_ns(), crate::timeline::switch_ns());
     let e = dev.entry(now)?;
     collect(&dev, e);
     Some(f(&dev, e, now))

@@ -403,9 +403,10 @@ fn two_processes_with_work_queued_share_the_device_by_time_slices() {
     let s: CUstream = std::ptr::null_mut();
     unsafe { assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS) };
     // a 150 ms kernel of ours holds the device while a child and we queue 40 ms of work each;
-    // when it ends, the device alternates between the two every 2 ms slice: each one's 40
-    // kernels take about 80 ms (on devices of their own: 40; one after the other: 40 and 80),
-    // and each kernel alone still measures 1 ms
+    // when it ends, the device alternates between the two every 2 ms slice, each switch
+    // costing 0.2 ms (`GPUSIM_SWITCH_NS`): each one's 40 kernels take about 88 ms (on devices of
+    // their own: 40; one after the other: 40 and 80; free switches: 80), and each kernel alone
+    // still measures 1 ms
     assert_eq!(launch(busy, s, 150 * MS), CUDA_SUCCESS);
     let child = fork_child(move || {
         let (first, all) = forty(busy);
@@ -416,7 +417,7 @@ fn two_processes_with_work_queued_share_the_device_by_time_slices() {
     let theirs = ((w >> 32) as f32 / 1000.0, (w & 0xffff_ffff) as f32 / 1000.0);
     for (who, (first, all)) in [("ours", ours), ("the child's", theirs)] {
         assert!((0.99..1.05).contains(&first), "{who}: the first kernel took {first} ms ({ours:?} {theirs:?})");
-        assert!((74.0..=84.0).contains(&all), "{who}: 40 ms of work took {all} ms ({ours:?} {theirs:?})");
+        assert!((83.0..=93.0).contains(&all), "{who}: 40 ms of work took {all} ms ({ours:?} {theirs:?})");
     }
 }
 

@@ -127,6 +127,8 @@ struct Device {
     /// The group's compute clock on the device (`compute::duty`: the time, on the machine's
     /// monotonic clock, at which the members' measured work is paid for).
     compute_clock: AtomicU64,
+    /// In the registry: the GPU's turn among the user's paced processes (`compute::turns`).
+    turn: AtomicU64,
 }
 
 #[repr(C)]
@@ -512,10 +514,26 @@ impl Quota {
     /// The index of the device `uuid` (`size` its physical bytes), adding it if new, and
     /// records this member's `limit` on it. `None` when the table is full.
     pub fn device(&self, uuid: &str, size: u64, limit: u64) -> Result<Option<usize>, String> {
-        let key = uuid_key(uuid);
         let _g = self.lock()?;
+        let found = self.entry_of(uuid, size);
+        if let (Some(d), Some(i)) = (found, self.slot()) {
+            self.h().slot[i].limit[d].store(limit, Relaxed);
+        }
+        Ok(found)
+    }
+
+    /// The GPU `uuid`'s turn word (`size` its bytes), adding the GPU if new; `None` when the
+    /// table is full.
+    pub fn turn(&self, uuid: &str, size: u64) -> Result<Option<&AtomicU64>, String> {
+        let _g = self.lock()?;
+        Ok(self.entry_of(uuid, size).map(|d| &self.h().devices[d].turn))
+    }
+
+    /// The index of the device `uuid`, added if new (under the mutex).
+    fn entry_of(&self, uuid: &str, size: u64) -> Option<usize> {
+        let key = uuid_key(uuid);
         let h = self.h();
-        let found = h.devices.iter().position(|d| uuid_of_atomic(&d.uuid) == key).or_else(|| {
+        h.devices.iter().position(|d| uuid_of_atomic(&d.uuid) == key).or_else(|| {
             let free = h.devices.iter().position(|d| d.uuid.iter().all(|w| w.load(Relaxed) == 0))?;
             // The size first, the UUID after it with Release: [`Quota::find`] and
             // [`Quota::snapshot`] read the table without the mutex (Acquire), and a device seen
@@ -525,11 +543,7 @@ impl Quota {
                 w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Release);
             }
             Some(free)
-        });
-        if let (Some(d), Some(i)) = (found, self.slot()) {
-            h.slot[i].limit[d].store(limit, Relaxed);
-        }
-        Ok(found)
+        })
     }
 
     /// The index of the device `uuid`, if the quota has it.
