@@ -51,7 +51,7 @@ LAYERS = [
     ("driver", "C types, opening the driver, its function tables, MD2"),
     ("devices", "the view, the driver's devices, splits into program devices"),
     ("accounting", "budgets, live map, fast lane, reserves, modes, VMM, pools, graphs, teardown"),
-    ("compute", "compute share: the mode, the duty pacer, MPS variables, green contexts"),
+    ("compute", "compute share: the mode, the duty pacer and its turns, MPS variables, green contexts"),
     ("sharing", "joining a shared quota or the registry, publishing live figures"),
     ("placement", "the placement log"),
     ("state", "where the parts are put together (state.rs, state/), the exit report"),

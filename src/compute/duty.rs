@@ -52,6 +52,13 @@
 //! first (destroying them while the context lives) after the measurements under way have ended
 //! (a bounded wait), so that the driver never sees the pacer use a destroyed context's events.
 //!
+//! # Turns
+//!
+//! With other paced processes on the GPU (`turns`), a launch admitted by the clock also claims
+//! the GPU for its estimate, and waits while another's claim holds (in steps, at most
+//! `turns::MAX_WAIT` in all, after which the pacer takes no turns for `turns::PAUSE`); the last
+//! launch of the flight to leave it lets the claim go.
+//!
 //! # A group
 //!
 //! With a shared quota the clock lives in the quota's file, one per device, advanced by every
@@ -59,7 +66,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_float, c_uint};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst};
 use std::time::Duration;
 
 use gpushim_common::bounded::Bounded;
@@ -182,6 +189,9 @@ pub struct Pacer {
     warned: AtomicBool,
     /// Turns with the other paced processes on the GPU (`None`: none to take).
     turns: Option<Turns>,
+    /// No turns before this time (after a launch waited `turns::MAX_WAIT` for them).
+    turns_off_until: AtomicU64,
+    warned_turns: AtomicBool,
 }
 
 /// What [`Pacer::before_launch`] hands to [`Pacer::after_launch`].
@@ -216,6 +226,8 @@ impl Pacer {
             own,
             warned: AtomicBool::new(false),
             turns: turn.map(Turns::new),
+            turns_off_until: AtomicU64::new(0),
+            warned_turns: AtomicBool::new(false),
         }
     }
 
@@ -259,10 +271,15 @@ impl Pacer {
         Ticket { ctx, events: Some((before, after)), estimate }
     }
 
-    /// A launch leaves the flight (measured, or charged without measuring).
+    /// A launch leaves the flight (measured, or charged without measuring); the last one lets
+    /// go of the GPU's turn.
     fn leave_flight(&self, estimate: u64) {
         let _ = self.outstanding.fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(estimate)));
-        let _ = self.in_flight.fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        if let Ok(1) = self.in_flight.fetch_update(SeqCst, Relaxed, |n| Some(n.saturating_sub(1))) {
+            if let Some(t) = &self.turns {
+                t.release_if(|| self.in_flight.load(SeqCst) == 0);
+            }
+        }
     }
 
     /// After the launch: records `after` and queues the work for measuring; a launch the
@@ -393,6 +410,8 @@ impl Pacer {
         let mut resume = 0u64;
         // looks in a row that found the most launches in flight
         let mut room_waits = 0u32;
+        // time slept for other processes' turns
+        let mut turn_waited = 0u64;
         loop {
             self.measure(api, now, ctx, reuse);
             if self.clock.load(Relaxed) > now.saturating_add(MAX_LEAD) {
@@ -405,22 +424,29 @@ impl Pacer {
             let room = self.in_flight.load(Relaxed) < cap;
             let due = self.clock.load(Relaxed).saturating_add(self.pay(self.outstanding.load(Relaxed)));
             let paid = due <= now.saturating_add(AHEAD);
-            // (another paced process' work in the GPU: this one waits for its end, at most
-            // `turns::MAX_WAIT` in all)
-            let turns = self.turns.as_ref().filter(|_| now.saturating_sub(first) < turns::MAX_WAIT);
-            let others = turns.and_then(|t| t.others_until(now));
-            if room && paid && now >= resume && others.is_none() {
-                // admitted if the room and the clock still hold once counted, and the GPU is
-                // still this process' turn
-                if self.in_flight.fetch_update(Relaxed, Relaxed, |n| (n < cap).then_some(n + 1)).is_ok() {
+            // (the GPU's turns: waited for while another paced process' work is in the GPU,
+            // at most `turns::MAX_WAIT` in all; after such a wait, none for `turns::PAUSE`)
+            if turn_waited >= turns::MAX_WAIT {
+                self.give_up_turns(now);
+            }
+            let turns = self.turns.as_ref().filter(|_| turn_waited < turns::MAX_WAIT && now >= self.turns_off_until.load(Relaxed));
+            // (when another's claim holds: until when)
+            let mut others = None;
+            if room && paid && now >= resume {
+                // admitted if the room and the clock still hold once counted, and this process
+                // can claim the GPU
+                if self.in_flight.fetch_update(SeqCst, Relaxed, |n| (n < cap).then_some(n + 1)).is_ok() {
                     let clock = self.clock.load(Relaxed);
                     let counted = self.outstanding.fetch_update(Relaxed, Relaxed, |o| {
                         (clock.saturating_add(self.pay(o)) <= now.saturating_add(AHEAD)).then_some(o.saturating_add(estimate))
                     });
                     if counted.is_ok() {
-                        if turns.is_none_or(|t| t.claim(now, estimate)) {
-                            self.count_wait(now - first);
-                            return estimate;
+                        match turns {
+                            Some(t) if !t.claim(now, estimate) => others = t.others_until(now),
+                            _ => {
+                                self.count_wait(now - first);
+                                return estimate;
+                            }
                         }
                         let _ = self.outstanding.fetch_update(Relaxed, Relaxed, |o| Some(o.saturating_sub(estimate)));
                     }
@@ -453,14 +479,12 @@ impl Pacer {
                 if !paid {
                     resume = due.saturating_sub(AHEAD).saturating_add(BURST);
                 }
-                if let (Some(t), 0) = (turns, self.in_flight.load(Relaxed)) {
-                    // (all this process' work has completed: the GPU is free for the others)
-                    t.release();
-                }
                 resume.saturating_sub(now).min(STEP)
             } else {
                 // another process' turn: until its claim ends
-                others.map_or(0, |until| until.saturating_sub(now)).min(STEP)
+                let sleep = others.map_or(0, |until| until.saturating_sub(now)).clamp(10_000, STEP);
+                turn_waited += sleep;
+                sleep
             };
             if let Some((before, after)) = reuse.take() {
                 // (not held across a sleep: a context forgotten meanwhile finds them in the pool)
@@ -468,6 +492,16 @@ impl Pacer {
             }
             std::thread::sleep(Duration::from_nanos(sleep.max(10_000)));
             now = now_ns();
+        }
+    }
+
+    /// A launch waited `turns::MAX_WAIT` for other processes' claims (a stuck or hostile claim
+    /// word): turns are off for `turns::PAUSE`, with one warning.
+    #[cold]
+    fn give_up_turns(&self, now: u64) {
+        self.turns_off_until.store(now.saturating_add(turns::PAUSE), Relaxed);
+        if !self.warned_turns.swap(true, Relaxed) {
+            log!(Level::Warn, "compute limit: a launch waited {} s for other processes' turns on the GPU; taking no turns for {} s (is a claim in the registry file stuck?)", turns::MAX_WAIT / 1_000_000_000, turns::PAUSE / 1_000_000_000);
         }
     }
 

@@ -318,3 +318,37 @@ fn two_pacers_on_one_gpu_take_turns() {
     assert!(with < 0.05, "{with:.3} of the launches went while the other pacer's work was in the device");
     assert!(without > 0.2, "without turns the two overlap ({without:.3}): the test would not see turns missing");
 }
+
+#[test]
+fn a_claim_that_never_ends_costs_one_launch_a_second_then_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (figures, clock) = fresh();
+    let word: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // a stuck (or hostile) claimant keeps its claim 100 ms ahead, forever
+    let holder = std::thread::spawn(move || {
+        let them = crate::compute::turns::Turns::new(word);
+        while !stop.load(Relaxed) {
+            them.claim(now_ns(), 100_000_000);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let pacer = Pacer::new(0.9, clock, Some(figures), Some(word));
+    let go = |n: usize| {
+        let t0 = now_ns();
+        for _ in 0..n {
+            let ticket = pacer.before_launch(&API, std::ptr::null_mut());
+            launch(10_000);
+            pacer.after_launch(&API, std::ptr::null_mut(), ticket, true);
+        }
+        (now_ns() - t0) as f64 / 1e9
+    };
+    let first = go(1);
+    let next = go(200);
+    stop.store(true, Relaxed);
+    holder.join().unwrap();
+    assert!((0.95..2.5).contains(&first), "the first launch waited {first:.3} s for the stuck claim (1 s expected)");
+    assert!(next < 0.5, "200 launches of 10 µs took {next:.3} s after turns were given up");
+}

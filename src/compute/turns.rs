@@ -30,7 +30,7 @@
 //! that dies leaves a claim that ends by itself; a launch waits for others' claims at most
 //! [`MAX_WAIT`], then goes.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 /// The unit of the claim's end: 2¹² ns.
 const SHIFT: u32 = 12;
@@ -41,6 +41,8 @@ const MASK: u64 = (1 << BITS) - 1;
 pub const MAX_CLAIM: u64 = 1_000_000_000;
 /// The longest one launch waits for other processes' claims.
 pub const MAX_WAIT: u64 = 1_000_000_000;
+/// How long a pacer takes no turns after a launch waited [`MAX_WAIT`] for them.
+pub const PAUSE: u64 = 10_000_000_000;
 /// What a launch claims before anything is known of its kernels.
 const FIRST_CLAIM: u64 = 1_000_000;
 
@@ -61,14 +63,17 @@ fn pack(who: u64, until: u64) -> u64 {
 fn active(word: u64, now: u64) -> Option<(u64, u64)> {
     let who = word >> BITS;
     let ahead = ((word & MASK).wrapping_sub(now >> SHIFT) & MASK) << SHIFT;
-    // (a claim of MAX_CLAIM may read as up to one unit more, by rounding)
-    (who != 0 && ahead != 0 && ahead <= MAX_CLAIM + (1 << SHIFT)).then_some((who, now.saturating_add(ahead)))
+    // (claims are made at most MAX_CLAIM ahead, of another's clock read a moment earlier or
+    // later: only twice that is implausible)
+    (who != 0 && ahead != 0 && ahead <= 2 * MAX_CLAIM).then_some((who, now.saturating_add(ahead)))
 }
 
-/// A fresh 24-bit id, never 0: from the pid and the clock (two processes with one pid, in two
-/// pid namespaces, almost surely differ).
+/// A fresh 24-bit id, never 0: from the pid, the clock and a count of the ids drawn (two
+/// pacers of one process differ; two processes with one pid, in two pid namespaces, almost
+/// surely do).
 fn fresh_id() -> u64 {
-    let mut x = u64::from(std::process::id()) ^ crate::compute::duty::now_ns().rotate_left(29);
+    static DRAWN: AtomicU64 = AtomicU64::new(0);
+    let mut x = u64::from(std::process::id()) ^ crate::compute::duty::now_ns().rotate_left(29) ^ DRAWN.fetch_add(1, Relaxed).rotate_left(47);
     // (splitmix64's finaliser)
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -104,10 +109,15 @@ impl Turns {
             .is_ok()
     }
 
-    /// Lets go of this pacer's claim (its work has all completed).
-    pub fn release(&self) {
+    /// Lets go of this pacer's claim if `idle()` says its work has all completed: checked after
+    /// the word is read, and the word cleared only if unchanged since, so that a launch of
+    /// another thread, admitted and claiming meanwhile, keeps its claim.
+    pub fn release_if(&self, idle: impl Fn() -> bool) {
         let me = self.me.load(Relaxed);
-        let _ = self.word.fetch_update(Relaxed, Relaxed, |w| (w >> BITS == me).then_some(0));
+        let w = self.word.load(SeqCst);
+        if w >> BITS == me && idle() {
+            let _ = self.word.compare_exchange(w, 0, SeqCst, Relaxed);
+        }
     }
 
     /// In a forked child: a new id (the parent's claims are the parent's).
@@ -144,11 +154,13 @@ mod tests {
         assert!(b.others_until(now + 610_000).is_none());
         assert!(b.claim(now + 610_000, 10_000));
         assert!(a.others_until(now + 610_000).is_some());
-        b.release();
+        b.release_if(|| false);
+        assert!(a.others_until(now + 610_000).is_some(), "released while busy");
+        b.release_if(|| true);
         assert!(a.others_until(now + 610_000).is_none());
         // a release by a pacer that does not hold the claim changes nothing
         assert!(a.claim(now + 700_000, 10_000));
-        b.release();
+        b.release_if(|| true);
         assert!(b.others_until(now + 700_000).is_some());
     }
 
@@ -158,12 +170,17 @@ mod tests {
         let a = Turns::new(w);
         let now = 123_456_789_000;
         // far ahead (a corrupt word, or one written by someone else)
-        w.store(pack(0x123, now + 2 * MAX_CLAIM), Relaxed);
+        w.store(pack(0x123, now + 2 * MAX_CLAIM + 10_000), Relaxed);
+        assert!(a.others_until(now).is_none());
+        // a claim of MAX_CLAIM, of a clock read a little later than ours, counts
+        w.store(pack(0x123, now + MAX_CLAIM + 50_000), Relaxed);
+        assert!(a.others_until(now).is_some());
+        w.store(0, Relaxed);
         assert!(a.others_until(now).is_none());
         assert!(a.claim(now, 1_000));
         // all ones
         w.store(u64::MAX, Relaxed);
-        assert!(a.others_until(now).is_none() || a.others_until(now).unwrap() <= now + MAX_CLAIM);
+        assert!(a.others_until(now).is_none_or(|until| until <= now + 2 * MAX_CLAIM));
         // a claim is never made longer than MAX_CLAIM
         w.store(0, Relaxed);
         assert!(a.claim(now, 10 * MAX_CLAIM));

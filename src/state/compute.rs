@@ -109,11 +109,13 @@ impl State {
     }
 
     /// The turn word of the physical GPU under program device `dev` (parts of one GPU share it),
-    /// shared with the user's other paced processes on that GPU.
+    /// shared with the user's other paced processes on that GPU. Keyed by `cuDeviceGetUuid_v2`
+    /// where the driver has it: two MIG instances of one GPU run side by side, never
+    /// time-sliced, so they take no turns with each other (v1 names their GPU).
     fn gpu_turn(&self, dev: usize) -> Option<&'static AtomicU64> {
         let d = self.driver_of(dev as CUdevice)?;
         let mut id = [0u8; 16];
-        let get = self.api().device_get_uuid?;
+        let get = self.api().device_get_uuid_v2.or(self.api().device_get_uuid)?;
         // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
         if unsafe { get(&mut id, d) } != CUDA_SUCCESS {
             return None;

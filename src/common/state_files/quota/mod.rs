@@ -124,11 +124,11 @@ struct Device {
     peak: AtomicU64,
     /// The physical size of the device (or part), as the first member saw it.
     size: AtomicU64,
-    /// The group's compute clock on the device (`compute::duty`: the time, on the machine's
-    /// monotonic clock, at which the members' measured work is paid for).
+    /// In a quota file: the group's compute clock on the device (`compute::duty`: the time, on
+    /// the machine's monotonic clock, at which the members' measured work is paid for). In the
+    /// registry, which has no group clock: the GPU's turn among the user's paced processes
+    /// (`compute::turns`; one word, so that files of earlier builds keep their layout).
     compute_clock: AtomicU64,
-    /// In the registry: the GPU's turn among the user's paced processes (`compute::turns`).
-    turn: AtomicU64,
 }
 
 #[repr(C)]
@@ -522,11 +522,15 @@ impl Quota {
         Ok(found)
     }
 
-    /// The GPU `uuid`'s turn word (`size` its bytes), adding the GPU if new; `None` when the
-    /// table is full.
+    /// In the registry: the GPU `uuid`'s turn word (`size` its bytes), adding the GPU if new;
+    /// `None` when the table is full.
     pub fn turn(&self, uuid: &str, size: u64) -> Result<Option<&AtomicU64>, String> {
+        // (a GPU already in the table is found without the mutex)
+        if let Some(d) = self.find(uuid) {
+            return Ok(Some(&self.h().devices[d].compute_clock));
+        }
         let _g = self.lock()?;
-        Ok(self.entry_of(uuid, size).map(|d| &self.h().devices[d].turn))
+        Ok(self.entry_of(uuid, size).map(|d| &self.h().devices[d].compute_clock))
     }
 
     /// The index of the device `uuid`, added if new (under the mutex).
