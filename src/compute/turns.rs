@@ -20,13 +20,13 @@
 //! bits, compared modulo 2⁴⁰). A pacer that launches extends its claim to the end of its queued
 //! work (the end it had, or now, plus the launch's estimate), by compare-and-swap: a claim of
 //! another pacer that has not ended makes it wait (in steps; at most [`MAX_WAIT`] in all for one
-//! launch). A holder whose work has all been measured lets go of its claim before it sleeps.
+//! launch). The holder's last launch to be measured lets go of its claim.
 //!
 //! # Bounded, and only ever a matter of accuracy
 //!
 //! The word decides only *when* a launch goes within what the pacer's own clock allows: the
 //! clock alone bounds each process' share, whatever the word says. A claim further ahead than
-//! [`MAX_CLAIM`] (a corrupt word, or one written by someone else) counts as no claim; a holder
+//! twice [`MAX_CLAIM`] (a corrupt word, or one written by someone else) counts as no claim; a holder
 //! that dies leaves a claim that ends by itself; a launch waits for others' claims at most
 //! [`MAX_WAIT`], then goes.
 
@@ -37,7 +37,7 @@ const SHIFT: u32 = 12;
 /// Bits of the claim's end.
 const BITS: u32 = 40;
 const MASK: u64 = (1 << BITS) - 1;
-/// The longest claim that counts (ns ahead of now): one second of queued work.
+/// The longest claim made (ns ahead of now): one second of queued work.
 pub const MAX_CLAIM: u64 = 1_000_000_000;
 /// The longest one launch waits for other processes' claims.
 pub const MAX_WAIT: u64 = 1_000_000_000;

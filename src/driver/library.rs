@@ -404,6 +404,23 @@ impl Api {
         dev
     }
 
+    /// The device's UUID by `cuDeviceGetUuid` (under MIG: its GPU's).
+    pub fn device_uuid(&self, dev: CUdevice) -> Option<[u8; 16]> {
+        Self::uuid_by(self.device_get_uuid?, dev)
+    }
+
+    /// The device's own UUID: by `cuDeviceGetUuid_v2` where the driver has it (a MIG
+    /// instance's), else as [`Api::device_uuid`].
+    pub fn instance_uuid(&self, dev: CUdevice) -> Option<[u8; 16]> {
+        Self::uuid_by(self.device_get_uuid_v2.or(self.device_get_uuid)?, dev)
+    }
+
+    fn uuid_by(get: unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult, dev: CUdevice) -> Option<[u8; 16]> {
+        let mut id = [0u8; 16];
+        // SAFETY: the driver's cuDeviceGetUuid[_v2] with a live out-buffer.
+        (unsafe { get(&mut id, dev) } == CUDA_SUCCESS).then_some(id)
+    }
+
     /// The device's physical memory as the driver reports it.
     pub fn physical_total(&self, dev: CUdevice) -> Option<u64> {
         let f = self.device_total_mem?;

@@ -51,12 +51,7 @@ impl State {
         let limited = !matches!(configured, gpushim_common::units::Limit::Unlimited);
         if crate::sharing::quota().is_some() || limited {
             // a quota's device, and the registry's, is keyed by its UUID (the part's, when split)
-            let uuid = self.part_uuid(dev).or_else(|| {
-                let mut id = [0u8; 16];
-                let get = self.api().device_get_uuid?;
-                // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
-                (unsafe { get(&mut id, self.driver_of(dev)?) } == crate::driver::ffi::CUDA_SUCCESS).then_some(id)
-            });
+            let uuid = self.part_uuid(dev).or_else(|| self.api().device_uuid(self.driver_of(dev)?));
             let uuid = uuid.map(|u| driver::uuid_string(&u));
             match crate::sharing::attach_device(&self.settings, dev, uuid.as_deref(), physical, limit, limited) {
                 Ok(Some((q, index))) => budget.share(q, index),

@@ -114,12 +114,7 @@ impl State {
     /// time-sliced, so they take no turns with each other (v1 names their GPU).
     fn gpu_turn(&self, dev: usize) -> Option<&'static AtomicU64> {
         let d = self.driver_of(dev as CUdevice)?;
-        let mut id = [0u8; 16];
-        let get = self.api().device_get_uuid_v2.or(self.api().device_get_uuid)?;
-        // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
-        if unsafe { get(&mut id, d) } != CUDA_SUCCESS {
-            return None;
-        }
+        let id = self.api().instance_uuid(d)?;
         let size = self.api().physical_total(d).unwrap_or(0);
         crate::sharing::gpu_turn(&self.settings, &driver::uuid_string(&id), size)
     }
@@ -130,12 +125,7 @@ impl State {
         let quota = crate::sharing::quota()?;
         // (the memory side attaches the device to the quota at its first use)
         let _ = self.limit(dev as CUdevice);
-        let uuid = self.part_uuid(dev as CUdevice).or_else(|| {
-            let mut id = [0u8; 16];
-            let get = self.api().device_get_uuid?;
-            // SAFETY: the driver's cuDeviceGetUuid with a live out-buffer.
-            (unsafe { get(&mut id, self.driver_of(dev as CUdevice)?) } == CUDA_SUCCESS).then_some(id)
-        })?;
+        let uuid = self.part_uuid(dev as CUdevice).or_else(|| self.api().device_uuid(self.driver_of(dev as CUdevice)?))?;
         let d = quota.find(&driver::uuid_string(&uuid))?;
         quota.compute_clock(d)
     }

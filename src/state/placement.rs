@@ -125,12 +125,7 @@ impl State {
             return Place::default();
         }
         let part = self.program_devices().and_then(|d| d.get(dev)).and_then(|d| d.part).map(|p| (p.index, p.count));
-        let uuid = self.driver_of(dev).and_then(|d| {
-            let get = self.api().device_get_uuid?;
-            let mut id = [0u8; 16];
-            // SAFETY: a valid out-pointer; `d` is a driver ordinal.
-            (unsafe { get(&mut id, d) } == CUDA_SUCCESS).then(|| crate::driver::uuid_string(&id))
-        });
+        let uuid = self.driver_of(dev).and_then(|d| self.api().device_uuid(d)).map(|id| crate::driver::uuid_string(&id));
         // (NVML's list as read at start-up when the log is on: never loaded from a launch)
         let gpu_index = uuid.as_ref().and_then(|u| self.inventory_if_read()?.iter().position(|p| p.uuid.eq_ignore_ascii_case(u)));
         Place { gpu_index, uuid, part }
